@@ -1,0 +1,40 @@
+# m4ray: `make run` sets up and runs the main job; `make test` sets up and runs the tests.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-all bench lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+run: setup  ## the default gray-failure sweep on an embedded local Ray
+	$(BIN)/python -m m4ray.sweeps +experiment=gray_failure $(ARGS)
+
+test: setup  ## the default test suite (slow cases excluded)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-all: setup  ## every test, slow ones included
+	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+
+bench: setup  ## performance tables (numbers live here, not in tests)
+	$(BIN)/python bench/flowsim_speed.py
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf outputs .pytest_cache .ruff_cache

@@ -1,0 +1,75 @@
+"""Typed config schemas, registered in Hydra's ConfigStore in one place.
+
+The YAML tree lives in the repository's top-level ``conf/``. Each schema sits next to the code that
+consumes it (``GridConfig`` in ``sweeps/grid.py``, ``RayConfig`` in ``sweeps/cluster.py`` …); this
+module only assembles them into the primary schemas. Component nodes typed ``Any`` carry a
+``_target_`` and are instantiated by the entry points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from m4ray.sweeps.cluster import RayConfig
+from m4ray.sweeps.grid import GridConfig
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+@dataclass(kw_only=True, slots=True)
+class PathsConfig:
+    """``output_dir``: root of all outputs; ``run_dir``: this run's directory (named by config)."""
+
+    output_dir: str = "outputs"
+    run_dir: str = MISSING
+
+
+@dataclass(kw_only=True, slots=True)
+class SweepConfig:
+    """``python -m m4ray.sweeps``: an experiment (``job``) over a grid of scenarios."""
+
+    name: str = MISSING
+    job: str = MISSING
+    seed: int = 0
+    backends: list[str] = field(default_factory=lambda: ["flowsim"])
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    topology: Any = MISSING
+    workload: Any = MISSING
+    collective: Any = MISSING
+    wire: Any = MISSING
+    send_latency_s: float = 3e-6
+    grid: GridConfig = field(default_factory=GridConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    progress: bool = True
+
+
+@dataclass(kw_only=True, slots=True)
+class TraceFiles:
+    """Inputs and output of the flow-trace mode (paths; output None = named by content)."""
+
+    topology: str = MISSING
+    flows: str = MISSING
+    output: str | None = None
+
+
+@dataclass(kw_only=True, slots=True)
+class TraceConfig:
+    """``python -m m4ray.sim``: replay a flow trace on one backend."""
+
+    trace: TraceFiles = field(default_factory=TraceFiles)
+    backend: Any = MISSING
+    wire: Any = MISSING
+    seed: int = 0
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+def register_configs() -> None:
+    store = ConfigStore.instance()
+    store.store(name="sweep_schema", node=SweepConfig)
+    store.store(name="trace_schema", node=TraceConfig)

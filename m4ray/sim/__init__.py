@@ -1,0 +1,1 @@
+"""Simulation layer: topology, routing, workloads, the replay engine and network backends."""

@@ -1,0 +1,61 @@
+"""The NetworkBackend protocol the replay engine drives, and a shared event queue.
+
+Modelled on ASTRA-sim's network API: ``send`` injects a flow now and calls ``on_done(flow_id, t)``
+when it is delivered; ``schedule`` runs a callback after a delay on the backend's own clock;
+``run`` advances until no events remain (or ``until``). Backends are built from small config
+dataclasses (``FlowSimConfig`` …) with ``build(topology, routing)``; callers never branch on the
+backend's name.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from m4ray.sim.flows import Flow
+from m4ray.sim.routing import Routing
+from m4ray.sim.topology import Topology
+
+DoneCallback = Callable[[int, float], None]
+
+
+@runtime_checkable
+class NetworkBackend(Protocol):
+    """What the replay engine and the trace mode need from a network model (times in seconds)."""
+
+    def now(self) -> float: ...
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> None: ...
+
+    def send(self, flow: Flow, on_done: DoneCallback) -> None: ...
+
+    def run(self, until: float | None = None) -> None: ...
+
+
+class BackendConfig(Protocol):
+    """A backend's settings; ``build`` makes one backend instance for one simulation."""
+
+    def build(self, topology: Topology, routing: Routing) -> NetworkBackend: ...
+
+
+class EventQueue:
+    """Time-ordered callbacks; ties run in insertion order (FIFO)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def push(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn))
+
+    def peek_time(self) -> float:
+        return self._heap[0][0] if self._heap else float("inf")
+
+    def pop(self) -> tuple[float, Callable[[], None]]:
+        t, _, fn = heapq.heappop(self._heap)
+        return t, fn
+
+    def __len__(self) -> int:
+        return len(self._heap)

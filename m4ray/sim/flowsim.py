@@ -1,0 +1,170 @@
+"""flowSim: the max-min fair fluid backend.
+
+Every active flow drains at its max-min fair rate, found by progressive filling over the directed
+links it crosses and recomputed at every arrival and completion (``reference/flowsim_m3.md`` A.1,
+A.2). A flow of ``S`` bytes carries ``wire_bytes(S) * 8`` bits; when its last bit has drained it is
+delivered ``base_rtt`` later, so a flow that never shares a link has FCT = ideal FCT (slowdown 1),
+as in m3's ``sldn_flowsim = (fct + base_delay) / ideal``. Simultaneous events are processed
+together before one rate computation; completion wins ties with arrivals.
+
+Units: seconds, bits, bits/s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from m4ray.errors import SimulationError
+from m4ray.sim.backend import DoneCallback, EventQueue
+from m4ray.sim.flows import Flow
+from m4ray.sim.routing import Routing
+from m4ray.sim.topology import Topology
+
+_REL_TIE = 1e-9  # completions within this relative distance of the earliest finish together
+
+
+def max_min_rates(
+    flow_links: list[np.ndarray], capacity_bps: np.ndarray, rate_cap_bps: float | None = None
+) -> np.ndarray:
+    """Max-min fair rates (bits/s) of flows crossing the given links, by progressive filling.
+
+    ``flow_links[i]`` holds the link ids of flow ``i``; ``capacity_bps`` is indexed by link id.
+    ``rate_cap_bps`` caps every flow (m3's NIC cap); None means links alone limit flows.
+    """
+    n = len(flow_links)
+    if n == 0:
+        return np.zeros(0)
+    lengths = np.fromiter((len(p) for p in flow_links), dtype=np.int64, count=n)
+    flow_of = np.repeat(np.arange(n), lengths)
+    used_links, link_of = np.unique(np.concatenate(flow_links), return_inverse=True)
+    cap = capacity_bps[used_links]
+    n_used = len(used_links)
+    rate = np.zeros(n)
+    frozen = np.zeros(n, dtype=bool)
+    while not frozen.all():
+        open_edge = ~frozen[flow_of]
+        load = np.bincount(link_of[open_edge], minlength=n_used)
+        spent = np.bincount(link_of, weights=rate[flow_of], minlength=n_used)
+        loaded = load > 0
+        share = np.full(n_used, np.inf)
+        share[loaded] = (cap[loaded] - spent[loaded]) / load[loaded]
+        level = share.min()
+        if rate_cap_bps is not None and rate_cap_bps < level:
+            rate[~frozen] = rate_cap_bps
+            break
+        bottleneck = loaded & (share <= level * (1 + _REL_TIE))
+        newly = np.unique(flow_of[open_edge & bottleneck[link_of]])
+        rate[newly] = max(level, 0.0)
+        frozen[newly] = True
+    return rate
+
+
+@dataclass(kw_only=True, slots=True)
+class FlowSimConfig:
+    """flowSim settings. ``rate_cap_bps``: optional per-flow cap (NIC rate), None = links only."""
+
+    rate_cap_bps: float | None = None
+
+    def build(self, topology: Topology, routing: Routing) -> FlowSim:
+        return FlowSim(topology, routing, rate_cap_bps=self.rate_cap_bps)
+
+
+class FlowSim:
+    """Event-driven max-min fluid simulation implementing ``NetworkBackend``."""
+
+    def __init__(self, topology: Topology, routing: Routing, *, rate_cap_bps: float | None = None):
+        self.topology = topology
+        self.routing = routing
+        self.rate_cap_bps = rate_cap_bps
+        self.events = EventQueue()
+        self._now = 0.0
+        self._capacity = topology.bandwidth_bps
+        # active flows, parallel lists
+        self._ids: list[int] = []
+        self._links: list[np.ndarray] = []
+        self._delay: list[float] = []
+        self._done_cb: list[DoneCallback] = []
+        self._remaining = np.zeros(0)  # bits
+        self._rates = np.zeros(0)  # bits/s, valid while not self._dirty
+        self._dirty = False
+        self.n_events = 0  # arrivals + completions processed (for benchmarks)
+
+    # ------------------------------------------------------------ protocol
+    def now(self) -> float:
+        return self._now
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> None:
+        if delay_s < 0:
+            raise SimulationError(f"cannot schedule {delay_s} s in the past")
+        self.events.push(self._now + delay_s, fn)
+
+    def send(self, flow: Flow, on_done: DoneCallback) -> None:
+        path = self.routing.path(flow.src, flow.dst, flow.id)
+        self._ids.append(flow.id)
+        self._links.append(np.asarray(path.links, dtype=np.int64))
+        self._delay.append(path.base_rtt_s)
+        self._done_cb.append(on_done)
+        bits = self.routing.wire.wire_bytes(flow.size_bytes) * 8.0
+        self._remaining = np.append(self._remaining, bits)
+        self._dirty = True
+        self.n_events += 1
+
+    def run(self, until: float | None = None) -> None:
+        horizon = float("inf") if until is None else until
+        while True:
+            t_event = self.events.peek_time()
+            t_done, finishing = self._next_completion()
+            t_next = min(t_event, t_done)
+            if t_next == float("inf"):
+                break
+            if t_next > horizon:
+                self._advance(horizon - self._now)
+                self._now = horizon
+                break
+            if t_done <= t_event:
+                self._advance(t_done - self._now)
+                self._now = t_done
+                self._complete(finishing)
+            else:
+                self._advance(t_event - self._now)
+                self._now = t_event
+                while self.events.peek_time() <= self._now:
+                    _, fn = self.events.pop()
+                    fn()
+
+    # ------------------------------------------------------------ fluid state
+    def _next_completion(self) -> tuple[float, np.ndarray]:
+        if not self._ids:
+            return float("inf"), np.zeros(0, dtype=np.int64)
+        if self._dirty:
+            self._rates = max_min_rates(self._links, self._capacity, self.rate_cap_bps)
+            self._dirty = False
+        with np.errstate(divide="ignore"):
+            left = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
+        dt = left.min()
+        if dt == np.inf:
+            raise SimulationError("active flows with zero rate: a link has no capacity left")
+        finishing = np.flatnonzero(left <= dt * (1 + _REL_TIE))
+        return self._now + dt, finishing
+
+    def _advance(self, dt: float) -> None:
+        if dt > 0 and self._ids:
+            self._remaining = self._remaining - self._rates * dt
+
+    def _complete(self, finishing: np.ndarray) -> None:
+        done = set(finishing.tolist())
+        callbacks = [(self._ids[i], self._delay[i], self._done_cb[i]) for i in finishing.tolist()]
+        keep = [i for i in range(len(self._ids)) if i not in done]
+        self._ids = [self._ids[i] for i in keep]
+        self._links = [self._links[i] for i in keep]
+        self._delay = [self._delay[i] for i in keep]
+        self._done_cb = [self._done_cb[i] for i in keep]
+        self._remaining = self._remaining[keep]
+        self._dirty = True
+        self.n_events += len(callbacks)
+        for flow_id, delay, on_done in callbacks:
+            t = self._now + delay
+            self.events.push(t, lambda f=flow_id, t=t, cb=on_done: cb(f, t))

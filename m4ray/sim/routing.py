@@ -1,0 +1,134 @@
+"""Shortest-path routing with deterministic per-flow ECMP, and the ideal FCT of a routed flow.
+
+Hosts never forward traffic, so GPUs on one server meet through their NVSwitch (2 hops) and GPUs
+on different servers go out through their NICs. Where several next hops are equally short, a
+64-bit hash of ``(seed, src, dst, flow key, node)`` picks one, so a flow always takes the same
+path (no reordering), different flows spread, and the choice is reproducible from the seed.
+
+Ideal FCT (``reference/m4.md`` §9, ``reference/gray_failure.md`` §1.2)::
+
+    wire_bytes(S) = S + ceil(S / mtu) * header
+    base_rtt      = 2 * sum(link latency) + sum(mtu * 8 / link bandwidth)
+    ideal_fct     = base_rtt + wire_bytes(S) * 8 / min(link bandwidth)
+
+Units: bytes, bits/s, seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from m4ray.errors import InputError
+from m4ray.sim.topology import Topology
+
+_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WireFormat:
+    """Packetisation for ideal FCTs and fluid models: payload and header bytes per packet."""
+
+    mtu_bytes: int = 1000
+    header_bytes: int = 48
+
+    def wire_bytes(self, size_bytes: int) -> int:
+        return size_bytes + math.ceil(size_bytes / self.mtu_bytes) * self.header_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Path:
+    """A routed flow: directed link ids in order, base RTT (s) and bottleneck bandwidth (bits/s)."""
+
+    links: tuple[int, ...]
+    base_rtt_s: float
+    bottleneck_bps: float
+
+
+def mix64(*values: int) -> int:
+    """SplitMix64-style hash of small non-negative integers; stable across runs and platforms."""
+    h = 0x9E3779B97F4A7C15
+    for value in values:
+        h = (h ^ (value & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _MASK
+        h ^= h >> 29
+    return h
+
+
+class Routing:
+    """Routes flows over a :class:`Topology`; distances are computed lazily per destination host."""
+
+    def __init__(self, topo: Topology, *, seed: int = 0, wire: WireFormat | None = None) -> None:
+        self.topo = topo
+        self.seed = seed
+        self.wire = wire or WireFormat()
+        self._dist: dict[int, np.ndarray] = {}
+        self._paths: dict[tuple[int, int, int], Path] = {}
+        self._host_set = frozenset(topo.hosts)
+        self._bw = topo.bandwidth_bps.tolist()
+        self._lat = topo.latency_s.tolist()
+        self._dst_of = topo.link_dst.tolist()
+
+    def _distances_to(self, dst: int) -> np.ndarray:
+        """Hop counts from every node to ``dst`` never transiting hosts (-1 = unreachable)."""
+        dist = self._dist.get(dst)
+        if dist is not None:
+            return dist
+        dist = np.full(self.topo.n_nodes, -1, dtype=np.int64)
+        dist[dst] = 0
+        frontier = deque([dst])
+        src_of = self.topo.link_src.tolist()
+        in_links: list[list[int]] = [[] for _ in range(self.topo.n_nodes)]
+        for link, node in enumerate(self._dst_of):
+            in_links[node].append(link)
+        while frontier:
+            node = frontier.popleft()
+            if node != dst and node in self._host_set:
+                continue  # hosts are endpoints: reachable, but nothing routes through them
+            for link in in_links[node]:
+                prev = src_of[link]
+                if dist[prev] < 0:
+                    dist[prev] = dist[node] + 1
+                    frontier.append(prev)
+        self._dist[dst] = dist
+        return dist
+
+    def path(self, src: int, dst: int, flow_key: int = 0) -> Path:
+        """The path of flow ``flow_key`` from host ``src`` to host ``dst``."""
+        for name, node in (("src", src), ("dst", dst)):
+            if node not in self._host_set:
+                raise InputError(f"node {node} is not a host of the topology", field=name)
+        if src == dst:
+            raise InputError(f"source and destination are the same host {src}", field="dst")
+        dist = self._distances_to(dst)
+        if dist[src] < 0:
+            raise InputError(f"hosts {src} and {dst} are not connected", field="dst")
+        links = []
+        node = src
+        while node != dst:
+            candidates = [
+                link
+                for link in self.topo.out_links[node]
+                if dist[self._dst_of[link]] == dist[node] - 1
+                and (self._dst_of[link] == dst or self._dst_of[link] not in self._host_set)
+            ]
+            if len(candidates) > 1:
+                link = candidates[mix64(self.seed, src, dst, flow_key, node) % len(candidates)]
+            else:
+                link = candidates[0]
+            links.append(link)
+            node = self._dst_of[link]
+        return self._describe(tuple(links))
+
+    def _describe(self, links: tuple[int, ...]) -> Path:
+        bw = [self._bw[link] for link in links]
+        base_rtt = 2 * sum(self._lat[link] for link in links)
+        base_rtt += sum(self.wire.mtu_bytes * 8 / b for b in bw)
+        return Path(links=links, base_rtt_s=base_rtt, bottleneck_bps=min(bw))
+
+    def ideal_fct(self, size_bytes: int, path: Path) -> float:
+        """Seconds a flow of ``size_bytes`` needs alone on ``path``."""
+        return path.base_rtt_s + self.wire.wire_bytes(size_bytes) * 8 / path.bottleneck_bps

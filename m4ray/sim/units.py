@@ -1,0 +1,52 @@
+"""Parsing and printing of rates and times as they appear in topology files.
+
+Internally m4ray uses bits/s for bandwidth, seconds for time and bytes for sizes. Topology files
+write ``400Gbps`` / ``10000000000bps`` and ``0.0005ms`` / ``1000ns``; these helpers convert both
+ways and raise ``ValueError`` with the accepted units on anything else (callers add file/line).
+"""
+
+from __future__ import annotations
+
+import re
+
+_RATE_UNITS = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
+_NUMBER = re.compile(r"^([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)([A-Za-z]*)$")
+
+
+def _split(text: str) -> tuple[float, str]:
+    match = _NUMBER.match(text.strip())
+    if match is None:
+        raise ValueError(f"'{text}' is not a number with a unit")
+    return float(match.group(1)), match.group(2).lower()
+
+
+def parse_rate(text: str) -> float:
+    """``'400Gbps'`` -> 4e11 bits/s. Units: bps, Kbps, Mbps, Gbps, Tbps (case-insensitive)."""
+    value, unit = _split(text)
+    if unit not in _RATE_UNITS:
+        raise ValueError(f"'{text}' has no rate unit; use one of bps, Kbps, Mbps, Gbps, Tbps")
+    return value * _RATE_UNITS[unit]
+
+
+def parse_time(text: str) -> float:
+    """``'0.0005ms'`` -> 5e-7 s. Units: s, ms, us, ns, ps."""
+    value, unit = _split(text)
+    if unit not in _TIME_UNITS:
+        raise ValueError(f"'{text}' has no time unit; use one of s, ms, us, ns, ps")
+    return value * _TIME_UNITS[unit]
+
+
+def format_rate_gbps(bps: float) -> str:
+    """4e11 -> ``'400Gbps'`` (SimAI style; fractional Gbps keep up to 6 decimals)."""
+    return f"{_trim(bps / 1e9)}Gbps"
+
+
+def format_time_ms(seconds: float) -> str:
+    """5e-7 -> ``'0.0005ms'`` (SimAI style)."""
+    return f"{_trim(seconds * 1e3, digits=9)}ms"
+
+
+def _trim(value: float, digits: int = 6) -> str:
+    text = f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    return text or "0"

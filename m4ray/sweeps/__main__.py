@@ -1,0 +1,44 @@
+"""``python -m m4ray.sweeps +experiment=<name> [overrides]``: compose, resolve, run one job."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import hydra
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from m4ray.cli import user_errors
+from m4ray.config import CONF_DIR, SweepConfig, register_configs
+from m4ray.errors import InputError
+
+register_configs()
+
+
+def resolve(cfg: DictConfig) -> SweepConfig:
+    """Typed config with every ``_target_`` component instantiated."""
+    if OmegaConf.is_missing(cfg, "job"):
+        names = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+        raise InputError(
+            f"choose an experiment with +experiment=<name>; available: {', '.join(names)}"
+        )
+    sweep: SweepConfig = OmegaConf.to_object(cfg)
+    return dataclasses.replace(
+        sweep,
+        topology=instantiate(cfg.topology),
+        workload=instantiate(cfg.workload),
+        collective=instantiate(cfg.collective),
+        wire=instantiate(cfg.wire),
+        backend_options={name: instantiate(node) for name, node in cfg.backend_options.items()},
+    )
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="sweep")
+def main(cfg: DictConfig) -> None:
+    with user_errors():
+        sweep = resolve(cfg)
+        get_method(sweep.job)(sweep, OmegaConf.to_container(cfg, resolve=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Starting Ray: an embedded local instance by default, or an existing cluster.
+
+``address: null`` starts a private local Ray (``address="local"``, so a stray ``ray start`` on the
+machine is never joined by accident); ``address: auto`` or ``ray://…`` joins a cluster. The
+environment defaults from ``reference/ray_stack.md`` §2.1 are set before Ray is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+RAY_ENV_DEFAULTS = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "300",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class RayConfig:
+    """Where tasks run. ``task_cpus``: CPUs reserved per scenario task."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+    object_store_memory_mb: int = 256
+    include_dashboard: bool = False
+    task_cpus: float = 1.0
+
+
+def set_ray_env() -> None:
+    for key, value in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def start_ray(cfg: RayConfig):
+    """Initialise Ray once per process (idempotent) and return the ``ray`` module."""
+    set_ray_env()
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    if cfg.address:
+        ray.init(address=cfg.address, log_to_driver=True)
+    else:
+        ray.init(
+            address="local",
+            num_cpus=cfg.num_cpus,
+            include_dashboard=cfg.include_dashboard,
+            object_store_memory=cfg.object_store_memory_mb * 1024**2,
+            log_to_driver=False,
+        )
+    return ray

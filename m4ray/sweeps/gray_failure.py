@@ -1,0 +1,71 @@
+"""The gray-failure experiment: N degraded GPUs × reduction R × backends on the rail cluster.
+
+Writes into the run directory: ``results.parquet`` (one row per scenario × backend),
+``flows/<run_id>.parquet`` (per-flow FCTs), ``topologies/gray_topo_N{N}_R{R}.txt`` (SimAI format,
+for other simulators), ``plots/*.png``, and ``manifest.json`` last.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from m4ray.config import SweepConfig
+from m4ray.sim.failures import GrayFailure
+from m4ray.sim.scenario import Scenario
+from m4ray.sim.topology import write_topology
+from m4ray.sweeps import plots, report
+from m4ray.sweeps.grid import expand
+from m4ray.sweeps.runner import run_many
+
+
+def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
+    started = time.perf_counter()
+    run_dir = Path(cfg.paths.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    template = Scenario(
+        topology=cfg.topology,
+        workload=cfg.workload,
+        collective=cfg.collective,
+        wire=cfg.wire,
+        send_latency_s=cfg.send_latency_s,
+    )
+    scenarios = expand(cfg.grid, template, cfg.backends, cfg.backend_options, cfg.seed)
+    workload = cfg.workload.build()  # fail fast on a bad workload, before any task starts
+    files = write_topologies(cfg, run_dir)
+    print(
+        f"gray-failure sweep: {len(cfg.grid.n)} N x {len(cfg.grid.r)} R x {cfg.grid.seeds} "
+        f"seed(s) x {len(cfg.backends)} backend(s) = {len(scenarios)} runs of "
+        f"'{workload.name}' ({len(workload.nodes)} nodes, {workload.n_ranks} ranks)"
+    )
+    rows = run_many(scenarios, run_dir, cfg.ray, progress=cfg.progress)
+    frame = report.results_frame(rows)
+    files.append(report.write_results(frame, run_dir))
+    if (frame.status == "ok").any():
+        files.append(plots.completion_vs_r(frame, run_dir / "plots" / "completion_vs_r.png"))
+        files.append(plots.wall_time(frame, run_dir / "plots" / "wall_time.png"))
+    report.write_manifest(run_dir, raw_config, frame, files)
+    print()
+    print(report.summary_text(frame))
+    for backend in cfg.backends:
+        print()
+        print(report.grid_text(frame, backend))
+    print(f"\n{len(frame)} runs in {time.perf_counter() - started:.1f} s; outputs: {run_dir}")
+    if not (frame.status == "ok").any():
+        sys.exit(1)
+    return run_dir
+
+
+def write_topologies(cfg: SweepConfig, run_dir: Path) -> list[Path]:
+    """The degraded topologies of the grid in SimAI text format."""
+    base = cfg.topology.build()
+    return [
+        write_topology(
+            GrayFailure(n_degraded=n, reduction=r).apply(base),
+            run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt",
+        )
+        for n in cfg.grid.n
+        for r in cfg.grid.r
+    ]

@@ -1,0 +1,157 @@
+"""Sweep outputs: the tidy results table, the manifest, and the printed summary.
+
+``results.parquet`` has one row per scenario × backend. The manifest (written last) records the
+resolved config, versions, git commit and per-run status; its presence marks a complete run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from m4ray.sim.topology import atomic_write_text
+
+RESULT_COLUMNS = (
+    "scenario_id",
+    "run_id",
+    "n_degraded",
+    "reduction",
+    "seed",
+    "backend",
+    "status",
+    "completion_time_s",
+    "exposed_comm_s",
+    "wall_s",
+    "n_flows",
+    "mean_slowdown",
+    "p99_slowdown",
+    "error",
+)
+
+
+def results_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    return frame[[c for c in RESULT_COLUMNS if c in frame.columns]]
+
+
+def write_results(frame: pd.DataFrame, run_dir: Path) -> Path:
+    path = run_dir / "results.parquet"
+    tmp = path.with_name(".results.parquet.tmp")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
+    tmp.replace(path)
+    return path
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+            timeout=10,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_manifest(
+    run_dir: Path, config: dict[str, Any], frame: pd.DataFrame, files: list[Path]
+) -> Path:
+    versions = {}
+    for package in ("m4ray", "ray", "numpy", "pyarrow", "hydra-core"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    manifest = {
+        "config": config,
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "runs": frame[["run_id", "scenario_id", "backend", "status", "wall_s"]].to_dict("records"),
+        "counts": frame["status"].value_counts().to_dict(),
+        "files": [str(p.relative_to(run_dir)) for p in files],
+    }
+    return atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    line = "  ".join(f"{{:>{w}}}" for w in widths)
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line.format(*header), rule, *(line.format(*map(str, r)) for r in rows)])
+
+
+def summary_text(frame: pd.DataFrame) -> str:
+    """Per backend: runs ok/failed, completion time and wall time; then a failure list."""
+    rows = []
+    for backend, group in frame.groupby("backend", sort=False):
+        ok = group[group.status == "ok"]
+        ct = ok.completion_time_s.to_numpy() * 1e3
+        rows.append(
+            [
+                backend,
+                len(ok),
+                len(group) - len(ok),
+                _fmt(np.median(ct) if len(ct) else np.nan),
+                _fmt(ct.min() if len(ct) else np.nan),
+                _fmt(ct.max() if len(ct) else np.nan),
+                _fmt(ok.wall_s.median()),
+                _fmt(ok.wall_s.sum()),
+            ]
+        )
+    text = format_table(
+        [
+            "backend",
+            "ok",
+            "failed",
+            "median ms",
+            "min ms",
+            "max ms",
+            "median wall s",
+            "total wall s",
+        ],
+        rows,
+    )
+    failed = frame[frame.status != "ok"]
+    if len(failed):
+        lines = [
+            f"  N={r.n_degraded} R={r.reduction} {r.backend}: {str(r.error).splitlines()[-1]}"
+            for r in failed.head(10).itertuples()
+        ]
+        text += "\nfailed runs:\n" + "\n".join(lines)
+    return text
+
+
+def grid_text(frame: pd.DataFrame, backend: str) -> str:
+    """Completion time (ms) of one backend as an N × R table."""
+    ok = frame[(frame.backend == backend) & (frame.status == "ok")]
+    if ok.empty:
+        return ""
+    table = (
+        ok.pivot_table(
+            index="n_degraded", columns="reduction", values="completion_time_s", aggfunc="mean"
+        )
+        * 1e3
+    )
+    header = ["N \\ R", *[str(c) for c in table.columns]]
+    rows = [[str(n), *(_fmt(v) for v in table.loc[n])] for n in table.index]
+    return f"{backend}: completion time (ms)\n" + format_table(header, rows)
+
+
+def _fmt(value: float) -> str:
+    if value is None or not np.isfinite(value):
+        return "-"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
