@@ -8,17 +8,19 @@ ways and raise ``ValueError`` with the accepted units on anything else (callers 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
-_RATE_UNITS = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
+_RATE_UNITS = {"bps": 1, "kbps": 10**3, "mbps": 10**6, "gbps": 10**9, "tbps": 10**12}
+_TIME_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9, "ps": 10**12}
 _NUMBER = re.compile(r"^([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)([A-Za-z]*)$")
 
 
-def _split(text: str) -> tuple[float, str]:
+def _split(text: str) -> tuple[Decimal, str]:
+    """Exact decimal value and lower-case unit: scaling in Decimal keeps ``0.000025ms`` -> 25e-9."""
     match = _NUMBER.match(text.strip())
     if match is None:
         raise ValueError(f"'{text}' is not a number with a unit")
-    return float(match.group(1)), match.group(2).lower()
+    return Decimal(match.group(1)), match.group(2).lower()
 
 
 def parse_rate(text: str) -> float:
@@ -26,15 +28,15 @@ def parse_rate(text: str) -> float:
     value, unit = _split(text)
     if unit not in _RATE_UNITS:
         raise ValueError(f"'{text}' has no rate unit; use one of bps, Kbps, Mbps, Gbps, Tbps")
-    return value * _RATE_UNITS[unit]
+    return float(value * Decimal(_RATE_UNITS[unit]))
 
 
 def parse_time(text: str) -> float:
     """``'0.0005ms'`` -> 5e-7 s. Units: s, ms, us, ns, ps."""
     value, unit = _split(text)
-    if unit not in _TIME_UNITS:
+    if unit not in _TIME_PER_SECOND:
         raise ValueError(f"'{text}' has no time unit; use one of s, ms, us, ns, ps")
-    return value * _TIME_UNITS[unit]
+    return float(value / Decimal(_TIME_PER_SECOND[unit]))
 
 
 def format_rate_gbps(bps: float) -> str:
@@ -44,7 +46,7 @@ def format_rate_gbps(bps: float) -> str:
 
 def format_time_ms(seconds: float) -> str:
     """5e-7 -> ``'0.0005ms'`` (SimAI style)."""
-    return f"{_trim(seconds * 1e3, digits=9)}ms"
+    return f"{_trim(float(Decimal(repr(seconds)) * 1000), digits=9)}ms"
 
 
 def _trim(value: float, digits: int = 6) -> str:

@@ -1,0 +1,151 @@
+"""flowSim against the analytic cases of reference/flowsim_m3.md A.4 (times in ns there)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from m4ray.sim.backend import NetworkBackend
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSim, FlowSimConfig, max_min_rates
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import fat_tree
+from m4ray.sim.trace import run_trace
+from tests.conftest import parking_lot
+
+NIC = 10e9
+
+
+def bits(size: int) -> float:
+    return (size + -(-size // 1000) * 48) * 8.0
+
+
+def simulate(capacities, flows, cap=NIC):
+    """FCTs (s) of (src, dst, size, start_s) flows, minus each path's base RTT (= fluid time)."""
+    topo = parking_lot(capacities)
+    routing = Routing(topo)
+    trace = [Flow(i, s, d, size, t) for i, (s, d, size, t) in enumerate(flows)]
+    table = run_trace(topo, trace, FlowSimConfig(rate_cap_bps=cap), routing)
+    base = np.array([routing.path(f.src, f.dst, f.id).base_rtt_s for f in trace])
+    return table.column("fct_s").to_numpy() - base, table
+
+
+def test_is_a_network_backend():
+    topo = parking_lot([10])
+    assert isinstance(FlowSim(topo, Routing(topo)), NetworkBackend)
+
+
+def test_case1_equal_flows_share_one_link():
+    fluid, _ = simulate([10], [(0, 1, 1000, 0.0)] * 4)
+    assert fluid == pytest.approx([3353.6e-9] * 4, rel=1e-9)
+
+
+def test_case2_two_flows_share_the_first_link():
+    fluid, _ = simulate([10, 10], [(0, 2, 10_000, 0.0), (0, 1, 10_000, 0.0)])
+    assert fluid == pytest.approx([16_768e-9, 16_768e-9], rel=1e-9)
+
+
+def test_case3_staggered_arrival():
+    fluid, _ = simulate([10, 10], [(0, 2, 10_000, 0.0), (1, 2, 10_000, 5000e-9)])
+    assert fluid == pytest.approx([11_768e-9, 11_768e-9], rel=1e-9)
+
+
+def rates(capacities, pairs):
+    topo = parking_lot(capacities)
+    routing = Routing(topo)
+    links = [np.array(routing.path(s, d, i).links) for i, (s, d) in enumerate(pairs)]
+    return max_min_rates(links, topo.bandwidth_bps, NIC) / 1e9
+
+
+@pytest.mark.parametrize(
+    ("pairs", "expected"),
+    [
+        ([(0, 4)] + [(1, 3)] * 5, [40 / 6] * 6),
+        ([(0, 4)] + [(1, 3)] * 3, [10] * 4),
+        ([(1, 3)], [10]),
+        ([(0, 4), (0, 1), (2, 4), (1, 3)], [5, 5, 5, 10]),
+    ],
+)
+def test_case4_parking_lot_rates(pairs, expected):
+    assert rates([10, 40, 40, 10], pairs) == pytest.approx(expected, rel=1e-12)
+
+
+def test_without_cap_links_alone_limit_flows():
+    topo = parking_lot([10, 40, 40, 10])
+    routing = Routing(topo)
+    lone = max_min_rates([np.array(routing.path(1, 3).links)], topo.bandwidth_bps)
+    assert lone == pytest.approx([40e9])
+
+
+def test_case5_max_min_property_on_random_instances():
+    topo = fat_tree(k=4)
+    routing = Routing(topo, seed=1)
+    rng = np.random.default_rng(0)
+    cap = topo.bandwidth_bps * rng.uniform(0.2, 1.0, topo.n_links)
+    for _ in range(20):
+        pairs = [tuple(rng.choice(16, 2, replace=False)) for _ in range(rng.integers(2, 40))]
+        links = [np.array(routing.path(int(s), int(d), i).links) for i, (s, d) in enumerate(pairs)]
+        rate = max_min_rates(links, cap)
+        load = np.zeros(topo.n_links)
+        for r, path in zip(rate, links, strict=True):
+            load[path] += r
+        assert (load <= cap * (1 + 1e-9)).all()
+        for r, path in zip(rate, links, strict=True):
+            saturated = [k for k in path if load[k] >= cap[k] * (1 - 1e-9)]
+            assert saturated, "every flow has a saturated link"
+            assert any(
+                all(r >= rate[j] * (1 - 1e-9) for j, p in enumerate(links) if k in p)
+                for k in saturated
+            ), "and is maximal on one of them"
+
+
+def test_case6_lone_flow_has_ideal_fct_and_slowdown_one():
+    fluid, table = simulate([10, 40, 10], [(0, 3, 123_456, 0.0)])
+    assert fluid[0] == pytest.approx(bits(123_456) / 10e9, rel=1e-12)
+    assert table.column("fct_s")[0].as_py() == pytest.approx(
+        table.column("ideal_fct_s")[0].as_py(), rel=1e-12
+    )
+    assert table.column("slowdown")[0].as_py() == 1.0
+
+
+def test_case6_conservation_and_lower_bound():
+    rng = np.random.default_rng(3)
+    flows = [
+        (
+            int(s),
+            int(s) + int(rng.integers(1, 5 - s)),
+            int(rng.integers(50, 50_000)),
+            float(rng.uniform(0, 20e-6)),
+        )
+        for s in rng.integers(0, 4, 30)
+    ]
+    fluid, table = simulate([10, 40, 40, 10], flows)
+    sizes = np.array([bits(f[2]) for f in flows])
+    assert (fluid >= sizes / 10e9 * (1 - 1e-9)).all()
+    assert (table.column("slowdown").to_numpy() >= 1).all()
+
+
+def test_case7_completion_wins_ties_with_arrival():
+    first = bits(10_000) / 10e9
+    fluid, _ = simulate([10], [(0, 1, 10_000, 0.0), (0, 1, 10_000, first)])
+    assert fluid == pytest.approx([first, first], rel=1e-12)
+
+
+def test_case8_base_delay_on_the_path():
+    topo = parking_lot([10, 10], latency_s=1000e-9)
+    routing = Routing(topo)
+    path = routing.path(0, 2)
+    table = run_trace(topo, [Flow(0, 0, 2, 10_000, 0.0)], FlowSimConfig(rate_cap_bps=NIC), routing)
+    assert table.column("fct_s")[0].as_py() == pytest.approx(8384e-9 + path.base_rtt_s, rel=1e-12)
+    assert path.base_rtt_s == pytest.approx(2 * 2000e-9 + 2 * 800e-9, rel=1e-6)
+
+
+def test_schedule_and_run_until():
+    topo = parking_lot([10])
+    backend = FlowSim(topo, Routing(topo))
+    seen = []
+    backend.schedule(5e-6, lambda: seen.append(backend.now()))
+    backend.run(until=1e-6)
+    assert backend.now() == 1e-6 and not seen
+    backend.run()
+    assert seen == [5e-6]

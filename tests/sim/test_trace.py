@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import subprocess
+
+import pyarrow.csv as pacsv
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.sim.flows import Flow, format_flows, read_flows
+from m4ray.sim.topology import write_topology
+from tests.conftest import PYTHON, parking_lot, write
+
+FLOWS = "3\n0 0 2 3 100 10000 0.000000000\n1 0 1 3 100 10000 0\n2 1 2 3 100 5000 0.000005\n"
+
+
+def run_cli(*args, cwd):
+    return subprocess.run(
+        [PYTHON, "-m", "m4ray.sim", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_trace_cli_writes_one_row_per_flow(tmp_path):
+    topo = write_topology(parking_lot([10, 10]), tmp_path / "topo.txt")
+    flows = write(tmp_path / "flows.txt", FLOWS)
+    out = tmp_path / "fct.csv"
+    proc = run_cli(
+        f"trace.topology={topo}",
+        f"trace.flows={flows}",
+        f"trace.output={out}",
+        "backend=flowsim",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    table = pacsv.read_csv(out)
+    assert table.column_names == [
+        "flow_id",
+        "src",
+        "dst",
+        "size_bytes",
+        "start_s",
+        "fct_s",
+        "ideal_fct_s",
+        "slowdown",
+    ]
+    assert table.column("flow_id").to_pylist() == [0, 1, 2]
+    assert min(table.column("slowdown").to_pylist()) >= 1.0
+    assert max(table.column("slowdown").to_pylist()) > 1.0  # flows 0 and 1 share a link
+    assert "3 flows" in proc.stdout
+
+
+def test_trace_cli_default_output_is_named_by_content(tmp_path):
+    topo = write_topology(parking_lot([10]), tmp_path / "topo.txt")
+    flows = write(tmp_path / "flows.txt", "1\n0 0 1 3 100 1000 0\n")
+    proc = run_cli(f"trace.topology={topo}", f"trace.flows={flows}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    written = list((tmp_path / "outputs" / "trace").glob("flows.flowsim.*.csv"))
+    assert len(written) == 1 and str(written[0]) in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("flows", "message"),
+    [
+        ("2\n0 0 1 3 100 10 0\n", "announces 2 flows"),
+        ("1\n0 0 9 3 100 10 0\n", "field 'dst': unknown host id 9"),
+        ("1\n0 0 1 3 100 0 0\n", "field 'size_bytes': must be > 0"),
+        ("1\n0 0 1 3 100 -5 0\n", "field 'size_bytes': must be > 0"),
+        ("1\n0 0 1 3 100 10\n", "expected 7 fields"),
+    ],
+)
+def test_trace_cli_bad_flows(tmp_path, flows, message):
+    topo = write_topology(parking_lot([10]), tmp_path / "topo.txt")
+    path = write(tmp_path / "flows.txt", flows)
+    out = tmp_path / "fct.csv"
+    proc = run_cli(
+        f"trace.topology={topo}", f"trace.flows={path}", f"trace.output={out}", cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr and str(path) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_trace_cli_unknown_backend(tmp_path):
+    proc = run_cli("trace.topology=x", "trace.flows=y", "backend=nope", cwd=tmp_path)
+    assert proc.returncode != 0 and "flowsim" in proc.stderr  # Hydra lists the valid options
+
+
+def test_flows_round_trip(tmp_path):
+    flows = [Flow(3, 0, 1, 1000, 0.5), Flow(4, 1, 0, 20, 1.25)]
+    path = write(tmp_path / "f.txt", format_flows(flows))
+    assert read_flows(path, hosts={0, 1}) == flows
+
+
+def test_duplicate_flow_ids(tmp_path):
+    path = write(tmp_path / "f.txt", "2\n1 0 1 3 100 10 0\n1 0 1 3 100 10 0\n")
+    with pytest.raises(InputError, match="duplicate") as info:
+        read_flows(path)
+    assert info.value.line == 3

@@ -1,0 +1,86 @@
+"""The main job end to end, as a user runs it (subprocesses, real local Ray)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from tests.conftest import PYTHON, REPO
+
+
+def sweep(tmp_path, *overrides):
+    return subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "m4ray.sweeps",
+            *overrides,
+            f"paths.output_dir={tmp_path}",
+            "ray.num_cpus=2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
+    proc = sweep(tmp_path, "+experiment=gray_failure", "grid=smoke", "workload.scale=0.01")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "gray_failure"
+    results = pd.read_parquet(run_dir / "results.parquet")
+    assert len(results) == 4 and (results.status == "ok").all()
+    for column in (
+        "scenario_id",
+        "n_degraded",
+        "reduction",
+        "backend",
+        "completion_time_s",
+        "wall_s",
+        "n_flows",
+        "status",
+    ):
+        assert column in results.columns
+    assert len(list((run_dir / "flows").glob("*.parquet"))) == 4
+    assert (run_dir / "plots" / "completion_vs_r.png").stat().st_size > 10_000
+    assert (run_dir / "plots" / "wall_time.png").exists()
+    assert (run_dir / "topologies" / "gray_topo_N8_R10.txt").read_text().startswith("45 8 4 9 72")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["counts"] == {"ok": 4} and manifest["config"]["grid"]["n"] == [2, 8]
+    assert "flowsim: completion time (ms)" in proc.stdout and str(run_dir) in proc.stdout
+    assert "Started a local Ray" in proc.stderr
+
+    again = sweep(tmp_path, "+experiment=gray_failure", "grid=smoke", "workload.scale=0.01")
+    assert again.returncode == 0
+    assert "Started a local Ray" not in again.stderr  # everything was done: no task ran
+    assert pd.read_parquet(run_dir / "results.parquet").equals(results)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([], "choose an experiment with +experiment=<name>; available: gray_failure"),
+        (["+experiment=gray_failure", "backends=[nope]"], "unknown backend 'nope'; valid choices"),
+        (["+experiment=gray_failure", "workload.path=/no/such.txt"], "/no/such.txt"),
+        (
+            ["+experiment=gray_failure", "topology=file", "topology.path=/no/topo.txt"],
+            "/no/topo.txt",
+        ),
+        (["+experiment=gray_failure", "grid.n=[40]"], "n_degraded"),
+    ],
+)
+def test_user_mistakes_exit_2_without_traceback(tmp_path, overrides, message):
+    proc = sweep(tmp_path, *overrides)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not list(tmp_path.rglob("results.parquet"))
+
+
+def test_unknown_experiment_lists_choices(tmp_path):
+    proc = sweep(tmp_path, "+experiment=nope")
+    assert proc.returncode != 0 and "gray_failure" in proc.stderr

@@ -1,0 +1,70 @@
+"""Every config group option and every experiment composes and resolves to typed objects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from m4ray.config import CONF_DIR, SweepConfig, register_configs
+from m4ray.sweeps.__main__ import resolve
+
+register_configs()
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+GROUPS = {
+    g.name: sorted(p.stem for p in g.glob("*.yaml"))
+    for g in CONF_DIR.iterdir()
+    if g.is_dir() and g.name not in ("experiment", "local")
+}
+
+
+def sweep_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("sweep", overrides=list(overrides), return_hydra_config=False)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_resolves(experiment):
+    cfg = sweep_cfg(f"+experiment={experiment}")
+    sweep = resolve(cfg)
+    assert isinstance(sweep, SweepConfig) and sweep.name == experiment
+    assert all(hasattr(sweep.backend_options[b], "build") for b in sweep.backends)
+    assert hasattr(sweep.topology, "build") and hasattr(sweep.workload, "build")
+    assert Path(OmegaConf.to_container(cfg, resolve=True)["paths"]["run_dir"]).name == experiment
+
+
+OPTIONS = [(group, name) for group, names in GROUPS.items() if group != "backend" for name in names]
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS)
+def test_every_group_option_composes(group, option):
+    overrides = ["+experiment=gray_failure", f"{group}={option}"]
+    if group == "topology" and option == "file":
+        overrides.append("topology.path=/tmp/topo.txt")
+    sweep = resolve(sweep_cfg(*overrides))
+    assert sweep.name == "gray_failure"
+
+
+@pytest.mark.parametrize("backend", GROUPS["backend"])
+def test_every_backend_composes_in_trace_mode(backend):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            "trace", overrides=[f"backend={backend}", "trace.topology=t", "trace.flows=f"]
+        )
+    assert cfg.backend._target_.startswith("m4ray.")
+
+
+def test_without_experiment_the_error_lists_experiments():
+    from m4ray.errors import InputError
+
+    with pytest.raises(InputError, match="gray_failure"):
+        resolve(sweep_cfg())
+
+
+def test_typed_schema_rejects_bad_values():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        sweep_cfg("+experiment=gray_failure", "grid.n=[two]")
