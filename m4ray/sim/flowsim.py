@@ -40,26 +40,31 @@ def max_min_rates(
     lengths = np.fromiter((len(p) for p in flow_links), dtype=np.int64, count=n)
     flow_of = np.repeat(np.arange(n), lengths)
     used_links, link_of = np.unique(np.concatenate(flow_links), return_inverse=True)
-    cap = capacity_bps[used_links]
     n_used = len(used_links)
+    remaining = capacity_bps[used_links].astype(
+        np.float64
+    )  # capacity not yet given to frozen flows
+    load = np.bincount(link_of, minlength=n_used).astype(np.float64)  # unfrozen flows per link
+    open_edge = np.ones(len(flow_of), dtype=bool)
     rate = np.zeros(n)
-    frozen = np.zeros(n, dtype=bool)
-    while not frozen.all():
-        open_edge = ~frozen[flow_of]
-        load = np.bincount(link_of[open_edge], minlength=n_used)
-        spent = np.bincount(link_of, weights=rate[flow_of], minlength=n_used)
-        loaded = load > 0
-        share = np.full(n_used, np.inf)
-        share[loaded] = (cap[loaded] - spent[loaded]) / load[loaded]
+    while True:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(load > 0, remaining / load, np.inf)
         level = share.min()
         if rate_cap_bps is not None and rate_cap_bps < level:
-            rate[~frozen] = rate_cap_bps
-            break
-        bottleneck = loaded & (share <= level * (1 + _REL_TIE))
-        newly = np.unique(flow_of[open_edge & bottleneck[link_of]])
-        rate[newly] = max(level, 0.0)
-        frozen[newly] = True
-    return rate
+            rate[np.unique(flow_of[open_edge])] = rate_cap_bps
+            return rate
+        # every unfrozen flow crossing a bottleneck link freezes at the bottleneck's fair share
+        hit = np.zeros(n, dtype=bool)
+        hit[flow_of[open_edge & (share[link_of] <= level * (1 + _REL_TIE))]] = True
+        rate[hit] = max(level, 0.0)
+        frozen_edge = open_edge & hit[flow_of]
+        open_edge &= ~frozen_edge
+        counts = np.bincount(link_of[frozen_edge], minlength=n_used)
+        load -= counts
+        remaining -= counts * max(level, 0.0)
+        if not open_edge.any():
+            return rate
 
 
 @dataclass(kw_only=True, slots=True)
