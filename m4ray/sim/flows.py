@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m4ray.errors import InputError
+from m4ray.sim.textio import read_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +31,7 @@ _FIELDS = ("flow_id", "src", "dst", "priority", "dport", "size_bytes", "start_se
 def read_flows(path: str | Path, hosts: frozenset[int] | set[int] | None = None) -> list[Flow]:
     """Read ``flows.txt``; ``hosts`` (if given) are the valid endpoint ids."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as err:
-        raise InputError(f"cannot read flow file: {err.strerror}", file=path) from None
-    rows = [(no, line.split()) for no, line in enumerate(lines, start=1) if line.strip()]
+    rows = read_rows(path, "flow")
     if not rows:
         raise InputError("empty flow file; the first line must be the number of flows", file=path)
     count_no, count_fields = rows[0]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m4ray.errors import InputError
+from m4ray.sim.textio import parse_int, read_rows
 from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Workload
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -77,11 +78,7 @@ class SimAIModel:
 def parse_simai(path: str | Path) -> SimAIModel:
     """Parse a SimAI workload file; errors name the file, line and field."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as err:
-        raise InputError(f"cannot read workload file: {err.strerror}", file=path) from None
-    rows = [(no, line.split()) for no, line in enumerate(lines, start=1) if line.strip()]
+    rows = read_rows(path, "workload")
     if len(rows) < 2:
         raise InputError("a SimAI workload needs a header line and a layer count", file=path)
     policy, params = _parse_header(rows[0][1], path, rows[0][0])
@@ -142,7 +139,7 @@ def _parse_layer(fields: list[str], path: Path, line: int) -> Layer:
         )
     values = dict(zip(LAYER_FIELDS, fields, strict=True))
     compute = tuple(
-        _nonneg(values[f"{p}_compute"], path, line, f"{p}_compute") for p in ("fwd", "ig", "wg")
+        parse_int(values[f"{p}_compute"], path, line, f"{p}_compute") for p in ("fwd", "ig", "wg")
     )
     comm = []
     for phase in ("fwd", "ig", "wg"):
@@ -154,24 +151,12 @@ def _parse_layer(fields: list[str], path: Path, line: int) -> Layer:
                 line=line,
                 field=f"{phase}_comm_type",
             )
-        size = _nonneg(values[f"{phase}_comm_size"], path, line, f"{phase}_comm_size")
+        size = parse_int(values[f"{phase}_comm_size"], path, line, f"{phase}_comm_size")
         kind = COMM_TYPES[name]
         if kind is not None and size == 0:
             raise InputError(f"{name} of 0 bytes", file=path, line=line, field=f"{phase}_comm_size")
         comm.append((kind, size))
     return Layer(values["name"], compute, tuple(comm))
-
-
-def _nonneg(text: str, path: Path, line: int, field: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise InputError(
-            f"expected an integer, got '{text}'", file=path, line=line, field=field
-        ) from None
-    if value < 0:
-        raise InputError(f"must be >= 0, got {value}", file=path, line=line, field=field)
-    return value
 
 
 def build_workload(

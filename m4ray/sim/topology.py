@@ -15,8 +15,6 @@ Text formats (``read_topology`` detects which by the header):
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from m4ray.errors import InputError
+from m4ray.sim.textio import atomic_write_text, parse_int, read_rows
 from m4ray.sim.units import format_rate_gbps, format_time_ms, parse_rate, parse_time
 
 GPU_TYPES = ("A100", "A800", "H100", "H800")
@@ -143,11 +142,7 @@ def _check_cable(cable: Cable, n_nodes: int) -> None:
 def read_topology(path: str | Path) -> Topology:
     """Read a SimAI or ns-3 topology text file; errors name the file, line and field."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as err:
-        raise InputError(f"cannot read topology file: {err.strerror}", file=path) from None
-    rows = [(no, line.split()) for no, line in enumerate(lines, start=1) if line.strip()]
+    rows = read_rows(path, "topology")
     if len(rows) < 2:
         raise InputError("a topology needs a header line and a switch-id line", file=path)
     (header_no, header), (ids_no, id_fields) = rows[0], rows[1]
@@ -164,9 +159,9 @@ def read_topology(path: str | Path) -> Topology:
         if simai
         else ("nodes", "switches", "links")
     )
-    counts = {name: _int(header[i], path, header_no, name) for i, name in enumerate(names)}
+    counts = {name: parse_int(header[i], path, header_no, name) for i, name in enumerate(names)}
     n_switch_ids = counts["switches"] + counts.get("nvswitches", 0)
-    switch_ids = tuple(_int(f, path, ids_no, "switch id") for f in id_fields)
+    switch_ids = tuple(parse_int(f, path, ids_no, "switch id") for f in id_fields)
     if len(switch_ids) != n_switch_ids:
         raise InputError(
             f"expected {n_switch_ids} switch ids (from the header), found {len(switch_ids)}",
@@ -201,18 +196,6 @@ def read_topology(path: str | Path) -> Topology:
         raise InputError(err.message, file=path, field=err.field) from None
 
 
-def _int(text: str, path: Path, line: int, field: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise InputError(
-            f"expected an integer, got '{text}'", file=path, line=line, field=field
-        ) from None
-    if value < 0:
-        raise InputError(f"must be >= 0, got {value}", file=path, line=line, field=field)
-    return value
-
-
 def _parse_cable(fields: list[str], path: Path, line: int, n_nodes: int) -> Cable:
     if len(fields) not in (4, 5):
         raise InputError(
@@ -221,8 +204,8 @@ def _parse_cable(fields: list[str], path: Path, line: int, n_nodes: int) -> Cabl
             file=path,
             line=line,
         )
-    a = _int(fields[0], path, line, "src")
-    b = _int(fields[1], path, line, "dst")
+    a = parse_int(fields[0], path, line, "src")
+    b = parse_int(fields[1], path, line, "dst")
     parsed: dict[str, float] = {}
     for name, text, parse in (
         ("bandwidth", fields[2], parse_rate),
@@ -261,17 +244,3 @@ def format_topology(topo: Topology) -> str:
 def write_topology(topo: Topology, path: str | Path) -> Path:
     """Write the SimAI text form atomically (no partial file is ever visible at ``path``)."""
     return atomic_write_text(Path(path), format_topology(topo))
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file next to ``path`` and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

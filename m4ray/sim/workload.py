@@ -50,7 +50,7 @@ class Collective:
 
 
 @dataclass(kw_only=True, slots=True)
-class Send:
+class _PointToPoint:
     id: int
     rank: int
     peer: int
@@ -61,14 +61,13 @@ class Send:
 
 
 @dataclass(kw_only=True, slots=True)
-class Recv:
-    id: int
-    rank: int
-    peer: int
-    size_bytes: int
-    tag: int = 0
-    deps: tuple[int, ...] = ()
-    name: str = ""
+class Send(_PointToPoint):
+    """Send ``size_bytes`` to ``peer``; completes when delivered (eager)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Recv(_PointToPoint):
+    """Receive ``size_bytes`` from ``peer``; matches sends FIFO by ``(src, dst, tag)``."""
 
 
 Node = Compute | Collective | Send | Recv

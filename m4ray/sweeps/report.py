@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from m4ray.sim.topology import atomic_write_text
+from m4ray.sim.textio import atomic_write_text
 
 RESULT_COLUMNS = (
     "scenario_id",

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from m4ray.sim.scenario import Scenario, failed_row, simulate
-from m4ray.sim.topology import atomic_write_text
+from m4ray.sim.textio import atomic_write_text
 from m4ray.sweeps.cluster import RayConfig, start_ray
 
 
