@@ -57,7 +57,8 @@ class CollectiveAlgorithm(Protocol):
 def ring_phase(
     order: Sequence[int], steps: int, msg: int, start: Deps, out: list[Transfer]
 ) -> Deps:
-    """Append a ring phase to ``out``; return, per rank, the transfers that end its part."""
+    """Append a ring phase to ``out``; return, per rank, the transfers that end its part (its last
+    receive and its last send: the next phase reuses the same channel and buffers)."""
     n = len(order)
     if n < 2 or steps == 0:
         return dict(start)
@@ -69,8 +70,8 @@ def ring_phase(
                 prev = base + (step - 1) * n
                 deps = (*deps, prev + (pos - 1) % n, prev + pos)
             out.append(Transfer(rank, order[(pos + 1) % n], msg, deps))
-    last = base + (steps - 1) * n
-    return {order[(pos + 1) % n]: (last + pos,) for pos in range(n)}
+    last = base + (steps - 1) * n  # a rank's part ends with its last receive and its last send
+    return {order[(pos + 1) % n]: (last + pos, last + (pos + 1) % n) for pos in range(n)}
 
 
 def direct_all_to_all(order: Sequence[int], msg: int, start: Deps, out: list[Transfer]) -> Deps:
@@ -80,6 +81,7 @@ def direct_all_to_all(order: Sequence[int], msg: int, start: Deps, out: list[Tra
     ends: dict[int, list[int]] = {rank: [] for rank in order}
     for index in range(base, len(out)):
         ends[out[index].dst].append(index)
+        ends[out[index].src].append(index)
     return {rank: tuple(v) for rank, v in ends.items()}
 
 

@@ -70,8 +70,10 @@ def test_hierarchical_phases_wait_for_the_previous_phase():
     algo = Hierarchical(server_of=lambda r: r // 2)
     transfers = algo.decompose(K.ALL_REDUCE, range(4), 4000)
     first_cross = next(i for i, t in enumerate(transfers) if t.src // 2 != t.dst // 2)
-    assert transfers[first_cross].deps  # waits for its rank's reduce-scatter
-    assert all(transfers[d].dst == transfers[first_cross].src for d in transfers[first_cross].deps)
+    rank = transfers[first_cross].src
+    deps = [transfers[d] for d in transfers[first_cross].deps]
+    # waits for its rank's reduce-scatter: the last message it received and the last it sent
+    assert sorted((t.src == rank, t.dst == rank) for t in deps) == [(False, True), (True, False)]
 
 
 def test_hierarchical_needs_balanced_servers():
