@@ -71,6 +71,10 @@ class Routing:
         self._bw = topo.bandwidth_bps.tolist()
         self._lat = topo.latency_s.tolist()
         self._dst_of = topo.link_dst.tolist()
+        self._src_of = topo.link_src.tolist()
+        self._in_links: list[list[int]] = [[] for _ in range(topo.n_nodes)]
+        for link, node in enumerate(self._dst_of):
+            self._in_links[node].append(link)
 
     def _distances_to(self, dst: int) -> np.ndarray:
         """Hop counts from every node to ``dst`` never transiting hosts (-1 = unreachable)."""
@@ -80,16 +84,12 @@ class Routing:
         dist = np.full(self.topo.n_nodes, -1, dtype=np.int64)
         dist[dst] = 0
         frontier = deque([dst])
-        src_of = self.topo.link_src.tolist()
-        in_links: list[list[int]] = [[] for _ in range(self.topo.n_nodes)]
-        for link, node in enumerate(self._dst_of):
-            in_links[node].append(link)
         while frontier:
             node = frontier.popleft()
             if node != dst and node in self._host_set:
                 continue  # hosts are endpoints: reachable, but nothing routes through them
-            for link in in_links[node]:
-                prev = src_of[link]
+            for link in self._in_links[node]:
+                prev = self._src_of[link]
                 if dist[prev] < 0:
                     dist[prev] = dist[node] + 1
                     frontier.append(prev)

@@ -27,9 +27,10 @@ def run_trace(
     topology: Topology, flows: list[Flow], backend_config: BackendConfig, routing: Routing
 ) -> pa.Table:
     """Simulate ``flows`` (started at their ``start_s``) and return the per-flow FCT table."""
+    paths = []
     for flow in flows:  # route everything first so a bad pair fails before simulating
         try:
-            routing.path(flow.src, flow.dst, flow.id)
+            paths.append(routing.path(flow.src, flow.dst, flow.id))
         except InputError as err:
             raise InputError(f"flow {flow.id}: {err.message}", field=err.field) from None
     backend = backend_config.build(topology, routing)
@@ -46,7 +47,7 @@ def run_trace(
     start = np.array([f.start_s for f in flows])
     fct = np.array([finish[f.id] for f in flows]) - start
     ideal = np.array(
-        [routing.ideal_fct(f.size_bytes, routing.path(f.src, f.dst, f.id)) for f in flows]
+        [routing.ideal_fct(f.size_bytes, p) for f, p in zip(flows, paths, strict=True)]
     )
     return pa.table(
         {

@@ -101,3 +101,16 @@ def test_duplicate_flow_ids(tmp_path):
     with pytest.raises(InputError, match="duplicate") as info:
         read_flows(path)
     assert info.value.line == 3
+
+
+def test_disconnected_pair_fails_before_simulating():
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.topology import Cable, Topology
+    from m4ray.sim.trace import run_trace
+
+    islands = Topology(
+        n_nodes=4, switches=(2, 3), cables=(Cable(0, 2, 1e9, 0.0), Cable(1, 3, 1e9, 0.0))
+    )
+    with pytest.raises(InputError, match="flow 5: hosts 0 and 1 are not connected"):
+        run_trace(islands, [Flow(5, 0, 1, 100, 0.0)], FlowSimConfig(), Routing(islands))
