@@ -75,20 +75,29 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
     """Run one scenario; a failure becomes a row with ``status='failed'`` and the reason."""
     row = scenario.describe()
     start = time.perf_counter()
+    replay: Replay | None = None
     try:
         topo = scenario.failure.apply(scenario.topology.build())
         routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
         workload = scenario.workload.build()
         backend = scenario.backend_config.build(topo, routing)
         algorithm = scenario.collective.build(topo)
-        result = Replay(
+        replay = Replay(
             workload, backend, routing, algorithm, send_latency_s=scenario.send_latency_s
-        ).run()
-    except M4rayError as err:
-        return failed_row(row, f"{type(err).__name__}: {err}", time.perf_counter() - start), None
-    except Exception as err:  # a bug, not a user mistake: keep the traceback in the row
-        trace = "".join(traceback.format_exception(err))
-        return failed_row(row, trace, time.perf_counter() - start), None
+        )
+        result = replay.run()
+    except Exception as err:  # keep what completed: the flows delivered before the failure
+        reason = (
+            f"{type(err).__name__}: {err}"
+            if isinstance(err, M4rayError)
+            else "".join(traceback.format_exception(err))  # a bug: keep the traceback
+        )
+        row = failed_row(row, reason, time.perf_counter() - start)
+        if replay is None:
+            return row, None
+        partial = flow_table(replay.flows)
+        row["n_flows"] = partial.num_rows
+        return row, partial
     flows = flow_table(result.flows)
     slowdown = flows.column("slowdown").to_numpy()
     row.update(

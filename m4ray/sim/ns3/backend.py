@@ -139,7 +139,7 @@ class Ns3Backend:
         """Run a Python callback; keep its exception for ``run`` (it cannot cross C++ frames)."""
         try:
             fn()
-        except BaseException as err:  # noqa: BLE001 - re-raised by run()
+        except BaseException as err:  # re-raised by run()
             self._error = err
             self.ns.Simulator.Stop()
             return

@@ -4,10 +4,10 @@ Everything that runs per packet lives here; Python is called once per flow compl
 scheduled callback, never per packet (``reference/ns3.md`` §6):
 
 * ``m4ray::FlowRouting`` — an ``Ipv4RoutingProtocol`` consulted before static/global routing. It
-  forwards by a per-flow table keyed by the flow's sink port (data packets carry it as destination
-  port, ACKs as source port), filled from m4ray's own ``Routing``, so ns-3 and every other backend
-  use exactly the same paths (per-flow ECMP, hosts never forward). Packets without a flow entry
-  (TCP's connect-time route lookup) use a per-destination table.
+  forwards by a per-flow table keyed by the receiver's address and the flow's sink port (data
+  packets carry them as destination, ACKs as source), filled from m4ray's own ``Routing``, so
+  ns-3 and every other backend use exactly the same paths (per-flow ECMP, hosts never forward).
+  Packets without a flow entry (TCP's connect-time route lookup) use a per-destination table.
 * ``m4ray::Network`` — builds nodes, links (p2p device + 1-packet NIC queue + RED/ECN queue disc),
   addresses and routers; starts flows (PacketSink + BulkSend created at the moment they start);
   counts received bytes and reports ``(flow_id, t)`` when the last byte arrives; dispatches
@@ -52,7 +52,11 @@ class FlowRouting : public Ipv4RoutingProtocol {
     void PrintRoutingTable(Ptr<OutputStreamWrapper>, Time::Unit) const override {}
 
     void AddDestination(Ipv4Address dst, Hop hop) { m_dst[dst.Get()] = hop; }
-    void AddFlow(uint16_t port, bool reverse, Hop hop) { (reverse ? m_rev : m_fwd)[port] = hop; }
+    // a flow is (receiver address, sink port): data packets carry them as destination address
+    // and port, ACKs as source address and port
+    void AddFlow(Ipv4Address receiver, uint16_t port, bool reverse, Hop hop) {
+        (reverse ? m_rev : m_fwd)[Key(receiver, port)] = hop;
+    }
 
     Ptr<Ipv4Route> RouteOutput(Ptr<Packet> p, const Ipv4Header& header, Ptr<NetDevice>,
                                Socket::SocketErrno& err) override {
@@ -87,13 +91,16 @@ class FlowRouting : public Ipv4RoutingProtocol {
             p->CopyData(buf, 4);
             uint16_t sport = (buf[0] << 8) | buf[1];
             uint16_t dport = (buf[2] << 8) | buf[3];
-            auto f = m_fwd.find(dport);
+            auto f = m_fwd.find(Key(header.GetDestination(), dport));
             if (f != m_fwd.end()) return &f->second;
-            auto r = m_rev.find(sport);
+            auto r = m_rev.find(Key(header.GetSource(), sport));
             if (r != m_rev.end()) return &r->second;
         }
         auto d = m_dst.find(header.GetDestination().Get());
         return d == m_dst.end() ? nullptr : &d->second;
+    }
+    static uint64_t Key(Ipv4Address addr, uint16_t port) {
+        return (uint64_t(addr.Get()) << 16) | port;
     }
     Ptr<Ipv4Route> MakeRoute(Ipv4Address dst, const Hop& hop) const {
         Ptr<Ipv4Route> route = Create<Ipv4Route>();
@@ -105,7 +112,7 @@ class FlowRouting : public Ipv4RoutingProtocol {
     }
     Ptr<Ipv4> m_ipv4;
     std::unordered_map<uint32_t, Hop> m_dst;
-    std::unordered_map<uint16_t, Hop> m_fwd, m_rev;
+    std::unordered_map<uint64_t, Hop> m_fwd, m_rev;
 };
 
 struct LinkEnd {  // one directed link: sending node, its interface, receiver's address
@@ -146,7 +153,8 @@ class Network {
         tch.SetRootQueueDisc("ns3::RedQueueDisc",
             "MinTh", DoubleValue(red_k_packets), "MaxTh", DoubleValue(red_k_packets),
             "MaxSize", QueueSizeValue(QueueSize(QueueSizeUnit::PACKETS, buffer_packets)),
-            "MeanPktSize", UintegerValue(mtu), "LinkBandwidth", DataRateValue(DataRate(uint64_t(rate_bps))),
+            "MeanPktSize", UintegerValue(mtu),
+            "LinkBandwidth", DataRateValue(DataRate(uint64_t(rate_bps))),
             "LinkDelay", TimeValue(PicoSeconds(delay_ps)));
         tch.Install(devs);  // before addresses, or Assign installs FqCoDel
         Ipv4InterfaceContainer ifs = m_addresses.Assign(devs);
@@ -176,9 +184,17 @@ class Network {
     }
 
     // Route flow `port` over directed links `path` (src->dst) and ACKs over `back` (dst->src).
-    void Route(uint16_t port, const std::vector<uint32_t>& path, const std::vector<uint32_t>& back) {
-        for (uint32_t l : path) m_routers[m_links[l].node]->AddFlow(port, false, {m_links[l].iface, m_links[l].peer});
-        for (uint32_t l : back) m_routers[m_links[l].node]->AddFlow(port, true, {m_links[l].iface, m_links[l].peer});
+    void Route(uint16_t port, const std::vector<uint32_t>& path,
+               const std::vector<uint32_t>& back) {
+        Ipv4Address receiver = m_links[path.back()].peer;
+        for (uint32_t l : path) {
+            m_routers[m_links[l].node]->AddFlow(receiver, port, false,
+                                                {m_links[l].iface, m_links[l].peer});
+        }
+        for (uint32_t l : back) {
+            m_routers[m_links[l].node]->AddFlow(receiver, port, true,
+                                                {m_links[l].iface, m_links[l].peer});
+        }
         // connect-time lookups (no packet yet) on both hosts go by destination address
         const LinkEnd& first = m_links[path.front()];
         m_routers[first.node]->AddDestination(m_links[path.back()].peer, {first.iface, first.peer});
