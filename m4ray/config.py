@@ -37,6 +37,7 @@ class SweepConfig:
     job: str = MISSING
     seed: int = 0
     backends: list[str] = field(default_factory=lambda: ["flowsim"])
+    reference_backend: str = "ns3"  # errors and speedups are reported against this backend
     backend_options: dict[str, Any] = field(default_factory=dict)
     topology: Any = MISSING
     workload: Any = MISSING

@@ -43,19 +43,39 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
     rows = run_many(scenarios, run_dir, cfg.ray, progress=cfg.progress)
     frame = report.results_frame(rows)
     files.append(report.write_results(frame, run_dir))
-    if (frame.status == "ok").any():
-        files.append(plots.completion_vs_r(frame, run_dir / "plots" / "completion_vs_r.png"))
-        files.append(plots.wall_time(frame, run_dir / "plots" / "wall_time.png"))
+    reference = cfg.reference_backend
+    errors = report.errors_vs(frame, reference) if reference in cfg.backends else None
+    files += write_plots(frame, errors, reference, run_dir / "plots")
     report.write_manifest(run_dir, raw_config, frame, files)
     print()
     print(report.summary_text(frame))
     for backend in cfg.backends:
         print()
         print(report.grid_text(frame, backend))
+    if errors is not None and len(errors):
+        print()
+        print(report.error_text(errors, reference))
     print(f"\n{len(frame)} runs in {time.perf_counter() - started:.1f} s; outputs: {run_dir}")
     if not (frame.status == "ok").any():
         sys.exit(1)
     return run_dir
+
+
+def write_plots(frame, errors, reference: str, plot_dir: Path) -> list[Path]:
+    if not (frame.status == "ok").any():
+        return []
+    speedups = {} if errors is None else errors.groupby("backend").speedup.median().to_dict()
+    files = [
+        plots.completion_vs_r(frame, plot_dir / "completion_vs_r.png"),
+        plots.wall_time(frame, plot_dir / "wall_time.png", speedups),
+    ]
+    if errors is not None and len(errors):
+        files += [
+            plots.error_cdf(errors, reference, plot_dir / "error_cdf.png"),
+            plots.error_by(errors, "n_degraded", reference, plot_dir / "error_by_n.png"),
+            plots.error_by(errors, "reduction", reference, plot_dir / "error_by_r.png"),
+        ]
+    return files
 
 
 def write_topologies(cfg: SweepConfig, run_dir: Path) -> list[Path]:

@@ -155,3 +155,48 @@ def _fmt(value: float) -> str:
     if value is None or not np.isfinite(value):
         return "-"
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def errors_vs(frame: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """Per scenario and non-reference backend: signed relative error of the completion time
+    ``(t - t_ref) / t_ref`` and the wall-time speedup ``wall_ref / wall``."""
+    ok = frame[frame.status == "ok"]
+    ref = ok[ok.backend == reference].set_index("scenario_id")[["completion_time_s", "wall_s"]]
+    others = ok[ok.backend != reference].join(ref, on="scenario_id", rsuffix="_ref", how="inner")
+    out = others[["scenario_id", "backend", "n_degraded", "reduction"]].copy()
+    out["error"] = (others.completion_time_s - others.completion_time_s_ref) / (
+        others.completion_time_s_ref
+    )
+    out["abs_error"] = out.error.abs()
+    out["speedup"] = others.wall_s_ref / others.wall_s
+    return out.reset_index(drop=True)
+
+
+def error_text(errors: pd.DataFrame, reference: str) -> str:
+    """Error statistics (percent) and median speedup per backend, against ``reference``."""
+    rows = []
+    for backend, group in errors.groupby("backend", sort=False):
+        worst = group.error.iloc[group.abs_error.to_numpy().argmax()]
+        rows.append(
+            [
+                backend,
+                len(group),
+                f"{group.error.mean():+.1%}",
+                f"{group.error.median():+.1%}",
+                f"{group.abs_error.mean():.1%}",
+                f"{worst:+.1%}",
+                f"{group.speedup.median():.3g}x",
+            ]
+        )
+    header = [
+        "backend",
+        "scenarios",
+        "mean err",
+        "median err",
+        "mean |err|",
+        "worst",
+        f"median speedup vs {reference}",
+    ]
+    return f"completion time vs {reference}: (t - t_{reference}) / t_{reference}\n" + format_table(
+        header, rows
+    )
