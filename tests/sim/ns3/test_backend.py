@@ -1,0 +1,167 @@
+"""The ns-3 backend against physics and against flowSim, with real ns-3 in Ray worker processes
+(an ns-3 assertion kills its process; a worker can die, the test session cannot)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from m4ray.sim.collectives import Ring
+from m4ray.sim.failures import degrade
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSimConfig
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.replay import Replay
+from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.scenario import Scenario, flow_table
+from m4ray.sim.simai import SimAIWorkloadSpec
+from m4ray.sim.topologies import fat_tree
+from m4ray.sim.topology import Cable, Topology
+from m4ray.sim.trace import run_trace
+from m4ray.sim.workload import Collective, CollectiveKind, Workload
+from m4ray.sweeps.cluster import RayConfig
+from m4ray.sweeps.grid import GridConfig, expand
+from m4ray.sweeps.runner import flows_path, run_many
+
+JUMBO = WireFormat(mtu_bytes=8948, header_bytes=54)
+MB = 1_000_000
+
+
+def dumbbell(bw: float, delay: float = 1e-6) -> Topology:
+    """Hosts 0, 1 on switch 4; hosts 2, 3 on switch 5; one switch-to-switch link."""
+    return Topology(
+        n_nodes=6,
+        switches=(4, 5),
+        cables=(
+            Cable(0, 4, bw, delay),
+            Cable(1, 4, bw, delay),
+            Cable(4, 5, bw, delay),
+            Cable(2, 5, bw, delay),
+            Cable(3, 5, bw, delay),
+        ),
+    )
+
+
+def _trace(topo, flows, backend):
+    routing = Routing(topo, wire=JUMBO)
+    table = run_trace(topo, flows, backend, routing)
+    return table.column("fct_s").to_numpy(), table.column("ideal_fct_s").to_numpy()
+
+
+@pytest.fixture(scope="module")
+def remote(ray_local):
+    return ray_local.remote(_trace)
+
+
+def run(remote, ray, topo, flows, backend=None):
+    return ray.get(remote.remote(topo, flows, backend or Ns3Config()))
+
+
+@pytest.mark.parametrize("bw", [10e9, 100e9])
+def test_lone_flow_is_close_to_ideal(ray_local, remote, bw):
+    fct, ideal = run(remote, ray_local, dumbbell(bw), [Flow(0, 0, 2, 10 * MB, 0.0)])
+    assert fct[0] == pytest.approx(ideal[0], rel=0.03)
+
+
+def test_sharing_and_degradation(ray_local, remote):
+    topo = dumbbell(100e9)
+    lone, _ = run(remote, ray_local, topo, [Flow(0, 0, 2, 10 * MB, 0.0)])
+    shared, _ = run(
+        remote, ray_local, topo, [Flow(0, 0, 2, 10 * MB, 0.0), Flow(1, 1, 3, 10 * MB, 0.0)]
+    )
+    assert shared / lone[0] == pytest.approx([2.0, 2.0], rel=0.1)  # each gets about half
+    slow = degrade(topo, [], 1)  # no host degraded: degrade the switch-to-switch cable by hand
+    cables = list(slow.cables)
+    cables[2] = dataclasses.replace(cables[2], bandwidth_bps=25e9)
+    degraded, _ = run(
+        remote, ray_local, slow.replace_cables(tuple(cables)), [Flow(0, 0, 2, 10 * MB, 0.0)]
+    )
+    assert degraded[0] / lone[0] == pytest.approx(4.0, rel=0.08)
+
+
+def test_same_scenario_twice_gives_identical_fcts(ray_local, remote):
+    topo = fat_tree(k=4, bandwidth_bps=10e9)
+    rng = np.random.default_rng(1)
+    flows = [
+        Flow(i, int(s), int(d), int(rng.integers(10_000, 2 * MB)), float(i) * 20e-6)
+        for i, (s, d) in enumerate(rng.choice(16, (12, 2), replace=True))
+        if s != d
+    ]
+    first, _ = run(remote, ray_local, topo, flows)
+    second, _ = run(remote, ray_local, topo, flows)
+    assert np.array_equal(first, second)
+
+
+def test_agrees_with_flowsim_when_light_and_is_slower_under_congestion(ray_local, remote):
+    topo = fat_tree(k=4, bandwidth_bps=10e9)
+    light = [Flow(i, i, 15 - i, 2 * MB, i * 5e-3) for i in range(6)]  # one flow at a time
+    ns3, _ = run(remote, ray_local, topo, light)
+    fluid, _ = run(remote, ray_local, topo, light, FlowSimConfig())
+    assert ns3 == pytest.approx(fluid, rel=0.05)
+    # short flows behind a long one on the same access link: ns-3 queues them (ECN keeps ~K
+    # packets standing), the fluid model gives them their fair share at once
+    congested = [Flow(0, 0, 15, 20 * MB, 0.0)]
+    congested += [Flow(i, 1 + i % 7, 15, 20_000, 2e-3 + i * 1e-3) for i in range(1, 9)]
+    ns3, _ = run(remote, ray_local, topo, congested)
+    fluid, _ = run(remote, ray_local, topo, congested, FlowSimConfig())
+    assert fluid[1:].mean() < 0.8 * ns3[1:].mean()
+
+
+def _ring(n: int, size: int, send_latency: float):
+    topo = Topology(
+        n_nodes=n + 1, switches=(n,), cables=tuple(Cable(i, n, 10e9, 1e-6) for i in range(n))
+    )
+    workload = Workload(
+        n_ranks=n,
+        nodes=[
+            Collective(
+                id=r, rank=r, kind=CollectiveKind.ALL_REDUCE, size_bytes=size, group=tuple(range(n))
+            )
+            for r in range(n)
+        ],
+    )
+    routing = Routing(topo, wire=JUMBO)
+    replay = Replay(
+        workload, Ns3Config().build(topo, routing), routing, Ring(), send_latency_s=send_latency
+    )
+    result = replay.run()
+    return result.completion_time_s, flow_table(result.flows).to_pandas()
+
+
+def test_ring_all_reduce_steps_wait_for_their_predecessors(ray_local):
+    n, size, latency = 4, 4 * MB, 3e-6
+    completion, flows = ray_local.get(ray_local.remote(_ring).remote(n, size, latency))
+    assert len(flows) == n * 2 * (n - 1) and flows.finish_s.notna().all()
+    for rank in range(n):
+        sent = flows[flows.src == rank].sort_values("start_s")
+        received = flows[flows.dst == rank].sort_values("finish_s")
+        # step k's send starts only after the step k-1 chunk arrived (plus the send latency)
+        gaps = sent.start_s.to_numpy()[1:] - received.finish_s.to_numpy()[:-1]
+        assert (gaps >= latency - 1e-9).all()
+    chunk_bits = JUMBO.wire_bytes(size // n) * 8
+    assert completion >= 2 * (n - 1) * (latency + chunk_bits / 10e9)
+
+
+def test_failures_become_rows_and_other_scenarios_finish(ray_local, tmp_path):
+    template = Scenario(workload=SimAIWorkloadSpec(path="microAllReduce", scale=0.001), wire=JUMBO)
+    grid = GridConfig(n=[8], r=[4])
+    options = {
+        "flowsim": FlowSimConfig(),
+        "ns3": Ns3Config(ecn_k_packets=0),
+        "ns3_slow": Ns3Config(wall_limit_s=1.0),
+    }
+    bad, ok = expand(grid, template, ["ns3", "flowsim"], options, 0)
+    slow = expand(
+        grid,
+        dataclasses.replace(template, workload=SimAIWorkloadSpec(path="microAllReduce", scale=1.0)),
+        ["ns3_slow"],
+        options,
+        0,
+    )[0]
+    rows = run_many([bad, slow, ok], tmp_path, RayConfig(), progress=False)
+    assert [r["status"] for r in rows] == ["failed", "failed", "ok"]
+    assert "ecn_k_packets" in rows[0]["error"]
+    assert "wall-clock limit of 1 s" in rows[1]["error"]
+    assert flows_path(tmp_path, slow).exists()  # what completed before the stop is kept
