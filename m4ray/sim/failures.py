@@ -8,6 +8,7 @@ written (2400 // 7 = 342 Gbps). Rail–spine links are never touched.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -61,14 +62,58 @@ def _reduced(bandwidth_bps: float, reduction: int) -> float:
 
 @dataclass(kw_only=True, slots=True)
 class GrayFailure:
-    """N degraded GPUs (server-aligned rule) at 1/R of their link rates; N = 0 is healthy."""
+    """N degraded GPUs (server-aligned rule) at 1/R of their link rates; N = 0 is healthy.
+
+    ``loss_rate``: packet-loss probability on the degraded links for the whole run (packet-level
+    backends; fluid models have no loss). ``onset_s``: the rates drop at this simulated time
+    instead of from the start (a mid-run gray failure).
+    """
 
     n_degraded: int
     reduction: int
+    loss_rate: float = 0.0
+    onset_s: float = 0.0
 
-    def apply(self, topo: Topology) -> Topology:
+    def __post_init__(self) -> None:
+        if not 0 <= self.loss_rate < 1:
+            raise InputError(f"must be in [0, 1), got {self.loss_rate}", field="loss_rate")
+        if self.onset_s < 0:
+            raise InputError(f"must be >= 0, got {self.onset_s}", field="onset_s")
+
+    def degraded(self, topo: Topology) -> Topology:
+        """The topology with the failure in full effect."""
         if self.n_degraded == 0:
             return topo
         servers = len(topo.hosts) // topo.gpus_per_server
-        gpus = gray_failure_gpus(self.n_degraded, topo.gpus_per_server, servers)
-        return degrade(topo, [topo.hosts[g] for g in gpus], self.reduction)
+        gpus = set(gray_failure_gpus(self.n_degraded, topo.gpus_per_server, servers))
+        hosts = [topo.hosts[g] for g in gpus]
+        slow = degrade(topo, hosts, self.reduction)
+        if self.loss_rate == 0:
+            return slow
+        host_set = set(hosts)
+        return slow.replace_cables(
+            tuple(
+                dataclasses.replace(c, error_rate=self.loss_rate) if {c.a, c.b} & host_set else c
+                for c in slow.cables
+            )
+        )
+
+    def apply(self, topo: Topology) -> Topology:
+        """The topology a run starts with (rates still nominal when the onset is later)."""
+        if self.onset_s == 0:
+            return self.degraded(topo)
+        degraded = self.degraded(topo)
+        return degraded.replace_cables(
+            tuple(
+                dataclasses.replace(c, bandwidth_bps=base.bandwidth_bps)
+                for c, base in zip(degraded.cables, topo.cables, strict=True)
+            )
+        )
+
+    def onset_changes(self, topo: Topology) -> list[tuple[int, float]]:
+        """``(directed link id, new bandwidth bits/s)`` to apply at ``onset_s`` (empty at 0)."""
+        if self.onset_s == 0:
+            return []
+        after = self.degraded(topo).bandwidth_bps
+        before = topo.bandwidth_bps
+        return [(int(link), float(after[link])) for link in (after != before).nonzero()[0]]

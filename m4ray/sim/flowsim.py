@@ -86,7 +86,7 @@ class FlowSim:
         self.rate_cap_bps = rate_cap_bps
         self.events = EventQueue()
         self._now = 0.0
-        self._capacity = topology.bandwidth_bps
+        self._capacity = topology.bandwidth_bps.copy()
         # active flows, parallel lists
         self._ids: list[int] = []
         self._links: list[np.ndarray] = []
@@ -139,6 +139,11 @@ class FlowSim:
                 while self.events.peek_time() <= self._now:
                     _, fn = self.events.pop()
                     fn()
+
+    def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
+        """Change a directed link's rate now (a gray failure's onset); rates are recomputed."""
+        self._capacity[link] = bandwidth_bps
+        self._dirty = True
 
     # ------------------------------------------------------------ fluid state
     def _next_completion(self) -> tuple[float, np.ndarray]:

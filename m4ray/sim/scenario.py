@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from m4ray.errors import M4rayError
+from m4ray.errors import InputError, M4rayError
 from m4ray.fingerprint import fingerprint
 from m4ray.sim.collectives import HierarchicalSpec
 from m4ray.sim.failures import GrayFailure
@@ -25,6 +25,7 @@ from m4ray.sim.replay import FlowLog, Replay
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import RailClusterSpec
+from m4ray.sim.topology import Topology
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,6 +67,8 @@ class Scenario:
             "run_id": self.run_id,
             "n_degraded": self.failure.n_degraded,
             "reduction": self.failure.reduction,
+            "loss_rate": self.failure.loss_rate,
+            "onset_s": self.failure.onset_s,
             "seed": self.seed,
             "backend": self.backend,
         }
@@ -77,10 +80,12 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
     start = time.perf_counter()
     replay: Replay | None = None
     try:
-        topo = scenario.failure.apply(scenario.topology.build())
+        base = scenario.topology.build()
+        topo = scenario.failure.apply(base)
         routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
         workload = scenario.workload.build()
         backend = scenario.backend_config.build(topo, routing)
+        schedule_onset(backend, scenario.failure, base)
         algorithm = scenario.collective.build(topo)
         replay = Replay(
             workload, backend, routing, algorithm, send_latency_s=scenario.send_latency_s
@@ -111,6 +116,24 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
         wall_s=time.perf_counter() - start,
     )
     return row, flows
+
+
+def schedule_onset(backend: Any, failure: GrayFailure, base: Topology) -> None:
+    """Schedule a mid-run gray failure: link rates drop at ``failure.onset_s``."""
+    changes = failure.onset_changes(base)
+    if not changes:
+        return
+    if not hasattr(backend, "set_bandwidth"):
+        raise InputError(
+            f"{type(backend).__name__} cannot change link rates during a run",
+            field="failure.onset_s",
+        )
+
+    def drop() -> None:
+        for link, bandwidth in changes:
+            backend.set_bandwidth(link, bandwidth)
+
+    backend.schedule(failure.onset_s, drop)
 
 
 def failed_row(row: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def write_topologies(cfg: SweepConfig, run_dir: Path) -> list[Path]:
     base = cfg.topology.build()
     return [
         write_topology(
-            GrayFailure(n_degraded=n, reduction=r).apply(base),
+            GrayFailure(n_degraded=n, reduction=r, loss_rate=cfg.grid.loss_rate).degraded(base),
             run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt",
         )
         for n in cfg.grid.n

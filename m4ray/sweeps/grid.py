@@ -18,11 +18,14 @@ from m4ray.sim.scenario import Scenario
 
 @dataclass(kw_only=True, slots=True)
 class GridConfig:
-    """N degraded GPUs × reduction factors R × replicate seeds."""
+    """N degraded GPUs × reduction factors R × replicate seeds; every failure of the grid has the
+    same packet-loss rate on its degraded links and the same onset time (0 = from the start)."""
 
     n: list[int] = field(default_factory=lambda: list(range(2, 17)))
     r: list[int] = field(default_factory=lambda: list(range(4, 11)))
     seeds: int = 1
+    loss_rate: float = 0.0
+    onset_s: float = 0.0
 
 
 def child_seeds(root_seed: int, count: int) -> list[int]:
@@ -54,7 +57,9 @@ def expand(
     return [
         dataclasses.replace(
             template,
-            failure=GrayFailure(n_degraded=n, reduction=r),
+            failure=GrayFailure(
+                n_degraded=n, reduction=r, loss_rate=grid.loss_rate, onset_s=grid.onset_s
+            ),
             seed=seed,
             backend=name,
             backend_config=backend_options[name],

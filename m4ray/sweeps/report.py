@@ -25,6 +25,8 @@ RESULT_COLUMNS = (
     "run_id",
     "n_degraded",
     "reduction",
+    "loss_rate",
+    "onset_s",
     "seed",
     "backend",
     "status",

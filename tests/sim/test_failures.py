@@ -66,3 +66,37 @@ def test_bad_failure_specs():
 def test_zero_degraded_is_the_healthy_topology():
     base = rail_cluster()
     assert GrayFailure(n_degraded=0, reduction=4).apply(base) is base
+
+
+def test_loss_and_onset_options():
+    base = rail_cluster()
+    lossy = GrayFailure(n_degraded=2, reduction=4, loss_rate=0.01).apply(base)
+    assert {c.error_rate for c in lossy.cables if 0 in (c.a, c.b)} == {0.01}
+    assert {c.error_rate for c in lossy.cables if 1 in (c.a, c.b)} == {0.0}
+    later = GrayFailure(n_degraded=2, reduction=4, onset_s=1e-3)
+    assert later.apply(base).cables == base.cables  # nominal rates until the onset
+    changes = later.onset_changes(base)
+    assert len(changes) == 8  # 2 GPUs x 2 cables x 2 directions
+    assert sorted({bw for _, bw in changes}) == [100e9, 600e9]
+    with pytest.raises(InputError, match="loss_rate"):
+        GrayFailure(n_degraded=2, reduction=4, loss_rate=1.5)
+
+
+def test_mid_run_rate_drop_in_flowsim():
+    from m4ray.sim.flows import Flow
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.scenario import schedule_onset
+
+    base = rail_cluster()
+    failure = GrayFailure(n_degraded=2, reduction=4, onset_s=100e-6)
+    topo = failure.apply(base)
+    routing = Routing(topo)
+    backend = FlowSimConfig().build(topo, routing)
+    schedule_onset(backend, failure, base)
+    done = {}
+    backend.send(Flow(0, 0, 8, 10_000_000, 0.0), done.setdefault)
+    backend.run()
+    bits = routing.wire.wire_bytes(10_000_000) * 8
+    fluid = 100e-6 + (bits - 400e9 * 100e-6) / 100e9  # 400 Gbps until the onset, then 100
+    assert done[0] == pytest.approx(fluid + routing.path(0, 8).base_rtt_s, rel=1e-9)

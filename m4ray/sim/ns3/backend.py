@@ -127,6 +127,10 @@ class Ns3Backend:
                 f"t = {self.now() * 1e6:.1f} us with {len(self._done)} flows in flight"
             )
 
+    def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
+        """Change a directed link's rate now; the device reads it for every packet."""
+        self.net.SetRate(link, bandwidth_bps)
+
     # ------------------------------------------------------------ callbacks from C++
     def _timer(self, token: int) -> None:
         self._call(self._timers.pop(token))

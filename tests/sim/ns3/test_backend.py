@@ -165,3 +165,39 @@ def test_failures_become_rows_and_other_scenarios_finish(ray_local, tmp_path):
     assert "ecn_k_packets" in rows[0]["error"]
     assert "wall-clock limit of 1 s" in rows[1]["error"]
     assert flows_path(tmp_path, slow).exists()  # what completed before the stop is kept
+
+
+def _lone_gpu_flow(failure, size):
+    from m4ray.sim.scenario import schedule_onset
+    from m4ray.sim.topologies import rail_cluster
+
+    base = rail_cluster()
+    topo = failure.apply(base)
+    routing = Routing(topo, wire=JUMBO)
+    backend = Ns3Config().build(topo, routing)
+    schedule_onset(backend, failure, base)
+    done = {}
+    backend.send(Flow(0, 0, 8, size, 0.0), done.setdefault)
+    backend.run()
+    return done[0]
+
+
+def test_mid_run_rate_drop_and_packet_loss(ray_local):
+    from m4ray.sim.failures import GrayFailure
+
+    task = ray_local.remote(_lone_gpu_flow)
+    size = 20 * MB
+    healthy, late, lossy, lossless = ray_local.get(
+        [
+            task.remote(GrayFailure(n_degraded=0, reduction=1), size),
+            task.remote(GrayFailure(n_degraded=2, reduction=4, onset_s=200e-6), size),
+            task.remote(GrayFailure(n_degraded=2, reduction=4, loss_rate=0.01), size),
+            task.remote(GrayFailure(n_degraded=2, reduction=4), size),
+        ]
+    )
+    bits = JUMBO.wire_bytes(size) * 8
+    sent_before = 400e9 * (200e-6 - (healthy - bits / 400e9))  # healthy run's pace until onset
+    expected = 200e-6 + (bits - sent_before) / 100e9
+    assert late == pytest.approx(expected, rel=0.05)
+    assert healthy < late < lossless
+    assert lossy > 1.02 * lossless  # retransmissions cost time

@@ -1,0 +1,145 @@
+"""ns-3 backend speed and a full-scale gray-failure scenario, ns-3 next to flowSim.
+
+    .venv/bin/python bench/ns3_speed.py            # all cases (~10 min on 2 cores)
+    .venv/bin/python bench/ns3_speed.py --quick    # skip the full-scale scenario
+
+Each case runs in a fresh subprocess so its CPU time and peak memory are its own. Prints one table:
+payload MB per CPU-second, ns-3 events per second and peak RSS for a 100-flow trace on the 32-GPU
+rail cluster at MTU 1500 and 9000, then the wall time of the full-size microAllReduce with N=8,
+R=4 on ns-3 and on flowSim with the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def trace_case(mtu_payload: int) -> dict:
+    from m4ray.sim.flows import Flow
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.loader import load
+    from m4ray.sim.routing import Routing, WireFormat
+    from m4ray.sim.topologies import rail_cluster
+    from m4ray.sim.trace import run_trace
+
+    rng = np.random.default_rng(0)
+    topo = rail_cluster()
+    pairs = [rng.choice(32, 2, replace=False) for _ in range(100)]
+    flows = [
+        Flow(
+            i, int(s), int(d), int(rng.integers(1_000_000, 10_000_000)), float(rng.uniform(0, 1e-3))
+        )
+        for i, (s, d) in enumerate(pairs)
+    ]
+    routing = Routing(topo, wire=WireFormat(mtu_bytes=mtu_payload, header_bytes=54))
+    ns = load()
+    cpu0 = time.process_time()
+    table = run_trace(topo, flows, Ns3Config(), routing)
+    cpu = time.process_time() - cpu0
+    payload_mb = sum(f.size_bytes for f in flows) / 1e6
+    return {
+        "case": f"100-flow trace, rail32, MTU {mtu_payload + 52}",
+        "cpu_s": cpu,
+        "events": int(ns.Simulator.GetEventCount()),
+        "mb_per_cpu_s": payload_mb / cpu,
+        "slowdown_p50": float(np.median(table.column("slowdown").to_numpy())),
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def scenario_case(backend: str) -> dict:
+    from m4ray.sim.failures import GrayFailure
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.routing import WireFormat
+    from m4ray.sim.scenario import Scenario, simulate
+
+    config = {"ns3": Ns3Config(), "flowsim": FlowSimConfig()}[backend]
+    scenario = Scenario(
+        failure=GrayFailure(n_degraded=8, reduction=4),
+        backend=backend,
+        backend_config=config,
+        wire=WireFormat(mtu_bytes=8948, header_bytes=54),
+    )
+    cpu0 = time.process_time()
+    row, _ = simulate(scenario)
+    return {
+        "case": f"microAllReduce N=8 R=4 scale 1, {backend}",
+        "wall_s": row["wall_s"],
+        "cpu_s": time.process_time() - cpu0,
+        "completion_ms": row["completion_time_s"] * 1e3,
+        "status": row["status"],
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_isolated(args: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="skip the full-scale scenario")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        kind, value = args.case.split(":")
+        result = trace_case(int(value)) if kind == "trace" else scenario_case(value)
+        print(json.dumps(result))
+        return
+    from m4ray.sweeps.report import format_table
+
+    rows = []
+    for payload in (1448, 8948):
+        r = run_isolated(["--case", f"trace:{payload}"])
+        rows.append(
+            [
+                r["case"],
+                f"{r['cpu_s']:.1f}",
+                f"{r['events']:,}",
+                f"{r['events'] / r['cpu_s']:,.0f}",
+                f"{r['mb_per_cpu_s']:.1f}",
+                f"{r['rss_mb']:.0f}",
+            ]
+        )
+    print(
+        format_table(
+            ["ns-3 case", "CPU s", "events", "events/CPU-s", "payload MB/CPU-s", "peak RSS MB"],
+            rows,
+        )
+    )
+    if args.quick:
+        return
+    results = {b: run_isolated(["--case", f"scenario:{b}"]) for b in ("ns3", "flowsim")}
+    rows = [
+        [
+            r["case"],
+            r["status"],
+            f"{r['completion_ms']:.3f}",
+            f"{r['wall_s']:.2f}",
+            f"{r['rss_mb']:.0f}",
+        ]
+        for r in results.values()
+    ]
+    print()
+    print(
+        format_table(
+            ["full-scale scenario", "status", "completion ms", "wall s", "peak RSS MB"], rows
+        )
+    )
+    ratio = results["ns3"]["wall_s"] / results["flowsim"]["wall_s"]
+    print(f"flowSim is {ratio:,.0f}x faster than ns-3 on this scenario")
+
+
+if __name__ == "__main__":
+    main()
