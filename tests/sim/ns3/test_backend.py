@@ -201,3 +201,36 @@ def test_mid_run_rate_drop_and_packet_loss(ray_local):
     assert late == pytest.approx(expected, rel=0.05)
     assert healthy < late < lossless
     assert lossy > 1.02 * lossless  # retransmissions cost time
+
+
+def test_trace_mode_cli_with_ns3(tmp_path):
+    import subprocess
+
+    import pyarrow.csv as pacsv
+
+    from m4ray.sim.topology import write_topology
+    from tests.conftest import PYTHON, write
+
+    topo = write_topology(dumbbell(10e9), tmp_path / "topo.txt")
+    flows = write(tmp_path / "flows.txt", "2\n0 0 2 3 100 1000000 0\n1 1 3 3 100 1000000 0\n")
+    out = tmp_path / "fct.csv"
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "m4ray.sim",
+            f"trace.topology={topo}",
+            f"trace.flows={flows}",
+            f"trace.output={out}",
+            "backend=ns3",
+            "wire=jumbo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pacsv.read_csv(out)
+    slowdown = table.column("slowdown").to_numpy()
+    assert table.num_rows == 2 and (slowdown >= 1).all() and (slowdown > 1.5).any()
