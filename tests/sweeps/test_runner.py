@@ -47,3 +47,21 @@ def test_runs_resumes_and_records_failures(ray_local, tmp_path):
     assert [r["status"] for r in mixed] == ["failed", "ok", "ok"]
     assert "/no/such.txt" in mixed[0]["error"]
     assert json.loads(row_path(tmp_path, broken).read_text())["status"] == "failed"
+
+
+class CrashingBackend:
+    """A backend config whose build kills its process, as an ns-3 assertion does."""
+
+    def build(self, topology, routing):
+        import os
+
+        os._exit(134)
+
+
+def test_a_crashed_worker_becomes_a_failed_row(ray_local, tmp_path):
+    good = scenarios()[0]
+    crash = dataclasses.replace(good, backend="crash", backend_config=CrashingBackend())
+    rows = run_many([crash, good], tmp_path, RayConfig(), progress=False)
+    assert [r["status"] for r in rows] == ["failed", "ok"]
+    assert rows[0]["error"].startswith("worker failed")
+    assert json.loads(row_path(tmp_path, crash).read_text())["status"] == "failed"
