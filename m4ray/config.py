@@ -48,6 +48,7 @@ class SweepConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     progress: bool = True
+    datagen: Any = None  # the datagen experiment's section (m4ray.datagen.job.DatagenConfig)
 
 
 @dataclass(kw_only=True, slots=True)

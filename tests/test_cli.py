@@ -68,7 +68,7 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ([], "choose an experiment with +experiment=<name>; available: gray_failure"),
+        ([], "choose an experiment with +experiment=<name>; available: datagen, gray_failure"),
         (["+experiment=gray_failure", "backends=[nope]"], "unknown backend 'nope'; valid choices"),
         (["+experiment=gray_failure", "workload.path=/no/such.txt"], "/no/such.txt"),
         (

@@ -35,7 +35,12 @@ def test_every_experiment_composes_and_resolves(experiment):
     assert Path(OmegaConf.to_container(cfg, resolve=True)["paths"]["run_dir"]).name == experiment
 
 
-OPTIONS = [(group, name) for group, names in GROUPS.items() if group != "backend" for name in names]
+OPTIONS = [
+    (group, name)
+    for group, names in GROUPS.items()
+    if group not in ("backend", "family")
+    for name in names
+]
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
@@ -45,6 +50,13 @@ def test_every_group_option_composes(group, option):
         overrides.append("topology.path=/tmp/topo.txt")
     sweep = resolve(sweep_cfg(*overrides))
     assert sweep.name == "gray_failure"
+
+
+@pytest.mark.parametrize("family", GROUPS["family"])
+def test_every_family_composes_into_datagen(family):
+    sweep = resolve(sweep_cfg("+experiment=datagen", f"+family@datagen.families.extra={family}"))
+    assert hasattr(sweep.datagen.families["extra"], "sample")
+    assert sweep.datagen.counts()["extra"] == 0  # no weight: composes, draws nothing
 
 
 @pytest.mark.parametrize("backend", GROUPS["backend"])

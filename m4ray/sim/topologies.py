@@ -5,6 +5,7 @@
   ``reference/gray_failure.md``: GPUs 0–31, NVSwitches 32–35, rails 36–43, spine 44, 72 cables.
 * :func:`fat_tree` — a k-ary fat-tree (k pods, k/2 edge and k/2 aggregation switches per pod,
   (k/2)² cores, k³/4 hosts), hosts first, then edge, aggregation and core switches.
+* :func:`m4_fabric` — the 32-host, 10 Gbps fabric m4 trains on (ToR → aggregation → core).
 
 Specs are small dataclasses with a ``build() -> Topology`` method; Hydra instantiates them from
 ``conf/topology/*.yaml`` and they travel inside a Scenario.
@@ -84,6 +85,62 @@ def fat_tree(*, k: int = 4, bandwidth_bps: float = 100e9, latency_s: float = 1e-
     return Topology(
         n_nodes=n_nodes, switches=tuple(range(first_edge, n_nodes)), cables=tuple(cables)
     )
+
+
+def m4_fabric(
+    *,
+    racks: int = 8,
+    hosts_per_rack: int = 4,
+    racks_per_pod: int = 4,
+    cores: int = 4,
+    bandwidth_bps: float = 10e9,
+    latency_s: float = 1e-6,
+) -> Topology:
+    """The m4 training fabric (``reference/m4.md`` §10.2): by default 32 hosts (0–31), 8 ToRs
+    (32–39) with 4 hosts and one uplink each (4:1 oversubscribed), 2 aggregation switches (40–41,
+    one per pod of 4 ToRs), 4 cores (42–45) meshed with every aggregation switch: 48 cables, all
+    10 Gbps. Paths are 2 (same rack), 4 (same pod) or 6 (across pods) links long.
+    """
+    if racks < 1 or hosts_per_rack < 1 or racks_per_pod < 1 or cores < 1:
+        raise InputError("racks, hosts_per_rack, racks_per_pod and cores must be >= 1")
+    if racks % racks_per_pod:
+        raise InputError(f"{racks} racks do not split into pods of {racks_per_pod}", field="racks")
+    n_hosts = racks * hosts_per_rack
+    pods = racks // racks_per_pod
+    first_tor, first_agg = n_hosts, n_hosts + racks
+    first_core = first_agg + pods
+    cables = [
+        Cable(h, first_tor + h // hosts_per_rack, bandwidth_bps, latency_s) for h in range(n_hosts)
+    ]
+    cables += [
+        Cable(first_tor + t, first_agg + t // racks_per_pod, bandwidth_bps, latency_s)
+        for t in range(racks)
+    ]
+    cables += [
+        Cable(first_agg + a, first_core + c, bandwidth_bps, latency_s)
+        for a in range(pods)
+        for c in range(cores)
+    ]
+    return Topology(
+        n_nodes=first_core + cores,
+        switches=tuple(range(first_tor, first_core + cores)),
+        cables=tuple(cables),
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class M4FabricSpec:
+    """Config/Scenario form of :func:`m4_fabric`."""
+
+    racks: int = 8
+    hosts_per_rack: int = 4
+    racks_per_pod: int = 4
+    cores: int = 4
+    bandwidth_bps: float = 10e9
+    latency_s: float = 1e-6
+
+    def build(self) -> Topology:
+        return m4_fabric(**{f: getattr(self, f) for f in self.__slots__})
 
 
 @dataclass(kw_only=True, slots=True)

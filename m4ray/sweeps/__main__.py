@@ -30,6 +30,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         collective=instantiate(cfg.collective),
         wire=instantiate(cfg.wire),
         backend_options={name: instantiate(node) for name, node in cfg.backend_options.items()},
+        datagen=None if cfg.datagen is None else instantiate(cfg.datagen, _convert_="all"),
     )
 
 

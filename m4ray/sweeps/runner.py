@@ -10,6 +10,7 @@ raises, or whose worker process dies, becomes a row with ``status == "failed"`` 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,23 @@ def flows_path(run_dir: Path, scenario: Scenario) -> Path:
     return run_dir / "flows" / f"{scenario.run_id}.parquet"
 
 
-def load_done(run_dir: Path, scenario: Scenario) -> dict[str, Any] | None:
-    """The stored row of a scenario that already succeeded, else None."""
+def read_row(run_dir: Path, scenario: Any) -> dict[str, Any] | None:
+    """The stored row of a scenario, or None if absent or unreadable (an interrupted write)."""
     path = row_path(run_dir, scenario)
     if not path.exists():
         return None
     try:
-        row = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError:
         return None
-    return row if row.get("status") == "ok" and flows_path(run_dir, scenario).exists() else None
+
+
+def load_done(run_dir: Path, scenario: Scenario) -> dict[str, Any] | None:
+    """The stored row of a scenario that already succeeded, else None."""
+    row = read_row(run_dir, scenario)
+    if row is None or row.get("status") != "ok":
+        return None
+    return row if flows_path(run_dir, scenario).exists() else None
 
 
 def run_and_store(scenario: Scenario, run_dir: str) -> dict[str, Any]:
@@ -60,13 +68,26 @@ def store_row(run_dir: Path, scenario: Scenario, row: dict[str, Any]) -> None:
 
 
 def run_many(
-    scenarios: list[Scenario], run_dir: Path, ray_cfg: RayConfig, progress: bool = True
+    scenarios: list[Any],
+    run_dir: Path,
+    ray_cfg: RayConfig,
+    progress: bool = True,
+    *,
+    task: Callable[[Any, str], dict[str, Any]] = run_and_store,
+    load: Callable[[Path, Any], dict[str, Any] | None] = load_done,
+    crashed: Callable[[Any, BaseException], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows for every scenario, in input order; runs only those not already done."""
+    """Rows for every scenario, in input order; runs only those not already done.
+
+    ``task(scenario, run_dir)`` runs in a Ray worker, stores its outputs and returns the row;
+    ``load`` returns the stored row of a scenario that already succeeded; ``crashed`` makes the
+    row of a scenario whose worker died. Scenarios need a ``run_id``.
+    """
+    crashed = crashed or crashed_row
     rows: dict[int, dict[str, Any]] = {}
     todo = []
     for index, scenario in enumerate(scenarios):
-        done = load_done(run_dir, scenario)
+        done = load(run_dir, scenario)
         if done is not None:
             rows[index] = done
         else:
@@ -81,15 +102,15 @@ def run_many(
     )
     if todo:
         ray = start_ray(ray_cfg)
-        task = ray.remote(run_and_store).options(num_cpus=ray_cfg.task_cpus, max_retries=0)
-        pending = {task.remote(scenarios[i], str(run_dir)): i for i in todo}
+        remote = ray.remote(task).options(num_cpus=ray_cfg.task_cpus, max_retries=0)
+        pending = {remote.remote(scenarios[i], str(run_dir)): i for i in todo}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             index = pending.pop(ready[0])
             try:
                 rows[index] = ray.get(ready[0])
             except Exception as err:  # the worker died (a crash in native code, OOM, ...)
-                rows[index] = crashed_row(scenarios[index], err)
+                rows[index] = crashed(scenarios[index], err)
                 store_row(run_dir, scenarios[index], rows[index])
             bar.update(1)
             bar.set_postfix(failed=sum(r["status"] != "ok" for r in rows.values()))
@@ -97,7 +118,10 @@ def run_many(
     return [rows[i] for i in range(len(scenarios))]
 
 
-def crashed_row(scenario: Scenario, err: BaseException) -> dict[str, Any]:
+def crash_reason(err: BaseException) -> str:
     reason = str(err).strip().splitlines()
-    error = f"worker failed: {type(err).__name__}: {reason[-1] if reason else ''}"
-    return failed_row(scenario.describe(), error, float("nan"))
+    return f"worker failed: {type(err).__name__}: {reason[-1] if reason else ''}"
+
+
+def crashed_row(scenario: Scenario, err: BaseException) -> dict[str, Any]:
+    return failed_row(scenario.describe(), crash_reason(err), float("nan"))

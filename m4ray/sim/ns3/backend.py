@@ -19,6 +19,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback
 from m4ray.sim.flows import Flow
@@ -127,6 +129,27 @@ class Ns3Backend:
                 f"t = {self.now() * 1e6:.1f} us with {len(self._done)} flows in flight"
             )
 
+    def record(self) -> None:
+        """Keep dense supervision (events, bytes received, per-hop backlog) for :meth:`recording`;
+        call before the first flow starts."""
+        self.net.Record(True)
+
+    def recording(self) -> Recording:
+        """What the C++ layer recorded so far, as numpy arrays."""
+        net = self.net
+        return Recording(
+            event_time_s=_array(net.ev_time, np.float64),
+            event_flow=_array(net.ev_flow, np.int64),
+            event_kind=_array(net.ev_kind, np.int8),
+            rx_event=_array(net.rx_event, np.int64),
+            rx_flow=_array(net.rx_flow, np.int64),
+            rx_bytes=_array(net.rx_bytes, np.int64),
+            queue_flow=_array(net.q_flow, np.int64),
+            queue_hop=_array(net.q_hop, np.int32),
+            queue_link=_array(net.q_link, np.int32),
+            queue_bytes=_array(net.q_bytes, np.int64),
+        )
+
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
         """Change a directed link's rate now; the device reads it for every packet."""
         self.net.SetRate(link, bandwidth_bps)
@@ -156,6 +179,30 @@ class Ns3Backend:
             raise SimulationError(f"more than {LAST_PORT - FIRST_PORT + 1} flows to host {host}")
         self._next_port[host] = port + 1
         return port
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    """Dense supervision from one ns-3 run (seconds, bytes). Events are arrivals (kind 0) and
+    completions (kind 1) in simulated order; ``rx_*`` has one row per (event, flow active at it)
+    with the bytes that flow had received; ``queue_*`` one row per hop of each arriving flow with
+    the backlog (queue disc + NIC queue) of that hop's output port at the arrival."""
+
+    event_time_s: np.ndarray
+    event_flow: np.ndarray
+    event_kind: np.ndarray
+    rx_event: np.ndarray
+    rx_flow: np.ndarray
+    rx_bytes: np.ndarray
+    queue_flow: np.ndarray
+    queue_hop: np.ndarray
+    queue_link: np.ndarray
+    queue_bytes: np.ndarray
+
+
+def _array(vector, dtype) -> np.ndarray:
+    """A numpy copy of a C++ std::vector (numpy reads its buffer, not element by element)."""
+    return np.array(vector, dtype=dtype) if vector.size() else np.zeros(0, dtype)
 
 
 def _set_defaults(ns, cfg: Ns3Config, segment: int) -> None:

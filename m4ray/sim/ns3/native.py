@@ -12,6 +12,9 @@ scheduled callback, never per packet (``reference/ns3.md`` §6):
   addresses and routers; starts flows (PacketSink + BulkSend created at the moment they start);
   counts received bytes and reports ``(flow_id, t)`` when the last byte arrives; dispatches
   scheduled Python callbacks by token; and enforces a wall-clock limit from a periodic event.
+  With recording on (training data, ``reference/m4.md`` §10.5) it also keeps, in C++ vectors, one
+  row per flow arrival/completion event, the bytes every active flow has received at that event,
+  and the queue backlog (queue disc + NIC, bytes) of every hop of a flow's path at its arrival.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import functools
 from m4ray.sim.ns3.loader import load
 
 SOURCE = r"""
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -120,6 +124,7 @@ struct LinkEnd {  // one directed link: sending node, its interface, receiver's 
     uint32_t iface;
     Ipv4Address peer;
     Ptr<PointToPointNetDevice> device;
+    Ptr<QueueDisc> qdisc;
 };
 
 class Network {
@@ -156,13 +161,13 @@ class Network {
             "MeanPktSize", UintegerValue(mtu),
             "LinkBandwidth", DataRateValue(DataRate(uint64_t(rate_bps))),
             "LinkDelay", TimeValue(PicoSeconds(delay_ps)));
-        tch.Install(devs);  // before addresses, or Assign installs FqCoDel
+        QueueDiscContainer qdiscs = tch.Install(devs);  // before addresses, or Assign adds FqCoDel
         Ipv4InterfaceContainer ifs = m_addresses.Assign(devs);
         m_addresses.NewNetwork();
         for (int side = 0; side < 2; ++side) {
             Ptr<Ipv4> ipv4 = ifs.Get(side).first;
             LinkEnd end{side == 0 ? a : b, ifs.Get(side).second, ifs.GetAddress(1 - side),
-                        DynamicCast<PointToPointNetDevice>(devs.Get(side))};
+                        DynamicCast<PointToPointNetDevice>(devs.Get(side)), qdiscs.Get(side)};
             m_links.push_back(end);
             m_local.push_back(ifs.GetAddress(side));  // address of the sender on this link
         }
@@ -213,6 +218,7 @@ class Network {
         m_size.push_back(size);
         m_ids.push_back(id);
         ++m_active;
+        if (m_record) RecordArrival(slot, path);
         Ptr<PacketSink> sink = CreateObject<PacketSink>();
         sink->SetAttribute("Protocol", TypeIdValue(TcpSocketFactory::GetTypeId()));
         sink->SetAttribute("Local", AddressValue(InetSocketAddress(Ipv4Address::GetAny(), port)));
@@ -242,12 +248,61 @@ class Network {
     bool Expired() const { return m_expired; }
     uint32_t Active() const { return m_active; }
 
+    // ---- recording (off by default)
+    void Record(bool on) { m_record = on; }
+    // one row per event: time (s), flow id, kind (0 arrival, 1 completion)
+    std::vector<double> ev_time;
+    std::vector<uint32_t> ev_flow;
+    std::vector<uint8_t> ev_kind;
+    // one row per (event, active flow): bytes received so far (the event's own flow included)
+    std::vector<uint32_t> rx_event, rx_flow;
+    std::vector<uint64_t> rx_bytes;
+    // one row per hop of an arriving flow: backlog of the hop's port (queue disc + NIC), bytes
+    std::vector<uint32_t> q_flow, q_hop, q_link;
+    std::vector<uint64_t> q_bytes;
+    uint64_t Backlog(uint32_t link) const {
+        const LinkEnd& end = m_links[link];
+        return end.qdisc->GetNBytes() + end.device->GetQueue()->GetNBytes();
+    }
+
   private:
+    void RecordArrival(size_t slot, const std::vector<uint32_t>& path) {
+        for (uint32_t hop = 0; hop < path.size(); ++hop) {
+            q_flow.push_back(m_ids[slot]);
+            q_hop.push_back(hop);
+            q_link.push_back(path[hop]);
+            q_bytes.push_back(Backlog(path[hop]));
+        }
+        m_pos.resize(m_rx.size(), 0);
+        m_pos[slot] = m_live.size();
+        m_live.push_back(slot);
+        Snapshot(slot, 0);
+    }
+    void RecordCompletion(size_t slot) {
+        Snapshot(slot, 1);
+        size_t at = m_pos[slot], last = m_live.back();  // swap-remove from the live set
+        m_live[at] = last;
+        m_pos[last] = at;
+        m_live.pop_back();
+    }
+    void Snapshot(size_t slot, uint8_t kind) {
+        uint32_t event = ev_time.size();
+        ev_time.push_back(Simulator::Now().GetSeconds());
+        ev_flow.push_back(m_ids[slot]);
+        ev_kind.push_back(kind);
+        for (size_t live : m_live) {
+            rx_event.push_back(event);
+            rx_flow.push_back(m_ids[live]);
+            rx_bytes.push_back(std::min(m_rx[live], m_size[live]));
+        }
+    }
+
     void OnRx(size_t slot, uint32_t bytes) {
         uint64_t before = m_rx[slot];
         m_rx[slot] += bytes;
         if (before < m_size[slot] && m_rx[slot] >= m_size[slot]) {
             --m_active;
+            if (m_record) RecordCompletion(slot);
             on_flow_done(m_ids[slot], Simulator::Now().GetSeconds());
         }
     }
@@ -269,6 +324,8 @@ class Network {
     std::vector<uint64_t> m_rx, m_size;
     std::vector<uint32_t> m_ids;
     uint32_t m_active = 0;
+    bool m_record = false;
+    std::vector<size_t> m_live, m_pos;  // recording: active slots, and each slot's index in it
     double m_limit = 0;
     int64_t m_every = 0;
     bool m_expired = false;

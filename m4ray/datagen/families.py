@@ -1,0 +1,405 @@
+"""Scenario families for m4 training data, and the scenario record they sample.
+
+A family is a config group (``conf/family/*.yaml``) holding parameter *ranges*; :meth:`sample`
+turns one seed into one fully specified :class:`DatagenScenario` (every random choice made, so the
+record alone reproduces the run). Two families:
+
+* :class:`OpenLoopFamily` — the m4 training fabric with open-loop traffic (``reference/m4.md``
+  §10.2–10.4): flow count, size distribution and mean, log-normal arrival σ, target max load.
+* :class:`CollectiveFamily` — the rail GPU cluster with randomly chosen degraded GPUs (random
+  hosts, not the evaluation sweep's server-aligned sets) and reduction factors, running phases of
+  collectives of random kinds, sizes and group layouts.
+
+Both sample the ns-3 network parameters (buffer, DCTCP marking threshold K, initial window) and
+encode them as m4's ``params13`` vector.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
+from m4ray.errors import InputError, choice_error
+from m4ray.fingerprint import fingerprint
+from m4ray.sim.collectives import HierarchicalSpec, RingSpec
+from m4ray.sim.failures import degrade
+from m4ray.sim.ns3.backend import IP_TCP_HEADERS, Ns3Config
+from m4ray.sim.routing import WireFormat
+from m4ray.sim.topologies import M4FabricSpec, RailClusterSpec
+from m4ray.sim.topology import Topology
+from m4ray.sim.workload import Collective, CollectiveKind, Workload
+
+PARAMS13 = (
+    "bfsz",
+    "fwin",
+    "dctcp",
+    "dcqcn",
+    "hpcc",
+    "timely",
+    "dctcp_k",
+    "dcqcn_k_min",
+    "dcqcn_k_max",
+    "hpcc_u_tgt",
+    "hpcc_ai",
+    "timely_t_low",
+    "timely_t_high",
+)
+ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec}
+LAYOUTS = ("all", "rails", "servers", "random")
+
+
+def _range(values, name: str, *, lo: float | None = None, hi: float | None = None, open_=False):
+    """Check a ``[low, high]`` config range (inclusive); ``open_`` excludes ``lo``/``hi``."""
+    if not isinstance(values, list | tuple) or len(values) != 2:
+        raise InputError(f"expected [low, high], got {values!r}", field=name)
+    a, b = values
+    if a > b:
+        raise InputError(f"low {a} > high {b}", field=name)
+    bad_lo = lo is not None and (a <= lo if open_ else a < lo)
+    bad_hi = hi is not None and (b >= hi if open_ else b > hi)
+    if bad_lo or bad_hi:
+        bounds = f"({lo}, {hi})" if open_ else f"[{lo}, {hi}]"
+        raise InputError(f"{list(values)} is outside {bounds}", field=name)
+
+
+def _uniform(rng: np.random.Generator, bounds) -> float:
+    return float(rng.uniform(bounds[0], bounds[1])) if bounds[0] < bounds[1] else float(bounds[0])
+
+
+def _integer(rng: np.random.Generator, bounds) -> int:
+    return int(rng.integers(int(bounds[0]), int(bounds[1]) + 1))
+
+
+def _log_uniform(rng: np.random.Generator, bounds) -> float:
+    return math.exp(_uniform(rng, [math.log(bounds[0]), math.log(bounds[1])]))
+
+
+@dataclass(kw_only=True, slots=True)
+class NetworkRanges:
+    """Ranges of the ns-3 parameters sampled per scenario (KB = 1000 bytes).
+
+    Sizes in KB are turned into whole packets of the scenario's MTU (segment + 52 B of headers);
+    the effective (rounded) values are what ``params13`` records.
+    """
+
+    buffer_kb: list[float] = field(default_factory=lambda: [100.0, 160.0])
+    ecn_k_kb: list[float] = field(default_factory=lambda: [10.0, 30.0])
+    initial_cwnd: list[int] = field(default_factory=lambda: [5, 15])
+    dctcp_gain: list[float] = field(default_factory=lambda: [0.0625, 0.0625])
+    # SYN retransmission timeout: at ns-3's 10 ms a lost SYN (incast into a small buffer)
+    # makes one flow a 500x outlier; 1 ms matches the minimum RTO of data segments
+    conn_timeout_s: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.conn_timeout_s <= 0:
+            raise InputError("must be > 0", field="network.conn_timeout_s")
+        _range(self.buffer_kb, "network.buffer_kb", lo=0, open_=False)
+        _range(self.ecn_k_kb, "network.ecn_k_kb", lo=0)
+        _range(self.initial_cwnd, "network.initial_cwnd", lo=1)
+        _range(self.dctcp_gain, "network.dctcp_gain", lo=0, hi=1)
+        if self.ecn_k_kb[1] >= self.buffer_kb[0]:
+            raise InputError("the marking threshold must stay below the buffer", field="ecn_k_kb")
+
+    def sample(self, rng: np.random.Generator, wire: WireFormat, wall_limit_s: float) -> Ns3Config:
+        packet = wire.mtu_bytes + IP_TCP_HEADERS
+        k = max(1, round(_uniform(rng, self.ecn_k_kb) * 1000 / packet))
+        buffer = max(k + 1, round(_uniform(rng, self.buffer_kb) * 1000 / packet))
+        return Ns3Config(
+            ecn_k_packets=k,
+            buffer_packets=buffer,
+            initial_cwnd=_integer(rng, self.initial_cwnd),
+            dctcp_gain=_uniform(rng, self.dctcp_gain),
+            conn_timeout_s=self.conn_timeout_s,
+            wall_limit_s=wall_limit_s,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class Phase:
+    """Collectives issued together (one per group), after every earlier phase finished."""
+
+    kind: CollectiveKind
+    size_bytes: int
+    groups: tuple[tuple[int, ...], ...]
+
+
+@dataclass(kw_only=True, slots=True)
+class CollectiveTraffic:
+    """A sequence of collective phases on the ranks, decomposed by ``algorithm``."""
+
+    phases: tuple[Phase, ...]
+    algorithm: str = "ring"
+    send_latency_s: float = 3e-6
+    kind: str = field(default="collectives", init=False)
+
+    def workload(self, n_ranks: int) -> Workload:
+        nodes: list[Collective] = []
+        last: dict[int, int] = {}  # rank -> its latest node
+        for p, phase in enumerate(self.phases):
+            for group in phase.groups:
+                for rank in group:
+                    node = Collective(
+                        id=len(nodes),
+                        rank=rank,
+                        kind=phase.kind,
+                        size_bytes=phase.size_bytes,
+                        group=group,
+                        deps=(last[rank],) if rank in last else (),
+                        name=f"phase{p}",
+                    )
+                    nodes.append(node)
+            for group in phase.groups:  # the next phase waits for all of this one on each rank
+                for rank in group:
+                    last[rank] = max(n.id for n in nodes if n.rank == rank)
+        return Workload(n_ranks=n_ranks, nodes=nodes, name="datagen-collectives")
+
+
+@dataclass(kw_only=True, slots=True)
+class DatagenScenario:
+    """One training-data simulation, fully specified (hosts, bytes, seconds)."""
+
+    family: str
+    index: int
+    seed: int
+    topology: Any
+    degraded: tuple[int, ...] = ()
+    reduction: int = 1
+    traffic: Any = None
+    ns3: Ns3Config = field(default_factory=Ns3Config)
+    wire: WireFormat = field(default_factory=WireFormat)
+
+    @property
+    def scenario_id(self) -> str:
+        """Content id; the wall-clock limit is a guard, not part of what is simulated."""
+        return fingerprint(with_wall_limit(self, 0.0))
+
+    @property
+    def run_id(self) -> str:
+        return self.scenario_id
+
+    def build_topology(self) -> Topology:
+        base = self.topology.build()
+        return degrade(base, self.degraded, self.reduction) if self.degraded else base
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "scenario_id": self.scenario_id,
+            "family": self.family,
+            "index": self.index,
+            "seed": self.seed,
+        }
+
+    def params(self) -> dict[str, Any]:
+        """Every sampled parameter, flat (for the scenarios table)."""
+        packet = self.wire.mtu_bytes + IP_TCP_HEADERS
+        out = {
+            "mtu_bytes": self.wire.mtu_bytes,
+            "buffer_bytes": self.ns3.buffer_packets * packet,
+            "ecn_k_bytes": self.ns3.ecn_k_packets * packet,
+            "initial_cwnd": self.ns3.initial_cwnd,
+            "dctcp_gain": self.ns3.dctcp_gain,
+            "n_degraded": len(self.degraded),
+            "reduction": self.reduction,
+            "traffic": self.traffic.kind,
+        }
+        if isinstance(self.traffic, OpenLoopTraffic):
+            t = self.traffic
+            out.update(
+                n_flows_target=t.n_flows,
+                size_dist=t.size_name,
+                size_mean_bytes=t.size_mean_bytes,
+                arrival_sigma=t.sigma,
+                max_load=t.max_load,
+            )
+        else:
+            t = self.traffic
+            out.update(
+                algorithm=t.algorithm,
+                phases=";".join(
+                    f"{p.kind.value}:{p.size_bytes}:{len(p.groups)}x{len(p.groups[0])}"
+                    for p in t.phases
+                ),
+            )
+        return out
+
+    def params13(self) -> list[float]:
+        """m4's 13-float network/CC vector (``reference/m4.md`` §3.1): DCTCP one-hot, buffer
+        in units of 10 KB, initial window in KB for ``fwin``, marking threshold K in KB (raw)."""
+        packet = self.wire.mtu_bytes + IP_TCP_HEADERS
+        vec = [0.0] * len(PARAMS13)
+        vec[0] = self.ns3.buffer_packets * packet / 1000 / 10
+        vec[1] = self.ns3.initial_cwnd * self.wire.mtu_bytes / 1000
+        vec[2] = 1.0
+        vec[6] = self.ns3.ecn_k_packets * packet / 1000
+        return vec
+
+
+@dataclass(kw_only=True, slots=True)
+class OpenLoopFamily:
+    """The m4 training fabric with open-loop flows (ranges are inclusive ``[low, high]``)."""
+
+    topology: Any = field(default_factory=M4FabricSpec)
+    n_flows: list[int] = field(default_factory=lambda: [200, 400])
+    size_mean_bytes: list[float] = field(default_factory=lambda: [1000.0, 100000.0])
+    min_size_bytes: int = 50
+    sizes: dict[str, Any] = field(default_factory=lambda: {"exponential": {}})
+    arrival_sigma: list[float] = field(default_factory=lambda: [1.0, 2.0])
+    max_load: list[float] = field(default_factory=lambda: [0.3, 0.8])
+    wire: WireFormat = field(default_factory=WireFormat)
+    network: NetworkRanges = field(default_factory=NetworkRanges)
+
+    def __post_init__(self) -> None:
+        self.sizes = {name: _size(name, spec) for name, spec in self.sizes.items()}
+        if not self.sizes:
+            raise InputError("needs at least one size distribution", field="sizes")
+        if isinstance(self.network, dict):
+            self.network = NetworkRanges(**self.network)
+        _range(self.n_flows, "n_flows", lo=1)
+        _range(self.size_mean_bytes, "size_mean_bytes", lo=0, open_=True)
+        _range(self.arrival_sigma, "arrival_sigma", lo=0, open_=True)
+        _range(self.max_load, "max_load", lo=0, hi=1, open_=True)
+        if self.min_size_bytes < 1:
+            raise InputError("must be >= 1", field="min_size_bytes")
+
+    def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> DatagenScenario:
+        rng = np.random.default_rng(seed)
+        size_name = sorted(self.sizes)[int(rng.integers(len(self.sizes)))]
+        traffic = OpenLoopTraffic(
+            n_flows=_integer(rng, self.n_flows),
+            size_name=size_name,
+            size=self.sizes[size_name],
+            size_mean_bytes=round(_log_uniform(rng, self.size_mean_bytes), 1),
+            min_size_bytes=self.min_size_bytes,
+            sigma=round(_uniform(rng, self.arrival_sigma), 4),
+            max_load=round(_uniform(rng, self.max_load), 4),
+        )
+        return DatagenScenario(
+            family=name,
+            index=index,
+            seed=seed,
+            topology=self.topology,
+            traffic=traffic,
+            ns3=self.network.sample(rng, self.wire, wall_limit_s),
+            wire=self.wire,
+        )
+
+
+def _size(name: str, spec: Any) -> SizeDistribution:
+    if isinstance(spec, SizeDistribution):
+        return spec
+    spec = dict(spec or {})
+    spec.setdefault("kind", name)
+    try:
+        return SizeDistribution(**spec)
+    except TypeError as err:
+        raise InputError(f"size distribution '{name}': {err}", field="sizes") from None
+
+
+@dataclass(kw_only=True, slots=True)
+class CollectiveFamily:
+    """The rail GPU cluster with random gray failures running random collectives."""
+
+    topology: Any = field(default_factory=RailClusterSpec)
+    degraded_gpus: list[int] = field(default_factory=lambda: [0, 16])
+    reduction: list[int] = field(default_factory=lambda: [2, 10])
+    kinds: list[str] = field(default_factory=lambda: ["all_reduce", "all_gather", "all_to_all"])
+    algorithms: list[str] = field(default_factory=lambda: ["ring", "hierarchical"])
+    layouts: list[str] = field(default_factory=lambda: ["all", "rails", "random"])
+    size_bytes: list[int] = field(default_factory=lambda: [262144, 2097152])
+    phases: list[int] = field(default_factory=lambda: [1, 3])
+    send_latency_s: float = 3e-6
+    wire: WireFormat = field(default_factory=lambda: WireFormat(mtu_bytes=8948, header_bytes=54))
+    network: NetworkRanges = field(
+        default_factory=lambda: NetworkRanges(
+            buffer_kb=[1800.0, 5400.0], ecn_k_kb=[90.0, 360.0], initial_cwnd=[10, 10]
+        )
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.network, dict):
+            self.network = NetworkRanges(**self.network)
+        for kind in self.kinds:
+            if kind not in set(CollectiveKind):
+                raise choice_error("collective kind", kind, [k.value for k in CollectiveKind])
+        for algorithm in self.algorithms:
+            if algorithm not in ALGORITHMS:
+                raise choice_error("collective algorithm", algorithm, list(ALGORITHMS))
+        for layout in self.layouts:
+            if layout not in LAYOUTS:
+                raise choice_error("group layout", layout, LAYOUTS)
+        for name in ("kinds", "algorithms", "layouts"):
+            if not getattr(self, name):
+                raise InputError("empty list", field=name)
+        _range(self.degraded_gpus, "degraded_gpus", lo=0)
+        _range(self.reduction, "reduction", lo=1)
+        _range(self.size_bytes, "size_bytes", lo=1)
+        _range(self.phases, "phases", lo=1)
+
+    def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> DatagenScenario:
+        rng = np.random.default_rng(seed)
+        topo = self.topology.build()
+        hosts = topo.hosts
+        n_degraded = min(_integer(rng, self.degraded_gpus), len(hosts))
+        degraded = tuple(sorted(int(h) for h in rng.choice(hosts, n_degraded, replace=False)))
+        reduction = _integer(rng, self.reduction) if degraded else 1
+        algorithm = self.algorithms[int(rng.integers(len(self.algorithms)))]
+        phases = tuple(
+            Phase(
+                kind=CollectiveKind(self.kinds[int(rng.integers(len(self.kinds)))]),
+                size_bytes=int(_log_uniform(rng, self.size_bytes)),
+                groups=self._groups(rng, topo),
+            )
+            for _ in range(_integer(rng, self.phases))
+        )
+        return DatagenScenario(
+            family=name,
+            index=index,
+            seed=seed,
+            topology=self.topology,
+            degraded=degraded,
+            reduction=reduction,
+            traffic=CollectiveTraffic(
+                phases=phases, algorithm=algorithm, send_latency_s=self.send_latency_s
+            ),
+            ns3=self.network.sample(rng, self.wire, wall_limit_s),
+            wire=self.wire,
+        )
+
+    def _groups(self, rng: np.random.Generator, topo: Topology) -> tuple[tuple[int, ...], ...]:
+        """Rank groups of one phase; every layout has the same member count on each server
+        (hierarchical collectives need it)."""
+        g = topo.gpus_per_server
+        servers = len(topo.hosts) // g
+        layout = self.layouts[int(rng.integers(len(self.layouts)))]
+        if layout == "all":
+            return (tuple(range(servers * g)),)
+        if layout == "rails":  # one group per local GPU index, across servers (data parallel)
+            return tuple(tuple(s * g + i for s in range(servers)) for i in range(g))
+        if layout == "servers":  # one group per server (tensor parallel, NVLink only)
+            return tuple(tuple(range(s * g, (s + 1) * g)) for s in range(servers))
+        n_servers = int(rng.integers(2, servers + 1)) if servers > 1 else 1
+        chosen = sorted(rng.choice(servers, n_servers, replace=False))
+        local = sorted(rng.choice(g, int(rng.integers(1, g + 1)), replace=False))
+        return (tuple(int(s * g + i) for s in chosen for i in local),)
+
+
+def with_wall_limit(scenario: DatagenScenario, wall_limit_s: float) -> DatagenScenario:
+    return dataclasses.replace(
+        scenario, ns3=dataclasses.replace(scenario.ns3, wall_limit_s=wall_limit_s)
+    )
+
+
+__all__ = [
+    "PARAMS13",
+    "CollectiveFamily",
+    "CollectiveTraffic",
+    "DatagenScenario",
+    "NetworkRanges",
+    "OpenLoopFamily",
+    "Phase",
+]

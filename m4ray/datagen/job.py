@@ -1,0 +1,279 @@
+"""``python -m m4ray.sweeps +experiment=datagen``: ns-3 training data for m4 as one Ray fan-out.
+
+Scenarios are drawn per family from seeds derived from the root seed *and a datagen tag*, so they
+never coincide with the gray-failure evaluation sweep's seeds (``child_seeds(root_seed, k)``).
+Each Ray task runs one scenario in ns-3 with recording on and writes its tables under
+``dataset/<table>/scenario_id=<id>/part-0.parquet``, then its row under ``runs/`` (last,
+atomically): a re-run skips finished scenarios, and a failed one is recorded and retried next time.
+At the end: ``dataset/scenarios.parquet``, ``SCHEMA.md``, ``manifest.json`` and ``VERSION``
+(a content hash over every scenario's files that names the dataset version), plots and a summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from m4ray.datagen.families import DatagenScenario
+from m4ray.datagen.schema import SCENARIOS, SCHEMA_VERSION, TABLES, render
+from m4ray.errors import InputError, M4rayError
+from m4ray.sim.textio import atomic_write_text
+from m4ray.sweeps.runner import crash_reason, read_row, run_many, store_row
+
+DATAGEN_TAG = 0x6D34_6461  # "m4da": keeps datagen seed streams apart from evaluation seeds
+
+
+@dataclass(kw_only=True, slots=True)
+class DatagenConfig:
+    """How many scenarios, how they split over the families, and the per-run wall-clock guard."""
+
+    scenarios: int = 16
+    families: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    wall_limit_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.scenarios < 1:
+            raise InputError(f"must be >= 1, got {self.scenarios}", field="datagen.scenarios")
+        if not self.families:
+            raise InputError("no scenario family selected", field="datagen.families")
+        unknown = set(self.weights) - set(self.families)
+        if unknown:
+            raise InputError(
+                f"weights for unknown families {sorted(unknown)}; families: "
+                f"{', '.join(sorted(self.families))}",
+                field="datagen.weights",
+            )
+        if any(w < 0 for w in self.weights.values()) or sum(self.weights.values()) <= 0:
+            raise InputError("weights must be >= 0 with a positive sum", field="datagen.weights")
+        if self.wall_limit_s <= 0:
+            raise InputError("must be > 0", field="datagen.wall_limit_s")
+
+    def counts(self) -> dict[str, int]:
+        """Scenarios per family: weights × total, rounded by largest remainder."""
+        names = sorted(self.families)
+        weights = np.array([self.weights.get(n, 0.0) for n in names], dtype=float)
+        exact = weights / weights.sum() * self.scenarios
+        counts = np.floor(exact).astype(int)
+        for i in np.argsort(-(exact - counts), kind="stable")[: self.scenarios - counts.sum()]:
+            counts[i] += 1
+        return dict(zip(names, counts.tolist(), strict=True))
+
+
+def family_seeds(root_seed: int, family: str, count: int) -> list[int]:
+    """``count`` seeds of one family: stable prefixes (more scenarios extend a dataset)."""
+    key = zlib.crc32(family.encode())
+    sequence = np.random.SeedSequence([root_seed, DATAGEN_TAG, key])
+    return [int(s.generate_state(1)[0]) for s in sequence.spawn(count)]
+
+
+def expand(cfg: DatagenConfig, root_seed: int) -> list[DatagenScenario]:
+    """Every scenario of the dataset, family by family (pure; samples in the driver)."""
+    scenarios = []
+    for name, count in cfg.counts().items():
+        family = cfg.families[name]
+        for index, seed in enumerate(family_seeds(root_seed, name, count)):
+            scenarios.append(family.sample(name, index, seed, cfg.wall_limit_s))
+    return scenarios
+
+
+# ------------------------------------------------------------------ per scenario (Ray task)
+def partition(dataset: Path, table: str, scenario_id: str) -> Path:
+    return dataset / table / f"scenario_id={scenario_id}" / "part-0.parquet"
+
+
+def run_scenario(scenario: DatagenScenario, run_dir: str) -> dict[str, Any]:
+    """Record one scenario, write its partitions, then its row (inside a Ray worker)."""
+    from m4ray.datagen.record import record  # imports ns-3 only inside the worker
+
+    run_dir_path = Path(run_dir)
+    row = scenario_row(scenario)
+    start = time.perf_counter()
+    try:
+        tables = record(scenario)
+    except Exception as err:
+        reason = (
+            f"{type(err).__name__}: {err}"
+            if isinstance(err, M4rayError)
+            else "".join(traceback.format_exception(err))
+        )
+        row.update(status="failed", error=reason, wall_s=time.perf_counter() - start)
+        store_row(run_dir_path, scenario, row)
+        return row
+    digest = hashlib.sha256()
+    for name, table in tables.items():
+        path = partition(run_dir_path / "dataset", name, scenario.scenario_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(path)
+        digest.update(name.encode() + path.read_bytes())
+    row.update(
+        status="ok",
+        wall_s=time.perf_counter() - start,
+        n_flows=tables["flows"].num_rows,
+        n_events=tables["events"].num_rows,
+        n_periods=tables["periods"].num_rows,
+        sha256=digest.hexdigest(),
+        median_slowdown=float(np.median(tables["flows"].column("slowdown").to_numpy())),
+    )
+    store_row(run_dir_path, scenario, row)
+    return row
+
+
+def scenario_row(scenario: DatagenScenario) -> dict[str, Any]:
+    return {
+        **scenario.describe(),
+        "status": "failed",
+        "error": "",
+        "wall_s": float("nan"),
+        "n_flows": 0,
+        "n_events": 0,
+        "n_periods": 0,
+        "sha256": "",
+        "median_slowdown": float("nan"),
+        "params13": scenario.params13(),
+        "params": json.dumps(scenario.params(), sort_keys=True),
+    }
+
+
+def load_done(run_dir: Path, scenario: DatagenScenario) -> dict[str, Any] | None:
+    row = read_row(run_dir, scenario)
+    if row is None or row.get("status") != "ok":
+        return None
+    dataset = run_dir / "dataset"
+    complete = all(partition(dataset, t, scenario.scenario_id).exists() for t in TABLES)
+    return row if complete else None
+
+
+def crashed(scenario: DatagenScenario, err: BaseException) -> dict[str, Any]:
+    row = scenario_row(scenario)
+    row["error"] = crash_reason(err)
+    return row
+
+
+# ------------------------------------------------------------------ the job
+def run(cfg, raw_config: dict[str, Any]) -> Path:
+    """The datagen experiment (``cfg`` is the resolved sweep config with a ``datagen`` node)."""
+    started = time.perf_counter()
+    datagen: DatagenConfig = cfg.datagen
+    if not isinstance(datagen, DatagenConfig):
+        raise InputError("this experiment needs a 'datagen' section", field="datagen")
+    scenarios = expand(datagen, cfg.seed)  # every bad range fails here, before any task
+    run_dir = Path(cfg.paths.run_dir).resolve()
+    dataset = run_dir / "dataset"
+    dataset.mkdir(parents=True, exist_ok=True)
+    counts = datagen.counts()
+    print(
+        f"datagen: {len(scenarios)} ns-3 scenarios ("
+        + ", ".join(f"{n} {name}" for name, n in counts.items())
+        + f") into {dataset}"
+    )
+    rows = run_many(
+        scenarios,
+        run_dir,
+        cfg.ray,
+        progress=cfg.progress,
+        task=run_scenario,
+        load=load_done,
+        crashed=crashed,
+    )
+    frame = pd.DataFrame(rows)
+    finish(run_dir, frame, raw_config)
+    print()
+    print(summary_text(frame))
+    failed = frame[frame.status != "ok"]
+    for _, row in failed.head(5).iterrows():
+        first = str(row.error).strip().splitlines()
+        print(
+            f"  failed {row.scenario_id} ({row.family} #{row['index']}): "
+            f"{first[-1] if first else ''}"
+        )
+    print(
+        f"\ndataset version {(dataset / 'VERSION').read_text().strip()}: "
+        f"{(frame.status == 'ok').sum()}/{len(frame)} scenarios in "
+        f"{time.perf_counter() - started:.1f} s; outputs: {run_dir}"
+    )
+    if not (frame.status == "ok").any():
+        sys.exit(1)
+    return run_dir
+
+
+def finish(run_dir: Path, frame: pd.DataFrame, raw_config: dict[str, Any]) -> list[Path]:
+    """Scenario table, schema document, plots, content hash and the manifest (last)."""
+    from m4ray.datagen import plots
+
+    dataset = run_dir / "dataset"
+    table = pa.Table.from_pandas(frame[[f.name for f in SCENARIOS]], preserve_index=False)
+    table = table.cast(SCENARIOS)
+    pq.write_table(table, dataset / "scenarios.parquet")
+    atomic_write_text(dataset / "SCHEMA.md", render())
+    ok = frame[frame.status == "ok"].sort_values("scenario_id")
+    digest = hashlib.sha256(f"m4ray-dataset-v{SCHEMA_VERSION}".encode())
+    for scenario_id, sha in zip(ok.scenario_id, ok.sha256, strict=True):
+        digest.update(f"{scenario_id}:{sha}\n".encode())
+    dataset_version = digest.hexdigest()[:16]
+    atomic_write_text(dataset / "VERSION", dataset_version + "\n")
+    files = plots.write_all(run_dir, frame)
+    manifest = {
+        "dataset_version": dataset_version,
+        "schema_version": SCHEMA_VERSION,
+        "ns3_version": version("ns3"),
+        "m4ray_version": version("m4ray"),
+        "config": raw_config,
+        "scenarios": [
+            {
+                key: (None if isinstance(v, float) and math.isnan(v) else v)
+                for key, v in row.items()
+                if key
+                in (
+                    "scenario_id",
+                    "family",
+                    "index",
+                    "seed",
+                    "status",
+                    "error",
+                    "wall_s",
+                    "n_flows",
+                    "n_periods",
+                )
+            }
+            for row in frame.to_dict("records")
+        ],
+        "files": [str(p.relative_to(run_dir)) for p in files],
+    }
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))
+    return files
+
+
+def summary_text(frame: pd.DataFrame) -> str:
+    """Per family: scenarios ok/failed, flows, events, periods, slowdown, wall time."""
+    lines = [
+        f"{'family':<14}{'ok':>5}{'failed':>8}{'flows':>9}{'events':>9}{'periods':>9}"
+        f"{'med sldn':>10}{'wall s/scen':>13}"
+    ]
+    for family, group in frame.groupby("family", sort=True):
+        ok = group[group.status == "ok"]
+        lines.append(
+            f"{family:<14}{len(ok):>5}{len(group) - len(ok):>8}{int(ok.n_flows.sum()):>9}"
+            f"{int(ok.n_events.sum()):>9}{int(ok.n_periods.sum()):>9}"
+            f"{ok.median_slowdown.median():>10.2f}{ok.wall_s.median():>13.1f}"
+        )
+    return "\n".join(lines)
+
+
+__all__ = ["DatagenConfig", "expand", "family_seeds", "run", "run_scenario"]

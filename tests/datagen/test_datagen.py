@@ -1,0 +1,151 @@
+"""The datagen experiment end to end with real ns-3 (subprocess CLI, embedded local Ray)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from m4ray.datagen.schema import SCENARIOS, TABLES
+from tests.conftest import PYTHON, REPO
+
+TINY = [
+    "+experiment=datagen",
+    "datagen.scenarios=4",
+    "datagen.families.m4_fabric.n_flows=[40,80]",
+    "datagen.families.rail.size_bytes=[65536,262144]",
+    "datagen.families.rail.phases=[1,2]",
+    "ray.num_cpus=2",
+]
+
+
+def datagen(output_dir, *overrides):
+    return subprocess.run(
+        [PYTHON, "-m", "m4ray.sweeps", *TINY, *overrides, f"paths.output_dir={output_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    out = tmp_path_factory.mktemp("datagen")
+    proc = datagen(out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "datagen", proc
+
+
+def read(run_dir, table):
+    return ds.dataset(run_dir / "dataset" / table, partitioning="hive").to_table().to_pandas()
+
+
+def test_dataset_layout_schema_and_manifest(first):
+    run_dir, proc = first
+    dataset = run_dir / "dataset"
+    scenarios = pq.read_table(dataset / "scenarios.parquet")
+    assert scenarios.schema.equals(SCENARIOS, check_metadata=False)
+    frame = scenarios.to_pandas()
+    assert len(frame) == 4 and (frame.status == "ok").all()
+    assert sorted(frame.family) == ["m4_fabric", "m4_fabric", "rail", "rail"]
+    for name, schema in TABLES.items():
+        parts = sorted((dataset / name).glob("scenario_id=*/part-0.parquet"))
+        assert len(parts) == 4
+        assert pq.read_schema(parts[0]).equals(schema, check_metadata=False), name
+    text = (dataset / "SCHEMA.md").read_text()
+    assert all(f"## {name}" in text for name in TABLES) and "`remaining_bytes`" in text
+    version = (dataset / "VERSION").read_text().strip()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["dataset_version"] == version and len(version) == 16
+    assert manifest["ns3_version"].startswith("3.44")
+    assert [s["status"] for s in manifest["scenarios"]] == ["ok"] * 4
+    assert all(s["wall_s"] > 0 for s in manifest["scenarios"])
+    assert manifest["config"]["datagen"]["scenarios"] == 4
+    for plot in ("slowdown_cdf", "period_sizes"):
+        assert (run_dir / "plots" / f"{plot}.png").stat().st_size > 10_000
+    assert f"dataset version {version}" in proc.stdout and "m4_fabric" in proc.stdout
+    params13 = np.stack(frame.params13.to_numpy())
+    assert params13.shape == (4, 13) and (params13[:, 2] == 1).all()
+
+
+def test_flows_are_physical(first):
+    run_dir, _ = first
+    flows = read(run_dir, "flows")
+    links = read(run_dir, "links")
+    assert (flows.size_bytes >= 50).all() and (flows.start_s >= 0).all()
+    # ns-3 never beats the ideal FCT by more than the bottleneck serialisation of one packet,
+    # which m4's ideal-FCT formula counts twice (base RTT and transmission): reference/m4.md §9
+    for scenario_id, group in flows.groupby("scenario_id"):
+        bw = links[links.scenario_id == scenario_id].set_index("link").bandwidth_bps
+        mtu = 8948 + 54 if group.size_bytes.max() and bw.max() > 100e9 else 1000 + 54
+        bottleneck = np.array([bw.loc[list(p)].min() for p in group.path])
+        assert (group.fct_s >= group.ideal_fct_s - mtu * 8 / bottleneck).all()
+        assert (group.n_links == group.path.map(len)).all()
+    assert (flows.slowdown >= 1).all() and (flows.flowsim_fct_s > 0).all()
+    assert flows.fct_s.max() < 1.0
+
+
+def test_dense_supervision_is_consistent(first):
+    run_dir, _ = first
+    flows = read(run_dir, "flows").set_index(["scenario_id", "flow_id"])
+    events = read(run_dir, "events")
+    remaining = read(run_dir, "remaining")
+    queues = read(run_dir, "queues")
+    periods = read(run_dir, "periods")
+    # two events per flow, in time order, arrival first
+    for _, group in events.groupby("scenario_id"):
+        assert (np.diff(group.sort_values("event").time_s.to_numpy()) >= 0).all()
+        per_flow = group.groupby("flow_id").kind.agg(list)
+        assert (per_flow.map(sorted) == per_flow).all() and (per_flow.map(len) == 2).all()
+    # remaining bytes: start at the size, never grow, end at zero at the flow's completion
+    remaining = remaining.sort_values(["scenario_id", "flow_id", "event"])
+    for (sid, fid), series in remaining.groupby(["scenario_id", "flow_id"]):
+        values = series.remaining_bytes.to_numpy()
+        assert values[0] == flows.loc[(sid, fid)].size_bytes
+        assert values[-1] == 0 and (np.diff(values) <= 0).all()
+    # one queue sample per hop of every flow, never negative
+    assert (queues.queue_bytes >= 0).all()
+    hops = queues.groupby(["scenario_id", "flow_id"]).hop.count()
+    assert (hops == flows.n_links.loc[hops.index]).all() and len(hops) == len(flows)
+    # busy periods partition the flows
+    counts = flows.groupby("scenario_id").period_id.value_counts().sort_index()
+    stored = periods.set_index(["scenario_id", "period_id"]).n_flows.sort_index()
+    assert counts.to_numpy().tolist() == stored.to_numpy().tolist()
+    assert stored.sum() == len(flows)
+
+
+def test_same_seed_same_dataset_and_resume(first, tmp_path):
+    run_dir, _ = first
+    stamps = {p: p.stat().st_mtime_ns for p in (run_dir / "dataset").rglob("part-0.parquet")}
+    again = datagen(run_dir.parent)  # re-run in place: everything is done, nothing reruns
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    other = datagen(tmp_path)  # a fresh run of the same config
+    assert other.returncode == 0, other.stderr[-3000:]
+    version = (run_dir / "dataset" / "VERSION").read_text()
+    assert (tmp_path / "datagen" / "dataset" / "VERSION").read_text() == version
+    a, b = read(run_dir, "remaining"), read(tmp_path / "datagen", "remaining")
+    pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("datagen.families.m4_fabric.max_load=[0.5,1.5]", "field 'max_load'"),
+        ("+datagen.families.m4_fabric.sizes.zipf.kind=zipf", "unknown size distribution 'zipf'"),
+        ("+datagen.weights.nope=1", "weights for unknown families"),
+    ],
+)
+def test_bad_config_fails_before_any_scenario(tmp_path, override, message):
+    proc = datagen(tmp_path, override)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    run_dir = tmp_path / "datagen"  # Hydra may create the run directory; nothing is in it
+    assert not (run_dir / "runs").exists() and not (run_dir / "dataset").exists()

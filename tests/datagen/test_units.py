@@ -1,0 +1,202 @@
+"""Training-data pieces without ns-3: the fabric, traffic, busy periods, sampling, config checks."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+from m4ray.datagen.families import CollectiveFamily, NetworkRanges, OpenLoopFamily
+from m4ray.datagen.job import DatagenConfig, expand, family_seeds
+from m4ray.datagen.periods import busy_periods
+from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
+from m4ray.errors import InputError
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import m4_fabric
+from m4ray.sweeps.grid import child_seeds
+
+WEBSEARCH = [[0, 0], [10000, 0.15], [20000, 0.2], [50000, 0.4], [1000000, 0.7], [30000000, 1.0]]
+
+
+def test_m4_fabric_matches_the_reference():
+    topo = m4_fabric()
+    assert topo.n_nodes == 46 and len(topo.hosts) == 32 and topo.n_links == 96
+    assert set(topo.bandwidth_bps) == {10e9}
+    routing = Routing(topo)
+    assert len(routing.path(0, 3).links) == 2  # same rack
+    assert len(routing.path(0, 15).links) == 4  # same pod (ToRs 32-35 under aggregation 40)
+    assert len(routing.path(0, 16).links) == 6  # across pods, through a core
+    tors = {topo.link_dst[routing.path(h, (h + 16) % 32).links[0]] for h in range(32)}
+    assert tors == set(range(32, 40))
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "tol"),
+    [
+        ("exponential", {}, 0.05),
+        ("lognormal", {"sigma": 1.0}, 0.05),
+        ("pareto", {"alpha": 2.5}, 0.1),
+        ("gaussian", {"cv": 0.3}, 0.02),
+        ("empirical", {"cdf": WEBSEARCH}, 0.05),
+    ],
+)
+def test_size_distributions_hit_the_requested_mean(kind, extra, tol):
+    dist = SizeDistribution(kind=kind, **extra)
+    sizes = dist.sample(np.random.default_rng(1), 20_000.0, 200_000, 50)
+    assert sizes.dtype == np.int64 and sizes.min() >= 50
+    assert sizes.mean() == pytest.approx(20_000.0, rel=tol)
+
+
+def test_open_loop_arrivals_load_the_busiest_link_as_asked():
+    routing = Routing(m4_fabric())
+    traffic = OpenLoopTraffic(
+        n_flows=20_000,
+        size_name="exponential",
+        size=SizeDistribution(kind="exponential"),
+        size_mean_bytes=10_000,
+        sigma=1.0,
+        max_load=0.5,
+    )
+    flows = traffic.flows(routing, seed=3)
+    assert [f.id for f in flows] == list(range(20_000))
+    assert all(f.src != f.dst for f in flows)
+    assert all(b.start_s >= a.start_s for a, b in pairwise(flows))
+    bits = np.zeros(routing.topo.n_links)
+    for f in flows:
+        bits[list(routing.path(f.src, f.dst, f.id).links)] += (
+            routing.wire.wire_bytes(f.size_bytes) * 8
+        )
+    span = flows[-1].start_s - flows[0].start_s
+    busiest = (bits / span / routing.topo.bandwidth_bps).max()
+    assert busiest == pytest.approx(0.5, rel=0.1)
+    assert traffic.flows(routing, seed=3) == flows  # deterministic in the seed
+
+
+def _periods(events, links):
+    flows = np.array([f for f, _ in events])
+    kinds = np.array([k for _, k in events])
+    return busy_periods(flows, kinds, links)
+
+
+def test_busy_periods_are_connected_components_in_time():
+    links = [(0, 1), (1, 2), (5,), (2, 3), (0,)]
+    # f0 and f1 share link 1 while both active; f3 shares link 2 with f1 (joins the period);
+    # f2 is alone on link 5; f4 arrives on link 0 after the first period ended: a new period
+    events = [(0, 0), (1, 0), (2, 0), (0, 1), (3, 0), (2, 1), (1, 1), (3, 1), (4, 0), (4, 1)]
+    p = _periods(events, links)
+    assert p.period_of_flow.tolist() == [0, 0, 1, 0, 2]
+    assert p.n_flows.tolist() == [3, 1, 1]
+    assert p.max_active.tolist() == [2, 1, 1]
+    assert p.first_event.tolist() == [0, 2, 8] and p.last_event.tolist() == [7, 5, 9]
+
+
+def test_busy_periods_merge_on_arrival_and_never_split():
+    links = [(0,), (1,), (0, 1)]
+    # f0 on link 0 and f1 on link 1 are separate until f2 touches both: one period of three
+    events = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    p = _periods(events, links)
+    assert p.period_of_flow.tolist() == [0, 0, 0] and p.n_flows.tolist() == [3]
+
+
+def test_random_busy_periods_partition_the_flows():
+    rng = np.random.default_rng(0)
+    n = 300
+    start = np.sort(rng.uniform(0, 1, n))
+    end = start + rng.exponential(0.01, n)
+    links = [tuple(rng.choice(20, 3, replace=False).tolist()) for _ in range(n)]
+    order = sorted([(start[i], 0, i) for i in range(n)] + [(end[i], 1, i) for i in range(n)])
+    p = _periods([(i, k) for _, k, i in order], links)
+    assert sorted(np.bincount(p.period_of_flow).tolist()) == sorted(p.n_flows.tolist())
+    assert p.n_flows.sum() == n
+    for period in range(len(p.n_flows)):  # no flow of another period overlaps on a shared link
+        inside = np.flatnonzero(p.period_of_flow == period)
+        lo, hi = start[inside].min(), end[inside].max()
+        used = {link for i in inside for link in links[i]}
+        for j in np.flatnonzero(p.period_of_flow != period):
+            if start[j] < hi and end[j] > lo and used & set(links[j]):
+                assert not any(
+                    start[i] < end[j] and start[j] < end[i] and set(links[i]) & set(links[j])
+                    for i in inside
+                )
+
+
+def test_sampling_is_seeded_and_records_params13():
+    family = OpenLoopFamily(
+        sizes={"exponential": {}, "websearch": {"kind": "empirical", "cdf": WEBSEARCH}}
+    )
+    a, b = family.sample("fabric", 0, 7, 60.0), family.sample("fabric", 0, 7, 60.0)
+    assert a == b and a.scenario_id == b.scenario_id
+    assert family.sample("fabric", 0, 8, 60.0).scenario_id != a.scenario_id
+    assert family.sample("fabric", 0, 7, 1.0).scenario_id == a.scenario_id  # guard is not content
+    p = a.params13()
+    assert len(p) == 13 and p[2] == 1.0 and p[3:6] == [0, 0, 0] and p[7:] == [0] * 6
+    assert 10 <= p[0] <= 16.5 and 5 <= p[1] <= 15 and 10 <= p[6] <= 31
+    assert a.ns3.ecn_k_packets < a.ns3.buffer_packets
+
+
+def test_collective_family_draws_random_degraded_gpus_and_valid_groups():
+    family = CollectiveFamily(layouts=["all", "rails", "servers", "random"])
+    for seed in range(30):
+        sc = family.sample("rail", seed, seed, 60.0)
+        assert len(set(sc.degraded)) == len(sc.degraded) <= 16
+        assert (sc.reduction == 1) == (not sc.degraded)
+        workload = sc.traffic.workload(32)  # validates the DAG
+        assert len(workload.nodes) == sum(len(g) for p in sc.traffic.phases for g in p.groups)
+        for phase in sc.traffic.phases:
+            for group in phase.groups:
+                per_server = np.bincount(np.array(group) // 8)
+                assert len(set(per_server[per_server > 0])) == 1  # hierarchical-friendly
+
+
+def test_dataset_seeds_never_meet_the_evaluation_sweep():
+    cfg = DatagenConfig(
+        scenarios=400,
+        families={"a": OpenLoopFamily(), "b": CollectiveFamily()},
+        weights={"a": 1, "b": 1},
+    )
+    scenarios = expand(cfg, root_seed=0)
+    seeds = {s.seed for s in scenarios}
+    assert len(seeds) == 400
+    for root in (0, 1, 2):  # the evaluation sweep's replicate seeds for a few root seeds
+        assert not seeds & set(child_seeds(root, 1000))
+    # more scenarios extend the same dataset: seeds are stable prefixes
+    assert family_seeds(0, "a", 5) == family_seeds(0, "a", 50)[:5]
+    assert family_seeds(0, "a", 5) != family_seeds(0, "b", 5)
+
+
+def test_weights_split_the_scenarios():
+    fams = {"a": OpenLoopFamily(), "b": OpenLoopFamily(), "c": OpenLoopFamily()}
+    cfg = DatagenConfig(scenarios=10, families=fams, weights={"a": 0.5, "b": 0.3, "c": 0.2})
+    assert cfg.counts() == {"a": 5, "b": 3, "c": 2}
+    cfg = DatagenConfig(scenarios=7, families=fams, weights={"a": 1, "b": 1, "c": 0})
+    assert cfg.counts() == {"a": 4, "b": 3, "c": 0}
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: OpenLoopFamily(max_load=[0.3, 1.2]), "max_load"),
+        (lambda: OpenLoopFamily(max_load=[0.0, 0.5]), "max_load"),
+        (lambda: OpenLoopFamily(sizes={"zipf": {}}), None),
+        (lambda: OpenLoopFamily(sizes={"p": {"kind": "pareto", "alpha": 0.9}}), "alpha"),
+        (lambda: OpenLoopFamily(n_flows=[10, 5]), "n_flows"),
+        (
+            lambda: OpenLoopFamily(sizes={"e": {"kind": "empirical", "cdf": [[0, 0], [5, 0.5]]}}),
+            "cdf",
+        ),
+        (lambda: NetworkRanges(ecn_k_kb=[10, 200]), "ecn_k_kb"),
+        (lambda: CollectiveFamily(kinds=["broadcast"]), None),
+        (
+            lambda: DatagenConfig(families={"a": OpenLoopFamily()}, weights={"b": 1.0}),
+            "datagen.weights",
+        ),
+    ],
+)
+def test_bad_ranges_are_rejected_with_the_field(make, field):
+    with pytest.raises(InputError) as err:
+        make()
+    if field:
+        assert err.value.field == field
+    else:
+        assert "valid choices" in str(err.value)
