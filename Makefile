@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-all bench lint format clean
+.PHONY: setup run datagen test test-all bench lint format clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 run: setup  ## the default gray-failure sweep on an embedded local Ray
 	$(BIN)/python -m m4ray.sweeps +experiment=gray_failure $(ARGS)
 
+datagen: setup  ## a small m4 training dataset (16 ns-3 scenarios, ~30 s) in outputs/datagen
+	$(BIN)/python -m m4ray.sweeps +experiment=datagen $(ARGS)
+
 test: setup  ## the default test suite (slow cases excluded)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -27,6 +30,8 @@ test-all: setup  ## every test, slow ones included
 
 bench: setup  ## performance tables (numbers live here, not in tests)
 	$(BIN)/python bench/flowsim_speed.py
+	$(BIN)/python bench/ns3_speed.py --quick
+	$(BIN)/python bench/datagen_speed.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -200,3 +200,19 @@ def test_bad_ranges_are_rejected_with_the_field(make, field):
         assert err.value.field == field
     else:
         assert "valid choices" in str(err.value)
+
+
+def test_a_failing_scenario_is_recorded_and_writes_no_partitions(tmp_path):
+    import dataclasses
+    import json
+
+    from m4ray.datagen.job import load_done, run_scenario
+
+    scenario = OpenLoopFamily().sample("fabric", 0, 5, 60.0)
+    broken = dataclasses.replace(scenario, ns3=dataclasses.replace(scenario.ns3, ecn_k_packets=0))
+    row = run_scenario(broken, str(tmp_path))  # fails before ns-3 is even loaded
+    assert row["status"] == "failed" and "ecn_k_packets" in row["error"]
+    stored = json.loads((tmp_path / "runs" / f"{broken.run_id}.json").read_text())
+    assert stored["status"] == "failed" and stored["params13"] == broken.params13()
+    assert not (tmp_path / "dataset").exists()
+    assert load_done(tmp_path, broken) is None  # retried on the next run
