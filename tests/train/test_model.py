@@ -1,0 +1,108 @@
+"""The m4 model: shapes as in the released weights, permutation invariance, overfitting a period."""
+
+from __future__ import annotations
+
+import torch
+
+from m4ray.train.model import (
+    M4Model,
+    ModelConfig,
+    PeriodSample,
+    SAGELayer,
+    forward_period,
+    relative_l1,
+)
+
+
+def test_full_size_parameter_shapes_match_the_released_model():
+    model = M4Model(ModelConfig())
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert shapes["gnn.0.lin.weight"] == (200, 200)
+    assert shapes["gnn.0.lin_l.weight"] == (300, 200) and "gnn.0.lin_r.bias" not in shapes
+    assert shapes["gnn.1.lin_l.weight"] == (300, 300) and shapes["gnn.2.lin_l.weight"] == (200, 300)
+    assert shapes["gnn.2.norm.weight"] == (200,)
+    assert shapes["gru_time.weight_ih"] == (600, 1) and shapes["gru_time_link.weight_hh"] == (
+        600,
+        200,
+    )
+    assert shapes["gru_rate.weight_ih"] == (600, 213) and shapes["gru_rate_link.weight_ih"] == (
+        600,
+        200,
+    )
+    assert shapes["head.0.weight"] == (200, 214) and shapes["head.3.weight"] == (1, 200)
+    assert shapes["remain_head.0.weight"] == (200, 200) and shapes["queue_head.3.weight"] == (
+        1,
+        200,
+    )
+
+
+def test_sage_layer_sums_projected_neighbours_plus_root():
+    torch.manual_seed(0)
+    layer = SAGELayer(3, 5)
+    x = torch.randn(4, 3)
+    edges = torch.tensor([[0, 1, 2], [3, 3, 0]])  # 0→3, 1→3, 2→0
+    out = layer(x, edges)
+    assert out.shape == (4, 5)
+    proj = torch.relu(layer.lin(x))
+    expected_3 = layer.norm(layer.lin_l(proj[0] + proj[1]) + layer.lin_r(x[3]))
+    expected_1 = layer.norm(layer.lin_l(torch.zeros(3)) + layer.lin_r(x[1]))  # no neighbours
+    assert torch.allclose(out[3], expected_3, atol=1e-6)
+    assert torch.allclose(out[1], expected_1, atol=1e-6)
+
+
+def test_spatial_step_is_permutation_equivariant_on_a_four_node_graph():
+    torch.manual_seed(1)
+    model = M4Model(ModelConfig.tiny()).eval()
+    h_flow, h_link = torch.randn(2, 16), torch.randn(2, 16)
+    params = torch.randn(2, 13)
+    incidence = torch.tensor([[0, 0, 1], [0, 1, 1]])  # flow 0 on links 0, 1; flow 1 on link 1
+    f, lk = model.spatial_step(h_flow, h_link, incidence, params)
+    assert f.shape == (2, 16) and lk.shape == (2, 16)
+    flip = torch.tensor([1, 0])  # swap both flows and both links
+    incidence_p = torch.stack([flip[incidence[0]], flip[incidence[1]]])
+    fp, lp = model.spatial_step(h_flow[flip], h_link[flip], incidence_p, params[flip])
+    assert torch.allclose(fp, f[flip], atol=1e-6) and torch.allclose(lp, lk[flip], atol=1e-6)
+    # the edge order does not matter either
+    f2, l2 = model.spatial_step(h_flow, h_link, incidence[:, [2, 0, 1]], params)
+    assert torch.allclose(f2, f, atol=1e-6) and torch.allclose(l2, lk, atol=1e-6)
+
+
+def period() -> PeriodSample:
+    """Three flows on two links: f0 and f1 share link 0; f2 joins on links 0 and 1."""
+    return PeriodSample(
+        size_bytes=torch.tensor([20_000, 5_000, 80_000]),
+        n_links=torch.tensor([1, 1, 2]),
+        arrival=torch.tensor([0, 1, 2]),
+        departure=torch.tensor([4, 3, 5]),
+        dt_us=torch.tensor([0.0, 2.0, 1.5, 3.0, 4.0, 10.0]),
+        incidence=torch.tensor([[0, 1, 2, 2], [0, 0, 0, 1]]),
+        n_link_rows=2,
+        params=torch.tensor([12.0, 10.0, 1.0, 0, 0, 0, 20.0, 0, 0, 0, 0, 0, 0]),
+        slowdown=torch.tensor([1.5, 2.0, 3.0]),
+        remain=torch.tensor([[0, 0, 1.0], [1, 0, 0.8], [1, 1, 1.0], [2, 2, 1.0], [3, 1, 0.0]]),
+        queue=torch.tensor([[1, 0, 2.0], [2, 0, 3.0], [2, 1, 0.5]]),
+    )
+
+
+def test_forward_period_shapes_and_aux_losses():
+    torch.manual_seed(2)
+    model = M4Model(ModelConfig.tiny())
+    pred, remain, queue = forward_period(model, period())
+    assert pred.shape == (3,) and remain.ndim == 0 and queue.ndim == 0
+    assert remain > 0 and queue > 0
+
+
+def test_a_tiny_model_overfits_one_busy_period():
+    torch.manual_seed(3)
+    model = M4Model(ModelConfig.tiny())
+    sample = period()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        pred, remain, queue = forward_period(model, sample)
+        loss = relative_l1(pred, sample.slowdown) + 0.1 * (remain + queue)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    pred, remain, queue = forward_period(model, sample)
+    assert relative_l1(pred, sample.slowdown) < 0.03
+    assert remain < 0.1 and queue < 0.3
