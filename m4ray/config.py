@@ -49,6 +49,7 @@ class SweepConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
     progress: bool = True
     datagen: Any = None  # the datagen experiment's section (m4ray.datagen.job.DatagenConfig)
+    train: Any = None  # the train experiment's section (m4ray.train.loop.TrainConfig)
 
 
 @dataclass(kw_only=True, slots=True)

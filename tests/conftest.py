@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,6 +33,37 @@ def ray_local():
     )
     yield ray
     ray.shutdown()
+
+
+TINY_DATAGEN = [
+    "+experiment=datagen",
+    "datagen.scenarios=4",
+    "datagen.families.m4_fabric.n_flows=[40,80]",
+    "datagen.families.rail.size_bytes=[65536,262144]",
+    "datagen.families.rail.phases=[1,2]",
+    "ray.num_cpus=2",
+]
+
+
+def run_datagen(output_dir, *overrides) -> subprocess.CompletedProcess:
+    """The datagen experiment at test size, as a user runs it."""
+    return subprocess.run(
+        [PYTHON, "-m", "m4ray.sweeps", *TINY_DATAGEN, *overrides, f"paths.output_dir={output_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """A 4-scenario real-ns-3 dataset (run directory, completed process), made once per session."""
+    out = tmp_path_factory.mktemp("datagen")
+    proc = run_datagen(out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "datagen", proc
 
 
 def parking_lot(capacities_gbps: list[float], latency_s: float = 0.0) -> Topology:

@@ -31,6 +31,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         wire=instantiate(cfg.wire),
         backend_options={name: instantiate(node) for name, node in cfg.backend_options.items()},
         datagen=None if cfg.datagen is None else instantiate(cfg.datagen, _convert_="all"),
+        train=None if cfg.train is None else instantiate(cfg.train, _convert_="all"),
     )
 
 

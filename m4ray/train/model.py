@@ -135,6 +135,24 @@ class M4Model(nn.Module):
         new_link = self.gru_rate_link(x[n_flow:], h_link)
         return new_flow, new_link
 
+    def forward(self, batch: list[PeriodSample]) -> dict[str, torch.Tensor]:
+        """Losses of a batch of busy periods (the entry point DDP wraps): ``main`` = relative L1
+        on slowdown, ``remain`` and ``queue`` = the dense-supervision errors, each averaged per
+        period then over the batch; ``pred`` = the concatenated slowdown predictions."""
+        main, remain, queue, preds = [], [], [], []
+        for sample in batch:
+            pred, r, q = forward_period(self, sample)
+            main.append(relative_l1(pred, sample.slowdown))
+            remain.append(r)
+            queue.append(q)
+            preds.append(pred)
+        return {
+            "main": torch.stack(main).mean(),
+            "remain": torch.stack(remain).mean(),
+            "queue": torch.stack(queue).mean(),
+            "pred": torch.cat(preds),
+        }
+
     def slowdown(
         self, h_flow: torch.Tensor, n_links: torch.Tensor, params: torch.Tensor
     ) -> torch.Tensor:
@@ -164,6 +182,14 @@ class PeriodSample:
     slowdown: torch.Tensor
     remain: torch.Tensor
     queue: torch.Tensor
+
+    def to(self, device: torch.device | str) -> PeriodSample:
+        fields = {
+            name: getattr(self, name).to(device)
+            for name in self.__slots__
+            if isinstance(getattr(self, name), torch.Tensor)
+        }
+        return PeriodSample(n_link_rows=self.n_link_rows, **fields)
 
 
 def forward_period(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pandas as pd
@@ -12,35 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from m4ray.datagen.schema import SCENARIOS, TABLES
-from tests.conftest import PYTHON, REPO
-
-TINY = [
-    "+experiment=datagen",
-    "datagen.scenarios=4",
-    "datagen.families.m4_fabric.n_flows=[40,80]",
-    "datagen.families.rail.size_bytes=[65536,262144]",
-    "datagen.families.rail.phases=[1,2]",
-    "ray.num_cpus=2",
-]
+from tests.conftest import run_datagen
 
 
 def datagen(output_dir, *overrides):
-    return subprocess.run(
-        [PYTHON, "-m", "m4ray.sweeps", *TINY, *overrides, f"paths.output_dir={output_dir}"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-        check=False,
-    )
+    return run_datagen(output_dir, *overrides)
 
 
 @pytest.fixture(scope="module")
-def first(tmp_path_factory):
-    out = tmp_path_factory.mktemp("datagen")
-    proc = datagen(out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / "datagen", proc
+def first(tiny_dataset):
+    return tiny_dataset
 
 
 def read(run_dir, table):

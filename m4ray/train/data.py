@@ -1,0 +1,198 @@
+"""Busy periods of a datagen dataset as training samples, with m4's balanced sampling.
+
+Scenarios, not periods, are split into train / validation / test, so held-out metrics come from
+simulations the model never saw. Within a split, periods with one flow (nothing to learn about
+contention) or with ``max_active`` or more flows active at once are dropped (m4 drops ≥ 150), and
+``n_samples`` periods are drawn without replacement with equal total weight per occupied size bin
+(``reference/m4.md`` §6.2; we give the smallest occupied bin its share instead of weight 0, since
+single-flow periods are already excluded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import torch
+
+from m4ray.errors import InputError
+from m4ray.train.model import PeriodSample
+
+SIZE_BINS = (2, 4, 6, 8, 10, 15, 20, 30, 40, 50, 75, 100)
+TABLES = ("flows", "events", "remaining", "queues", "periods")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """Which periods become samples (``n_samples`` per split: train, val, test)."""
+
+    dataset: str = "outputs/datagen/dataset"
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    max_active: int = 150
+    max_flows: int = 400
+    n_samples: list[int] | None = None  # None: every eligible period
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
+            raise InputError("fractions must be in [0, 1)", field="data.val_fraction")
+        if self.val_fraction + self.test_fraction >= 1:
+            raise InputError("val + test fractions must leave training data", field="data")
+
+
+@dataclass(kw_only=True, slots=True)
+class Sample:
+    """A period sample plus what evaluation needs (flowSim's slowdown for the same flows)."""
+
+    scenario_id: str
+    period_id: int
+    period: PeriodSample
+    flowsim_slowdown: torch.Tensor
+
+    @property
+    def n_flows(self) -> int:
+        return len(self.period.size_bytes)
+
+
+def dataset_version(path: str | Path) -> str:
+    version = Path(path) / "VERSION"
+    if not version.exists():
+        raise InputError(
+            "not a datagen dataset (no VERSION file); make one with `make datagen` or "
+            "`python -m m4ray.sweeps +experiment=datagen`",
+            file=path,
+        )
+    return version.read_text().strip()
+
+
+def split_scenarios(path: str | Path, cfg: DataConfig) -> dict[str, list[str]]:
+    """Scenario ids of the ok scenarios per split, shuffled by ``cfg.seed``."""
+    dataset_version(path)
+    frame = pq.read_table(Path(path) / "scenarios.parquet").to_pandas()
+    ids = sorted(frame[frame.status == "ok"].scenario_id)
+    if len(ids) < 2:
+        raise InputError(f"need at least 2 ok scenarios, found {len(ids)}", file=path)
+    order = np.random.default_rng(cfg.seed).permutation(len(ids))
+    n_test = round(len(ids) * cfg.test_fraction)
+    n_val = max(1, round(len(ids) * cfg.val_fraction)) if cfg.val_fraction > 0 else 0
+    n_test = min(n_test, len(ids) - n_val - 1)
+    picked = [ids[i] for i in order]
+    return {
+        "test": sorted(picked[:n_test]),
+        "val": sorted(picked[n_test : n_test + n_val]),
+        "train": sorted(picked[n_test + n_val :]),
+    }
+
+
+def _read(path: Path, table: str, scenario_id: str) -> pd.DataFrame:
+    return pq.read_table(path / table / f"scenario_id={scenario_id}" / "part-0.parquet").to_pandas()
+
+
+def scenario_samples(path: str | Path, scenario_id: str, cfg: DataConfig) -> list[Sample]:
+    """Every eligible busy period of one scenario as a :class:`Sample`."""
+    path = Path(path)
+    t = {name: _read(path, name, scenario_id) for name in TABLES}
+    scenarios = pq.read_table(path / "scenarios.parquet").to_pandas().set_index("scenario_id")
+    params = torch.tensor(np.asarray(scenarios.loc[scenario_id, "params13"]), dtype=torch.float32)
+    periods = t["periods"]
+    keep = periods[(periods.n_flows >= 2) & (periods.n_flows <= cfg.max_flows)]
+    keep = keep[keep.max_active < cfg.max_active]
+    groups = {name: dict(tuple(t[name].groupby("period_id"))) for name in ("flows", "events")}
+    remaining = dict(tuple(t["remaining"].groupby("period_id")))
+    queues = t["queues"].set_index("flow_id")
+    return [
+        _sample(
+            scenario_id, int(p), groups=groups, remaining=remaining, queues=queues, params=params
+        )
+        for p in keep.period_id
+    ]
+
+
+def _sample(scenario_id, period, *, groups, remaining, queues, params) -> Sample:
+    flows = groups["flows"][period].sort_values("flow_id")
+    events = groups["events"][period].sort_values("event")
+    local = pd.Series(np.arange(len(flows)), index=flows.flow_id.to_numpy())
+    k = pd.Series(np.arange(len(events)), index=events.event.to_numpy())
+    arrival = np.zeros(len(flows), dtype=np.int64)
+    departure = np.zeros(len(flows), dtype=np.int64)
+    rows = local.loc[events.flow_id].to_numpy()
+    is_arrival = events.kind.to_numpy() == 0
+    arrival[rows[is_arrival]] = np.flatnonzero(is_arrival)
+    departure[rows[~is_arrival]] = np.flatnonzero(~is_arrival)
+    dt_us = np.diff(events.time_s.to_numpy(), prepend=events.time_s.iloc[0]) * 1e6
+    paths = flows.path.to_list()
+    links = np.unique(np.concatenate(paths))
+    link_row = pd.Series(np.arange(len(links)), index=links)
+    inc_flow = np.repeat(np.arange(len(flows)), [len(p) for p in paths])
+    inc_link = link_row.loc[np.concatenate(paths)].to_numpy()
+    size = flows.size_bytes.to_numpy()
+    rem = remaining.get(period)
+    remain = np.stack(
+        [
+            k.loc[rem.event].to_numpy(),
+            local.loc[rem.flow_id].to_numpy(),
+            rem.remaining_bytes.to_numpy() / size[local.loc[rem.flow_id].to_numpy()],
+        ],
+        axis=1,
+    )
+    q = queues.loc[flows.flow_id]
+    queue = np.stack(
+        [
+            local.loc[q.index].to_numpy(),
+            link_row.loc[q.link].to_numpy(),
+            np.cbrt(q.queue_bytes.to_numpy() / 1000),  # cube root of KB (m4's target shape)
+        ],
+        axis=1,
+    )
+    ideal = flows.ideal_fct_s.to_numpy()
+    sample = PeriodSample(
+        size_bytes=torch.tensor(size),
+        n_links=torch.tensor(flows.n_links.to_numpy(), dtype=torch.long),
+        arrival=torch.tensor(arrival),
+        departure=torch.tensor(departure),
+        dt_us=torch.tensor(dt_us, dtype=torch.float32),
+        incidence=torch.tensor(np.stack([inc_flow, inc_link])),
+        n_link_rows=len(links),
+        params=params,
+        slowdown=torch.tensor(flows.slowdown.to_numpy(), dtype=torch.float32),
+        remain=torch.tensor(remain, dtype=torch.float32),
+        queue=torch.tensor(queue, dtype=torch.float32),
+    )
+    flowsim = np.maximum(flows.flowsim_fct_s.to_numpy() / ideal, 1.0)
+    return Sample(
+        scenario_id=scenario_id,
+        period_id=period,
+        period=sample,
+        flowsim_slowdown=torch.tensor(flowsim, dtype=torch.float32),
+    )
+
+
+def balanced(samples: list[Sample], n: int | None, seed: int) -> list[Sample]:
+    """``n`` samples without replacement, equal total weight per occupied size bin."""
+    if n is None or n >= len(samples):
+        return list(samples)
+    bins = np.digitize([s.n_flows for s in samples], SIZE_BINS)
+    counts = np.bincount(bins)
+    weight = 1.0 / counts[bins]
+    picked = np.random.default_rng(seed).choice(
+        len(samples), size=n, replace=False, p=weight / weight.sum()
+    )
+    return [samples[i] for i in sorted(picked)]
+
+
+def load_splits(cfg: DataConfig) -> dict[str, list[Sample]]:
+    """Samples per split (train, val, test), balanced-sampled when ``n_samples`` is set."""
+    splits = split_scenarios(cfg.dataset, cfg)
+    out = {}
+    for index, name in enumerate(("train", "val", "test")):
+        samples = [s for sid in splits[name] for s in scenario_samples(cfg.dataset, sid, cfg)]
+        n = None if cfg.n_samples is None else cfg.n_samples[index]
+        out[name] = balanced(samples, n, cfg.seed + index)
+    return out
+
+
+__all__ = ["DataConfig", "Sample", "balanced", "dataset_version", "load_splits", "split_scenarios"]

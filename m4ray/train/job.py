@@ -1,0 +1,232 @@
+"""``python -m m4ray.sweeps +experiment=train``: train m4 with Ray Train, track it in MLflow,
+evaluate it on held-out scenarios against flowSim and export a checkpoint.
+
+The driver creates the MLflow run (params: the flattened config, dataset version, git commit) in
+the tracking store — by default ``sqlite:///<run_dir>/mlflow.db`` — then fits a ``TorchTrainer``
+whose rank-0 worker logs per-epoch metrics into that run. Ray Train keeps its checkpoints under
+``<run_dir>/ray`` with the run named by config, so re-running the same command resumes from the
+last finished epoch. At the end: per-flow slowdown error on the test scenarios for m4 and flowSim
+side by side (table, CDF plot, MLflow metrics) and the exported checkpoint (also an artifact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from m4ray.errors import InputError
+from m4ray.fingerprint import fingerprint
+from m4ray.sweeps.cluster import start_ray
+from m4ray.sweeps.report import git_commit
+from m4ray.train import checkpoint
+from m4ray.train.data import dataset_version, load_splits
+from m4ray.train.loop import TrainConfig, flow_errors, train_loop
+from m4ray.train.model import M4Model
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def tracking_uri(cfg: TrainConfig, run_dir: Path) -> str:
+    return cfg.tracking_uri or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), item, out)
+    else:
+        out[prefix] = str(value)[:500]
+    return out
+
+
+def mlflow_run(uri: str, experiment: str, name: str, raw_config: dict, version: str) -> str:
+    """The id of this training run's MLflow run (created with its params, or found again)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment)
+    existing = mlflow.search_runs(
+        filter_string=f"tags.mlflow.runName = '{name}'", output_format="list"
+    )
+    if existing:
+        return existing[0].info.run_id
+    with mlflow.start_run(run_name=name) as run:
+        params = _flatten("", raw_config.get("train", {}), {})
+        params.update(dataset_version=version, git_commit=git_commit())
+        items = list(params.items())
+        for chunk in range(0, len(items), 90):
+            mlflow.log_params(dict(items[chunk : chunk + 90]))
+        return run.info.run_id
+
+
+def run(sweep, raw_config: dict[str, Any]) -> Path:
+    cfg: TrainConfig = sweep.train
+    if not isinstance(cfg, TrainConfig):
+        raise InputError("this experiment needs a 'train' section", field="train")
+    started = time.perf_counter()
+    run_dir = Path(sweep.paths.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    version = dataset_version(cfg.data.dataset)  # fails early on a missing dataset
+    # workers run in other directories: hand them absolute paths
+    data = dataclasses.replace(cfg.data, dataset=str(Path(cfg.data.dataset).resolve()))
+    cfg = dataclasses.replace(cfg, data=data)
+    uri = tracking_uri(cfg, run_dir)
+    name = f"{sweep.name}-{fingerprint([raw_config.get('train'), version], 8)}"
+    run_id = mlflow_run(uri, cfg.experiment, name, raw_config, version)
+
+    ray = start_ray(sweep.ray)
+    use_gpu = cfg.use_gpu
+    if use_gpu is None:
+        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    print(
+        f"train: dataset {version}, {cfg.num_workers} worker(s) on "
+        f"{'GPU (nccl)' if use_gpu else 'CPU (gloo)'}, {cfg.epochs} epochs; MLflow {uri} run {name}"
+    )
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": uri},
+        scaling_config=ScalingConfig(
+            num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(run_dir / "ray"),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    train_started = time.perf_counter()
+    result = trainer.fit()
+    train_wall = time.perf_counter() - train_started
+    if result.error is not None:
+        raise result.error
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
+    model = M4Model(cfg.model)
+    model.load_state_dict(state["model"])
+    model.eval()
+
+    splits = load_splits(cfg.data)
+    errors = flow_errors(model, splits["test"])
+    table = error_table(errors)
+    metrics = {
+        f"test_{who}_{stat}": value for who, row in table.items() for stat, value in row.items()
+    }
+    plot = error_cdf(errors, run_dir / "plots" / "slowdown_error_cdf.png")
+    meta = {
+        "dataset_version": version,
+        "git_commit": git_commit(),
+        "epochs": state["epoch"] + 1,
+        "train_periods": len(splits["train"]),
+        "val_periods": len(splits["val"]),
+        "test_periods": len(splits["test"]),
+        "test_flows": len(errors["m4"]),
+        "train_wall_s": round(train_wall, 1),
+        "hardware": f"{cfg.num_workers} x {'GPU' if use_gpu else 'CPU'} worker(s)",
+        "metrics": metrics,
+        "command": "python -m m4ray.sweeps " + " ".join(sys.argv[1:]),
+    }
+    export_dir = Path(cfg.export_dir or run_dir / "export")
+    checkpoint.export(model, export_dir, meta, model_card(meta, table, cfg))
+    import mlflow
+
+    with mlflow.start_run(run_id=run_id):
+        mlflow.log_metrics(metrics)
+        mlflow.log_artifacts(str(export_dir), artifact_path="checkpoint")
+        if plot is not None:
+            mlflow.log_artifact(str(plot))
+    print()
+    print(error_text(table, len(errors["m4"])))
+    print(
+        f"\ntrained {state['epoch'] + 1} epochs in {train_wall:.1f} s; checkpoint {export_dir}; "
+        f"total {time.perf_counter() - started:.1f} s"
+    )
+    print(f"MLflow UI: .venv/bin/mlflow ui --backend-store-uri {uri}")
+    return run_dir
+
+
+def error_table(errors: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    table = {}
+    for who, err in errors.items():
+        row = {"mean": float(err.mean()) if len(err) else float("nan")}
+        for q in QUANTILES:
+            row[f"p{round(q * 100)}"] = float(np.quantile(err, q)) if len(err) else float("nan")
+        table[who] = row
+    return table
+
+
+def error_text(table: dict[str, dict[str, float]], n_flows: int) -> str:
+    lines = [f"per-flow slowdown error |s_hat/s - 1| on {n_flows} held-out flows"]
+    lines.append(f"{'model':<9}" + "".join(f"{k:>9}" for k in table["m4"]))
+    for who, row in table.items():
+        lines.append(f"{who:<9}" + "".join(f"{v:>9.3f}" for v in row.values()))
+    m4, flowsim = table["m4"], table["flowsim"]
+    if flowsim["mean"] > 0 and flowsim["p90"] > 0:
+        lines.append(
+            f"m4 vs flowSim: mean {m4['mean'] / flowsim['mean'] - 1:+.1%}, "
+            f"p90 {m4['p90'] / flowsim['p90'] - 1:+.1%} (m4 paper: -45.3 %, -53.0 %)"
+        )
+    return "\n".join(lines)
+
+
+def error_cdf(errors: dict[str, np.ndarray], path: Path) -> Path | None:
+    if not len(errors["m4"]):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for who, err in errors.items():
+        x = np.sort(err)
+        ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=who)
+    ax.set_xscale("symlog", linthresh=0.01)
+    ax.set_xlabel("per-flow slowdown error |ŝ/s − 1|")
+    ax.set_ylabel("CDF of held-out flows")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def model_card(meta: dict[str, Any], table: dict[str, dict[str, float]], cfg: TrainConfig) -> str:
+    m = cfg.model
+    rows = "\n".join(
+        f"| {who} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |"
+        for who, row in table.items()
+    )
+    return f"""# m4 checkpoint
+
+m4 (arXiv 2503.01770): GRU time/rate cells over flow and link states, {m.gnn_layers} GraphSAGE
+layers ({m.hidden}→{m.gnn_hidden}→…→{m.hidden}) over the flow–link graph, an MLP head predicting FCT
+slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.train.checkpoint.load(<dir>)`.
+
+- dataset version: `{meta["dataset_version"]}` (datagen), train/val/test periods:
+  {meta["train_periods"]}/{meta["val_periods"]}/{meta["test_periods"]} (split by scenario)
+- training: {meta["epochs"]} epochs, batch {cfg.batch_size} periods, Adam lr {cfg.lr}, aux weights
+  {cfg.weight_remain}/{cfg.weight_queue}; {meta["hardware"]}; {meta["train_wall_s"]} s wall
+- command: `{meta["command"]}`
+- code: git `{meta["git_commit"]}`
+
+## Held-out per-flow slowdown error |ŝ/s − 1| ({meta["test_flows"]} flows)
+
+| model | {" | ".join(table["m4"])} |
+|---|{"---|" * len(table["m4"])}
+{rows}
+"""
+
+
+__all__ = ["error_table", "error_text", "run"]

@@ -1,0 +1,218 @@
+"""The training loop that runs in every Ray Train worker, and the evaluation metrics.
+
+Each worker loads the same splits, takes an equal shard of the (epoch-shuffled) training periods,
+and steps DDP (gloo on CPU, NCCL on GPU) on batches of ``batch_size`` periods; validation is
+sharded too and the sums are all-reduced. Rank 0 writes the checkpoint (model, optimizer,
+scheduler, epoch) and logs the epoch's metrics to the MLflow run the driver created; every rank
+calls ``ray.train.report``. A restarted run resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from m4ray.errors import InputError
+from m4ray.train.data import DataConfig, Sample, load_splits
+from m4ray.train.model import M4Model, ModelConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """Everything the training job needs (plain data: it crosses the Ray boundary)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    epochs: int = 15
+    batch_size: int = 2
+    lr: float = 1e-4
+    weight_remain: float = 0.005
+    weight_queue: float = 0.005
+    plateau_factor: float = 0.2
+    plateau_patience: int = 5
+    min_lr: float = 1e-6
+    num_workers: int = 2
+    use_gpu: bool | None = None  # None: use GPUs when the cluster has them
+    cpus_per_worker: float = 1.0
+    threads_per_worker: int = 1
+    seed: int = 0
+    tracking_uri: str | None = None  # None: sqlite store in the run directory
+    experiment: str = "m4"
+    export_dir: str | None = None  # None: <run_dir>/export
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, dict):
+            self.data = DataConfig(**self.data)
+        if isinstance(self.model, dict):
+            self.model = ModelConfig(**self.model)
+        for name in ("epochs", "batch_size", "num_workers", "threads_per_worker"):
+            if getattr(self, name) < 1:
+                raise InputError(f"must be >= 1, got {getattr(self, name)}", field=f"train.{name}")
+        if self.lr <= 0:
+            raise InputError("must be > 0", field="train.lr")
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """Rank ``rank``'s share, the same length on every rank (DDP steps in lockstep)."""
+    if not items:
+        return []
+    per_rank = max(1, len(items) // world)
+    padded = items * math.ceil(per_rank * world / len(items))
+    return padded[rank * per_rank : (rank + 1) * per_rank]
+
+
+def _all_reduce(values: list[float], world: int) -> list[float]:
+    if world == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def evaluate(model: M4Model, samples: list[Sample], device) -> dict[str, float]:
+    """Sums for validation: main/remain/queue loss per period and the period count."""
+    sums = [0.0, 0.0, 0.0, 0.0]
+    with torch.no_grad():
+        for sample in samples:
+            out = model([sample.period.to(device)])
+            sums[0] += float(out["main"])
+            sums[1] += float(out["remain"])
+            sums[2] += float(out["queue"])
+            sums[3] += 1
+    return sums
+
+
+def flow_errors(model: M4Model, samples: list[Sample], device="cpu") -> dict[str, np.ndarray]:
+    """Per-flow slowdown error ``|ŝ/s − 1|`` of the model (ŝ clamped at 1) and of flowSim."""
+    model_err, flowsim_err = [], []
+    with torch.no_grad():
+        for sample in samples:
+            pred = model([sample.period.to(device)])["pred"].cpu().clamp(min=1.0)
+            true = sample.period.slowdown
+            model_err.append((pred / true - 1).abs().numpy())
+            flowsim_err.append((sample.flowsim_slowdown / true - 1).abs().numpy())
+    if not model_err:
+        return {"m4": np.zeros(0), "flowsim": np.zeros(0)}
+    return {"m4": np.concatenate(model_err), "flowsim": np.concatenate(flowsim_err)}
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """``train_loop_per_worker`` of the TorchTrainer."""
+    import ray.train
+    import ray.train.torch
+
+    cfg: TrainConfig = config["cfg"]
+    torch.set_num_threads(cfg.threads_per_worker)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    torch.manual_seed(cfg.seed)
+    splits = load_splits(cfg.data)
+    model = M4Model(cfg.model)
+    ddp = ray.train.torch.prepare_model(
+        model, parallel_strategy_kwargs={"find_unused_parameters": True}
+    )
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer,
+        mode="min",
+        factor=cfg.plateau_factor,
+        patience=cfg.plateau_patience,
+        min_lr=cfg.min_lr,
+    )
+    start_epoch = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"), map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start_epoch = state["epoch"] + 1
+    logger = _mlflow_logger(config) if rank == 0 else None
+    val_shard = shard(splits["val"], rank, world)
+    for epoch in range(start_epoch, cfg.epochs):
+        ddp.train()
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(len(splits["train"]))
+        mine = shard([splits["train"][i] for i in order], rank, world)
+        sums = [0.0, 0.0, 0.0, 0.0]
+        for start in range(0, len(mine), cfg.batch_size):
+            batch = [s.period.to(device) for s in mine[start : start + cfg.batch_size]]
+            out = ddp(batch)
+            loss = out["main"] + cfg.weight_remain * out["remain"] + cfg.weight_queue * out["queue"]
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            n = len(batch)
+            sums = [
+                sums[0] + float(out["main"]) * n,
+                sums[1] + float(out["remain"]) * n,
+                sums[2] + float(out["queue"]) * n,
+                sums[3] + n,
+            ]
+        ddp.eval()
+        train_sums = _all_reduce(sums, world)
+        val_sums = _all_reduce(evaluate(model, val_shard, device), world)
+        val_loss = val_sums[0] / max(val_sums[3], 1)
+        scheduler.step(val_loss)
+        metrics = {
+            "epoch": epoch,
+            "train_loss": train_sums[0] / max(train_sums[3], 1),
+            "train_remain": train_sums[1] / max(train_sums[3], 1),
+            "train_queue": train_sums[2] / max(train_sums[3], 1),
+            "val_loss": val_loss,
+            "val_remain": val_sums[1] / max(val_sums[3], 1),
+            "val_queue": val_sums[2] / max(val_sums[3], 1),
+            "lr": optimizer.param_groups[0]["lr"],
+        }
+        _report(metrics, model, optimizer, scheduler, epoch=epoch, rank=rank, logger=logger)
+
+
+def _report(metrics, model, optimizer, scheduler, *, epoch: int, rank: int, logger) -> None:
+    """Every rank reports; rank 0 attaches the checkpoint and logs to MLflow."""
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = None
+        if rank == 0:
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "epoch": epoch,
+            }
+            torch.save(state, os.path.join(d, "state.pt"))
+            ckpt = ray.train.Checkpoint.from_directory(d)
+            if logger is not None:
+                logger(metrics, epoch)
+        ray.train.report(metrics, checkpoint=ckpt)
+
+
+def _mlflow_logger(config: dict[str, Any]):
+    """Per-epoch metrics into the driver's MLflow run (rank 0 only), one batch per epoch."""
+    run_id = config.get("mlflow_run_id")
+    if not run_id:
+        return None
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=config["tracking_uri"])
+
+    def log(metrics: dict[str, float], epoch: int) -> None:
+        stamp = int(time.time() * 1000)  # MLflow metadata only; outputs never depend on it
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), stamp, epoch) for k, v in metrics.items() if k != "epoch"],
+        )
+
+    return log
+
+
+__all__ = ["TrainConfig", "evaluate", "flow_errors", "shard", "train_loop"]

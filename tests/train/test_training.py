@@ -1,0 +1,117 @@
+"""Training end to end: Ray Train with 2 CPU workers (gloo), MLflow, export, load, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import mlflow
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.train import checkpoint
+from m4ray.train.data import DataConfig, load_splits
+from m4ray.train.loop import flow_errors
+from tests.conftest import PYTHON, REPO
+
+TINY_MODEL = ["train.model.hidden=16", "train.model.gnn_hidden=24"]
+
+
+def train(output_dir, dataset, *overrides):
+    return subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "m4ray.sweeps",
+            "+experiment=train",
+            f"train.data.dataset={dataset}",
+            "train.epochs=1",
+            "train.num_workers=2",
+            "ray.num_cpus=2",
+            *TINY_MODEL,
+            *overrides,
+            f"paths.output_dir={output_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("train")
+    dataset = tiny_dataset[0] / "dataset"
+    proc = train(out, dataset)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out / "train", dataset, proc
+
+
+def test_one_epoch_with_two_workers_writes_checkpoint_and_mlflow_run(trained):
+    run_dir, dataset, proc = trained
+    assert "2 worker(s) on CPU (gloo)" in proc.stdout and "flowsim" in proc.stdout
+    assert list((run_dir / "ray").rglob("state.pt"))  # a Ray Train checkpoint
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("m4").experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    version = (dataset / "VERSION").read_text().strip()
+    assert run.data.params["dataset_version"] == version
+    assert run.data.params["model.hidden"] == "16" and "git_commit" in run.data.params
+    history = client.get_metric_history(run.info.run_id, "val_loss")
+    assert [m.step for m in history] == [0]  # one epoch, logged once (rank 0 only)
+    assert "test_m4_mean" in run.data.metrics and "test_flowsim_p90" in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+    assert {"checkpoint/model.pt", "checkpoint/model.json", "checkpoint/model_card.md"} <= artifacts
+    card = (run_dir / "export" / "model_card.md").read_text()
+    assert version in card and "flowsim" in card
+    assert (run_dir / "plots" / "slowdown_error_cdf.png").stat().st_size > 10_000
+
+
+def test_export_load_round_trip_gives_identical_predictions(trained):
+    run_dir, dataset, _ = trained
+    model, info = checkpoint.load(run_dir / "export")
+    assert info["dataset_version"] == (dataset / "VERSION").read_text().strip()
+    test = load_splits(DataConfig(dataset=str(dataset)))["test"]
+    again, _ = checkpoint.load(run_dir / "export")
+    a, b = flow_errors(model, test), flow_errors(again, test)
+    assert len(a["m4"]) > 0 and (a["m4"] == b["m4"]).all()
+    stored = info["metrics"]["test_m4_mean"]
+    assert a["m4"].mean() == pytest.approx(stored, rel=1e-5)
+
+
+def test_rerun_resumes_instead_of_retraining(trained):
+    run_dir, dataset, _ = trained
+    proc = train(run_dir.parent, dataset)  # same command: every epoch is already done
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("m4").experiment_id])
+    assert len(runs) == 1  # the same MLflow run, no second one
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == [0]
+
+
+def test_corrupt_or_mismatched_checkpoints_are_named(trained, tmp_path):
+    run_dir, _, _ = trained
+    bad = tmp_path / "bad"
+    shutil.copytree(run_dir / "export", bad)
+    info = json.loads((bad / "model.json").read_text())
+    info["model"]["hidden"] = 32
+    (bad / "model.json").write_text(json.dumps(info))
+    with pytest.raises(
+        InputError,
+        match=r"gnn.0.lin.weight has shape \(16, 16\), the config \(model.json\) needs \(32, 32",
+    ):
+        checkpoint.load(bad)
+    (bad / "model.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(InputError, match="unreadable weights"):
+        checkpoint.load(bad)
+    info["format"] = "other"
+    (bad / "model.json").write_text(json.dumps(info))
+    with pytest.raises(InputError, match="format 'other'"):
+        checkpoint.load(bad)
+    (bad / "model.json").unlink()
+    with pytest.raises(InputError, match="missing checkpoint file"):
+        checkpoint.load(bad)
