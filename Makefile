@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run datagen test test-all bench lint format clean
+.PHONY: setup run datagen train test test-all bench lint format clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,9 @@ run: setup  ## the default gray-failure sweep on an embedded local Ray
 
 datagen: setup  ## a small m4 training dataset (16 ns-3 scenarios, ~30 s) in outputs/datagen
 	$(BIN)/python -m m4ray.sweeps +experiment=datagen $(ARGS)
+
+train: datagen  ## train m4 on that dataset (Ray Train, 2 CPU workers, MLflow in outputs/train)
+	$(BIN)/python -m m4ray.sweeps +experiment=train $(ARGS)
 
 test: setup  ## the default test suite (slow cases excluded)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

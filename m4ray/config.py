@@ -50,6 +50,7 @@ class SweepConfig:
     progress: bool = True
     datagen: Any = None  # the datagen experiment's section (m4ray.datagen.job.DatagenConfig)
     train: Any = None  # the train experiment's section (m4ray.train.loop.TrainConfig)
+    tune: Any = None  # the tune experiment's section (m4ray.train.tune.TuneSettings)
 
 
 @dataclass(kw_only=True, slots=True)

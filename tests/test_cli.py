@@ -68,7 +68,11 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ([], "choose an experiment with +experiment=<name>; available: datagen, gray_failure"),
+        (
+            [],
+            "choose an experiment with +experiment=<name>; "
+            "available: datagen, gray_failure, train, tune",
+        ),
         (["+experiment=gray_failure", "backends=[nope]"], "unknown backend 'nope'; valid choices"),
         (["+experiment=gray_failure", "workload.path=/no/such.txt"], "/no/such.txt"),
         (

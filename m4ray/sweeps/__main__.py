@@ -32,6 +32,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         backend_options={name: instantiate(node) for name, node in cfg.backend_options.items()},
         datagen=None if cfg.datagen is None else instantiate(cfg.datagen, _convert_="all"),
         train=None if cfg.train is None else instantiate(cfg.train, _convert_="all"),
+        tune=None if cfg.tune is None else instantiate(cfg.tune, _convert_="all"),
     )
 
 

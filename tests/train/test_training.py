@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -115,3 +116,58 @@ def test_corrupt_or_mismatched_checkpoints_are_named(trained, tmp_path):
     (bad / "model.json").unlink()
     with pytest.raises(InputError, match="missing checkpoint file"):
         checkpoint.load(bad)
+
+
+def test_a_two_trial_tune_run_completes_with_an_mlflow_run_per_trial(tiny_dataset, tmp_path):
+    dataset = tiny_dataset[0] / "dataset"
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "m4ray.sweeps",
+            "+experiment=tune",
+            f"train.data.dataset={dataset}",
+            "tune.num_samples=2",
+            "train.epochs=1",
+            "ray.num_cpus=2",
+            "tune.space={lr: {loguniform: [0.0003, 0.003]}, model.hidden: {choice: [8, 16]}}",
+            "train.model.gnn_hidden=16",
+            f"paths.output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "best: {'lr'" in proc.stdout and "best checkpoint:" in proc.stdout
+    best_dir = proc.stdout.split("best checkpoint: ")[1].split()[0]
+    assert list(Path(best_dir).rglob("state.pt"))
+    client = mlflow.tracking.MlflowClient(
+        tracking_uri=f"sqlite:///{tmp_path / 'tune' / 'mlflow.db'}"
+    )
+    runs = client.search_runs([client.get_experiment_by_name("m4-tune").experiment_id])
+    assert len(runs) == 2 and all("val_loss" in r.data.metrics for r in runs)
+    assert {r.data.params["model.hidden"] for r in runs} <= {"8", "16"}
+
+
+def test_an_unknown_tune_key_fails_before_any_trial(tiny_dataset, tmp_path):
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "m4ray.sweeps",
+            "+experiment=tune",
+            f"train.data.dataset={tiny_dataset[0] / 'dataset'}",
+            "+tune.space.model_width={choice: [8]}",
+            f"paths.output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2 and "field 'tune.space.model_width'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
