@@ -140,6 +140,7 @@ def train_loop(config: dict[str, Any]) -> None:
     val_shard = shard(splits["val"], rank, world)
     for epoch in range(start_epoch, cfg.epochs):
         ddp.train()
+        epoch_start = time.perf_counter()
         order = np.random.default_rng([cfg.seed, epoch]).permutation(len(splits["train"]))
         mine = shard([splits["train"][i] for i in order], rank, world)
         sums = [0.0, 0.0, 0.0, 0.0]
@@ -158,6 +159,7 @@ def train_loop(config: dict[str, Any]) -> None:
                 sums[3] + n,
             ]
         ddp.eval()
+        epoch_s = time.perf_counter() - epoch_start
         train_sums = _all_reduce(sums, world)
         val_sums = _all_reduce(evaluate(model, val_shard, device), world)
         val_loss = val_sums[0] / max(val_sums[3], 1)
@@ -171,6 +173,8 @@ def train_loop(config: dict[str, Any]) -> None:
             "val_remain": val_sums[1] / max(val_sums[3], 1),
             "val_queue": val_sums[2] / max(val_sums[3], 1),
             "lr": optimizer.param_groups[0]["lr"],
+            "epoch_s": epoch_s,  # training part of the epoch, rank 0's wall clock
+            "periods_per_s": train_sums[3] / epoch_s if epoch_s > 0 else float("nan"),
         }
         _report(metrics, model, optimizer, scheduler, epoch=epoch, rank=rank, logger=logger)
 
