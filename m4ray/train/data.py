@@ -22,7 +22,7 @@ from m4ray.errors import InputError
 from m4ray.train.model import PeriodSample
 
 SIZE_BINS = (2, 4, 6, 8, 10, 15, 20, 30, 40, 50, 75, 100)
-TABLES = ("flows", "events", "remaining", "queues", "periods")
+TABLES = ("flows", "events", "remaining", "queues", "periods", "links")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -104,15 +104,22 @@ def scenario_samples(path: str | Path, scenario_id: str, cfg: DataConfig) -> lis
     groups = {name: dict(tuple(t[name].groupby("period_id"))) for name in ("flows", "events")}
     remaining = dict(tuple(t["remaining"].groupby("period_id")))
     queues = t["queues"].set_index("flow_id")
+    bandwidth = t["links"].set_index("link").bandwidth_bps
     return [
         _sample(
-            scenario_id, int(p), groups=groups, remaining=remaining, queues=queues, params=params
+            scenario_id,
+            int(p),
+            groups=groups,
+            remaining=remaining,
+            queues=queues,
+            params=params,
+            bandwidth=bandwidth,
         )
         for p in keep.period_id
     ]
 
 
-def _sample(scenario_id, period, *, groups, remaining, queues, params) -> Sample:
+def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth) -> Sample:
     flows = groups["flows"][period].sort_values("flow_id")
     events = groups["events"][period].sort_values("event")
     local = pd.Series(np.arange(len(flows)), index=flows.flow_id.to_numpy())
@@ -156,7 +163,7 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params) -> Sample
         departure=torch.tensor(departure),
         dt_us=torch.tensor(dt_us, dtype=torch.float32),
         incidence=torch.tensor(np.stack([inc_flow, inc_link])),
-        n_link_rows=len(links),
+        link_bandwidth=torch.tensor(bandwidth.loc[links].to_numpy(), dtype=torch.float32),
         params=params,
         slowdown=torch.tensor(flows.slowdown.to_numpy(), dtype=torch.float32),
         remain=torch.tensor(remain, dtype=torch.float32),

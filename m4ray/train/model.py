@@ -20,7 +20,7 @@ Plain torch (``index_add_``), no graph library. Parameter names follow PyG's SAG
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 import torch
 from torch import nn
@@ -35,6 +35,7 @@ class ModelConfig:
     gnn_layers: int = 3
     n_params: int = 13
     dropout: float = 0.2
+    link_bandwidth: bool = True  # bandwidth in the initial link state (m4: a constant 1)
 
     def __post_init__(self) -> None:
         if min(self.hidden, self.gnn_hidden, self.gnn_layers, self.n_params) < 1:
@@ -96,21 +97,34 @@ class M4Model(nn.Module):
         h[:, 3] = n_links.float()
         return h
 
-    def link_state(self, n: int, device: torch.device | None = None) -> torch.Tensor:
-        """Initial (idle) link states ``[L, H]``: ``[0, 1, 1, 0, …]``."""
-        h = torch.zeros(n, self.cfg.hidden, device=device)
-        h[:, 1:3] = 1.0
+    def link_state(self, bandwidth_bps: torch.Tensor) -> torch.Tensor:
+        """Initial (idle) link states ``[L, H]``: ``[0, 1, b, 0, …]``.
+
+        m4 puts a constant 1 in slot 2 (its training links are all 10 Gbps). With
+        ``link_bandwidth`` (our default) slot 2 is ``1 + log2(bandwidth / 10 Gbps)``: still 1 on
+        10 Gbps links, and degraded or faster links become visible to the model."""
+        h = torch.zeros(len(bandwidth_bps), self.cfg.hidden, device=bandwidth_bps.device)
+        h[:, 1] = 1.0
+        if self.cfg.link_bandwidth:
+            h[:, 2] = 1.0 + torch.log2(bandwidth_bps.float() / 10e9)
+        else:
+            h[:, 2] = 1.0
         return h
 
     # ------------------------------------------------------------ one event
     def time_step(
-        self, h_flow: torch.Tensor, h_link: torch.Tensor, dt_us: torch.Tensor | float
+        self,
+        h_flow: torch.Tensor,
+        h_link: torch.Tensor,
+        dt_flow: torch.Tensor | float,
+        dt_link: torch.Tensor | float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advance the given flow and link states by Δt µs (one Δt for all of them)."""
-        dt = torch.as_tensor(dt_us, dtype=h_flow.dtype, device=h_flow.device).reshape(1, 1)
+        """Advance flow and link states by Δt µs: one Δt for all, or one per row (``[F]`` and
+        ``[L]``). Rows whose Δt is 0 keep their state (m4 skips the time update then)."""
+        dt_link = dt_flow if dt_link is None else dt_link
         return (
-            self.gru_time(dt.expand(len(h_flow), 1), h_flow),
-            self.gru_time_link(dt.expand(len(h_link), 1), h_link),
+            _timed(self.gru_time, h_flow, dt_flow),
+            _timed(self.gru_time_link, h_link, dt_link),
         )
 
     def spatial_step(
@@ -136,21 +150,27 @@ class M4Model(nn.Module):
         return new_flow, new_link
 
     def forward(self, batch: list[PeriodSample]) -> dict[str, torch.Tensor]:
-        """Losses of a batch of busy periods (the entry point DDP wraps): ``main`` = relative L1
-        on slowdown, ``remain`` and ``queue`` = the dense-supervision errors, each averaged per
-        period then over the batch; ``pred`` = the concatenated slowdown predictions."""
-        main, remain, queue, preds = [], [], [], []
-        for sample in batch:
-            pred, r, q = forward_period(self, sample)
-            main.append(relative_l1(pred, sample.slowdown))
-            remain.append(r)
-            queue.append(q)
-            preds.append(pred)
+        """Losses of a batch of busy periods (the entry point DDP wraps), replayed in lockstep.
+
+        Per period: ``main_each [B]`` = relative L1 on slowdown, ``remain_each`` / ``queue_each``
+        = mean absolute errors of the dense-supervision heads; ``main`` / ``remain`` / ``queue``
+        are their means over the batch; ``main_flows`` = relative L1 over every flow of the batch
+        (large periods weigh more); ``pred [ΣF]`` = the slowdown predictions, periods
+        concatenated in order."""
+        b = collate(batch)
+        pred, remain_each, queue_each = forward_batch(self, b)
+        err = (pred / b.slowdown - 1).abs()
+        count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
+        main_each = pred.new_zeros(b.n_samples).index_add_(0, b.flow_sample, err) / count
         return {
-            "main": torch.stack(main).mean(),
-            "remain": torch.stack(remain).mean(),
-            "queue": torch.stack(queue).mean(),
-            "pred": torch.cat(preds),
+            "main": main_each.mean(),
+            "main_flows": err.mean(),
+            "remain": remain_each.mean(),
+            "queue": queue_each.mean(),
+            "main_each": main_each,
+            "remain_each": remain_each,
+            "queue_each": queue_each,
+            "pred": pred,
         }
 
     def slowdown(
@@ -161,14 +181,23 @@ class M4Model(nn.Module):
         return self.head(features).squeeze(1)
 
 
+def _timed(cell: nn.GRUCell, h: torch.Tensor, dt: torch.Tensor | float) -> torch.Tensor:
+    dt = torch.as_tensor(dt, dtype=h.dtype, device=h.device).reshape(-1, 1).expand(len(h), 1)
+    moving = dt > 0
+    if not bool(moving.any()):
+        return h
+    return torch.where(moving, cell(dt, h), h)
+
+
 @dataclass(kw_only=True, slots=True)
 class PeriodSample:
     """One busy period as tensors (flows re-indexed 0..F−1, links 0..L−1 within the period).
 
     ``arrival``/``departure`` ``[F]``: event indices; ``dt_us [E]``: time since the previous event
-    (0 for the first); ``incidence [2, ΣE]``: (flow, link) pairs; ``params [P]``; targets:
-    ``slowdown [F]``, remaining fractions ``remain [R, 3]`` as (event, flow, fraction) rows and
-    cube-root queue lengths ``queue [Q, 3]`` as (flow, link, value) rows at the flow's arrival.
+    (0 for the first); ``incidence [2, ΣE]``: (flow, link) pairs; ``link_bandwidth [L]``: bit/s;
+    ``params [P]``; targets: ``slowdown [F]``, remaining fractions ``remain [R, 3]`` as
+    (event, flow, fraction) rows and cube-root queue lengths ``queue [Q, 3]`` as
+    (flow, link, value) rows at the flow's arrival.
     """
 
     size_bytes: torch.Tensor
@@ -177,65 +206,181 @@ class PeriodSample:
     departure: torch.Tensor
     dt_us: torch.Tensor
     incidence: torch.Tensor
-    n_link_rows: int
+    link_bandwidth: torch.Tensor
     params: torch.Tensor
     slowdown: torch.Tensor
     remain: torch.Tensor
     queue: torch.Tensor
 
+    @property
+    def n_link_rows(self) -> int:
+        return len(self.link_bandwidth)
+
     def to(self, device: torch.device | str) -> PeriodSample:
-        fields = {
-            name: getattr(self, name).to(device)
-            for name in self.__slots__
-            if isinstance(getattr(self, name), torch.Tensor)
-        }
-        return PeriodSample(n_link_rows=self.n_link_rows, **fields)
+        return PeriodSample(**{name: getattr(self, name).to(device) for name in self.__slots__})
+
+
+@dataclass(kw_only=True, slots=True)
+class PeriodBatch:
+    """Busy periods side by side as one disjoint graph (flow and link rows offset per period).
+
+    Event ``j`` of the replay is every period's own event ``j``: ``dt_us [B, E_max]`` (0-padded),
+    ``flow_sample [F]`` / ``link_sample [L]`` map rows to their period. ``remain`` rows are
+    sorted by event with ``remain_ptr [E_max + 1]`` bounds, ``queue`` rows by their flow's
+    arrival with ``queue_ptr``; both carry global row indices."""
+
+    n_samples: int
+    size_bytes: torch.Tensor
+    n_links: torch.Tensor
+    arrival: torch.Tensor
+    departure: torch.Tensor
+    flow_sample: torch.Tensor
+    link_sample: torch.Tensor
+    dt_us: torch.Tensor
+    incidence: torch.Tensor
+    link_bandwidth: torch.Tensor
+    params: torch.Tensor
+    slowdown: torch.Tensor
+    remain: torch.Tensor
+    remain_ptr: torch.Tensor
+    queue: torch.Tensor
+    queue_ptr: torch.Tensor
+
+
+def collate(samples: list[PeriodSample]) -> PeriodBatch:
+    """Stack periods into a :class:`PeriodBatch` (row order: period by period)."""
+    if not samples:
+        raise ValueError("empty batch")
+    device = samples[0].size_bytes.device
+    n_flows = [len(s.size_bytes) for s in samples]
+    n_links = [s.n_link_rows for s in samples]
+    flow_off = [0, *accumulate(n_flows)][:-1]
+    link_off = [0, *accumulate(n_links)][:-1]
+    n_events = max(len(s.dt_us) for s in samples)
+    dt = torch.zeros(len(samples), n_events, device=device)
+    for i, s in enumerate(samples):
+        dt[i, : len(s.dt_us)] = s.dt_us
+    ids = torch.arange(len(samples), device=device)
+    incidence = torch.cat(
+        [
+            s.incidence + torch.tensor([[f], [lk]], device=device)
+            for s, f, lk in zip(samples, flow_off, link_off, strict=True)
+        ],
+        dim=1,
+    )
+    remain = torch.cat(
+        [
+            s.remain + torch.tensor([0.0, f, 0.0], device=device)
+            for s, f in zip(samples, flow_off, strict=True)
+        ]
+    )
+    queue = torch.cat(
+        [
+            s.queue + torch.tensor([f, lk, 0.0], device=device)
+            for s, f, lk in zip(samples, flow_off, link_off, strict=True)
+        ]
+    )
+    arrival = torch.cat([s.arrival for s in samples])
+    remain = remain[torch.argsort(remain[:, 0], stable=True)]
+    queue_event = arrival[queue[:, 0].long()]
+    order = torch.argsort(queue_event, stable=True)
+    queue, queue_event = queue[order], queue_event[order]
+    steps = torch.arange(n_events + 1, device=device)
+    return PeriodBatch(
+        n_samples=len(samples),
+        size_bytes=torch.cat([s.size_bytes for s in samples]),
+        n_links=torch.cat([s.n_links for s in samples]),
+        arrival=arrival,
+        departure=torch.cat([s.departure for s in samples]),
+        flow_sample=ids.repeat_interleave(torch.tensor(n_flows, device=device)),
+        link_sample=ids.repeat_interleave(torch.tensor(n_links, device=device)),
+        dt_us=dt,
+        incidence=incidence,
+        link_bandwidth=torch.cat([s.link_bandwidth for s in samples]),
+        params=torch.cat(
+            [s.params.reshape(1, -1).expand(n, -1) for s, n in zip(samples, n_flows, strict=True)]
+        ),
+        slowdown=torch.cat([s.slowdown for s in samples]),
+        remain=remain,
+        remain_ptr=torch.searchsorted(remain[:, 0].contiguous(), steps.to(remain.dtype)),
+        queue=queue,
+        queue_ptr=torch.searchsorted(queue_event.contiguous(), steps),
+    )
+
+
+def forward_batch(
+    model: M4Model, b: PeriodBatch
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Replay busy periods event by event in lockstep (``reference/m4.md`` §4).
+
+    At event ``j`` the active flows (``arrival ≤ j < departure``) and their links get the time
+    update (each period's own Δt), the aux heads are read, then the spatial update runs over
+    the union of the periods' flow–link graphs (disjoint, so periods do not interact). Returns
+    the predicted slowdown ``[ΣF]`` (each flow read out from its state frozen at its departure)
+    and the per-period mean absolute errors ``[B]`` of the remaining-size and queue heads.
+    """
+    n_flows, n_link_rows = len(b.size_bytes), len(b.link_bandwidth)
+    device = b.size_bytes.device
+    h_flow = model.flow_state(b.size_bytes, b.n_links)
+    h_link = model.link_state(b.link_bandwidth)
+    flow_row = torch.full((n_flows,), -1, dtype=torch.long, device=device)
+    link_row = torch.full((n_link_rows,), -1, dtype=torch.long, device=device)
+    remain_err, remain_who, queue_err, queue_who = [], [], [], []
+    for j in range(b.dt_us.shape[1]):
+        active = (b.arrival <= j) & (b.departure > j)
+        flows = active.nonzero().squeeze(1)
+        if not len(flows):
+            continue
+        edges = b.incidence[:, active[b.incidence[0]]]
+        links = torch.unique(edges[1])
+        dt = b.dt_us[:, j]
+        new_flow, new_link = model.time_step(
+            h_flow[flows], h_link[links], dt[b.flow_sample[flows]], dt[b.link_sample[links]]
+        )
+        h_flow = h_flow.index_copy(0, flows, new_flow)
+        h_link = h_link.index_copy(0, links, new_link)
+        lo, hi = int(b.remain_ptr[j]), int(b.remain_ptr[j + 1])
+        if hi > lo:
+            rows = b.remain[lo:hi]
+            who = rows[:, 1].long()
+            remain_err.append((model.remain_head(h_flow[who]).squeeze(1) - rows[:, 2]).abs())
+            remain_who.append(b.flow_sample[who])
+        lo, hi = int(b.queue_ptr[j]), int(b.queue_ptr[j + 1])
+        if hi > lo:
+            rows = b.queue[lo:hi]
+            who = rows[:, 1].long()
+            queue_err.append((model.queue_head(h_link[who]).squeeze(1) - rows[:, 2]).abs())
+            queue_who.append(b.link_sample[who])
+        flow_row[flows] = torch.arange(len(flows), device=device)
+        link_row[links] = torch.arange(len(links), device=device)
+        local = torch.stack([flow_row[edges[0]], link_row[edges[1]]])
+        new_flow, new_link = model.spatial_step(
+            h_flow[flows], h_link[links], local, b.params[flows]
+        )
+        h_flow = h_flow.index_copy(0, flows, new_flow)
+        h_link = h_link.index_copy(0, links, new_link)
+    return (
+        model.slowdown(h_flow, b.n_links, b.params),
+        _per_sample(remain_err, remain_who, b.n_samples, h_flow),
+        _per_sample(queue_err, queue_who, b.n_samples, h_flow),
+    )
+
+
+def _per_sample(errors: list, who: list, n: int, like: torch.Tensor) -> torch.Tensor:
+    """Mean error per period ``[n]`` (0 for a period without rows)."""
+    if not errors:
+        return like.new_zeros(n)
+    err, who = torch.cat(errors), torch.cat(who)
+    total = like.new_zeros(n).index_add_(0, who, err)
+    return total / torch.bincount(who, minlength=n).clamp(min=1)
 
 
 def forward_period(
     model: M4Model, s: PeriodSample
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Replay a busy period event by event (``reference/m4.md`` §4).
-
-    Returns the predicted slowdown ``[F]`` (each flow read out from its state frozen at its
-    departure) and the mean absolute errors of the remaining-size and queue heads.
-    """
-    n_flows = len(s.size_bytes)
-    h_flow = model.flow_state(s.size_bytes, s.n_links)
-    h_link = model.link_state(s.n_link_rows, h_flow.device)
-    params = s.params.reshape(1, -1).expand(n_flows, -1)
-    remain_err, queue_err = [], []
-    for j in range(len(s.dt_us)):
-        active = (s.arrival <= j) & (s.departure > j)
-        if not bool(active.any()):
-            continue
-        flows = active.nonzero().squeeze(1)
-        edges = s.incidence[:, active[s.incidence[0]]]
-        links = torch.unique(edges[1])
-        if float(s.dt_us[j]) > 0:
-            new_flow, new_link = model.time_step(h_flow[flows], h_link[links], s.dt_us[j])
-            h_flow = h_flow.index_copy(0, flows, new_flow)
-            h_link = h_link.index_copy(0, links, new_link)
-        rows = s.remain[s.remain[:, 0] == j]
-        if len(rows):
-            pred = model.remain_head(h_flow[rows[:, 1].long()]).squeeze(1)
-            remain_err.append((pred - rows[:, 2]).abs())
-        rows = s.queue[s.arrival[s.queue[:, 0].long()] == j]
-        if len(rows):
-            pred = model.queue_head(h_link[rows[:, 1].long()]).squeeze(1)
-            queue_err.append((pred - rows[:, 2]).abs())
-        flow_row = torch.full((n_flows,), -1, dtype=torch.long, device=flows.device)
-        flow_row[flows] = torch.arange(len(flows), device=flows.device)
-        link_row = torch.full((s.n_link_rows,), -1, dtype=torch.long, device=flows.device)
-        link_row[links] = torch.arange(len(links), device=flows.device)
-        local = torch.stack([flow_row[edges[0]], link_row[edges[1]]])
-        new_flow, new_link = model.spatial_step(h_flow[flows], h_link[links], local, params[flows])
-        h_flow = h_flow.index_copy(0, flows, new_flow)
-        h_link = h_link.index_copy(0, links, new_link)
-    zero = h_flow.new_zeros(())
-    remain_loss = torch.cat(remain_err).mean() if remain_err else zero
-    queue_loss = torch.cat(queue_err).mean() if queue_err else zero
-    return model.slowdown(h_flow, s.n_links, params), remain_loss, queue_loss
+    """One period: slowdown predictions ``[F]`` and the two aux-head errors (scalars)."""
+    pred, remain, queue = forward_batch(model, collate([s]))
+    return pred, remain[0], queue[0]
 
 
 def relative_l1(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
@@ -243,4 +388,14 @@ def relative_l1(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
     return (pred / true - 1).abs().mean()
 
 
-__all__ = ["M4Model", "ModelConfig", "PeriodSample", "SAGELayer", "forward_period", "relative_l1"]
+__all__ = [
+    "M4Model",
+    "ModelConfig",
+    "PeriodBatch",
+    "PeriodSample",
+    "SAGELayer",
+    "collate",
+    "forward_batch",
+    "forward_period",
+    "relative_l1",
+]
