@@ -13,6 +13,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# Chakra ET reader/writer; its declared deps (~100 packages of notebooks and plotting) are
+	@# not needed for the protobuf schema and protolib we use (reference/workloads.md §1.5)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps mlc-chakra==1.0.0
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 

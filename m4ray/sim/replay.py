@@ -2,8 +2,9 @@
 
 Semantics follow ASTRA-sim's feeder (``reference/workloads.md`` §3.1, §3.6): a node is ready when
 all its dependencies finished; per rank, ready nodes are issued in ascending id order, with at most
-one compute and one send-or-collective in flight (receives are unlimited). A collective starts when
-every member has issued it and is decomposed by the configured algorithm; each message is injected
+one GPU compute, one CPU op and one send-or-collective in flight (receives are unlimited). A
+collective starts when every member has issued it and is decomposed by the configured algorithm;
+each message is injected
 ``send_latency_s`` after it becomes ready (SimAI's ``AS_SEND_LAT``). A rank's part of a collective
 ends when every message it sends or receives is delivered. Sends are eager and match receives FIFO
 by ``(src, dst, tag)``; a send completes at delivery.
@@ -99,6 +100,7 @@ class Replay:
                 self.children[dep].append(node.id)
         self.ready: list[list[int]] = [[] for _ in range(workload.n_ranks)]
         self.comp_busy = [False] * workload.n_ranks
+        self.cpu_busy = [False] * workload.n_ranks
         self.comm_busy = [False] * workload.n_ranks
         self.start_s: dict[int, float] = {}
         self.end_s: dict[int, float] = {}
@@ -133,9 +135,10 @@ class Replay:
                 continue
             node = self.nodes[node_id]
             if isinstance(node, Compute):
-                if self.comp_busy[rank]:
+                busy = self.cpu_busy if node.cpu else self.comp_busy
+                if busy[rank]:
                     continue
-                self.comp_busy[rank] = True
+                busy[rank] = True
             elif isinstance(node, Send | Collective):
                 if self.comm_busy[rank]:
                     continue
@@ -169,7 +172,7 @@ class Replay:
     def _finish(self, node: Node) -> None:
         self.end_s[node.id] = self.backend.now()
         if isinstance(node, Compute):
-            self.comp_busy[node.rank] = False
+            (self.cpu_busy if node.cpu else self.comp_busy)[node.rank] = False
         elif isinstance(node, Send | Collective):
             self.comm_busy[node.rank] = False
         touched = {node.rank}
@@ -282,7 +285,7 @@ class Replay:
         for node_id, end in self.end_s.items():
             node = self.nodes[node_id]
             finish[node.rank] = max(finish[node.rank], end)
-            if isinstance(node, Compute):
+            if isinstance(node, Compute) and not node.cpu:
                 compute[node.rank] += node.duration_s
         return ReplayResult(
             completion_time_s=max(finish, default=0.0),

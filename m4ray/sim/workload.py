@@ -23,13 +23,16 @@ class CollectiveKind(StrEnum):
 
 @dataclass(kw_only=True, slots=True)
 class Compute:
-    """Busy the rank's compute unit for ``duration_s`` seconds."""
+    """Busy the rank's GPU for ``duration_s`` seconds, or with ``cpu`` its CPU (a host-side delay
+    such as a slow NIC doorbell: it does not block GPU work; Chakra's ``is_cpu_op``)."""
 
     id: int
     rank: int
     duration_s: float
     deps: tuple[int, ...] = ()
     name: str = ""
+    cpu: bool = False
+    num_ops: int = 0  # FLOPs when known (synthetic workloads, Chakra ``num_ops``)
 
 
 @dataclass(kw_only=True, slots=True)

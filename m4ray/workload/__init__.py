@@ -1,0 +1,1 @@
+"""Synthetic ML training workloads (MLSynth-style) and Chakra execution traces."""

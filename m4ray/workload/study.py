@@ -1,0 +1,285 @@
+"""``+experiment=workload``: grids of synthetic training jobs replayed on a network backend.
+
+Two studies (``reference/workloads.md`` §6), each a list of points fanned out as Ray tasks,
+stored one JSON row per point (resumable: finished points are not re-run), then a Parquet table,
+PNG plots and a summary:
+
+* ``bubble``: pipeline size × batch per replica (``m`` microbatches of one sample; data
+  parallelism fills the cluster): GPU efficiency = compute time / iteration time falls as the
+  pipeline grows, and faster for small batches — the bubble ``(p−1)/m``.
+* ``straggler``: a data-parallel job on N GPUs with one GPU slowed by ΔS in one microbatch:
+  iteration time grows by ΔS and the idle GPU time of the others by ΔS·(N−1), so the waste
+  grows with the cluster.
+
+Every point's job is also written as Chakra files when ``write_traces`` is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from m4ray.errors import InputError
+from m4ray.sim.textio import atomic_write_text
+from m4ray.workload.spec import GpuSpec, JobSpec, ModelSpec, ParallelSpec
+
+
+@dataclass(kw_only=True, slots=True)
+class StudyConfig:
+    """The ``workload`` section of the experiment."""
+
+    model: dict[str, Any] = field(default_factory=dict)  # ModelSpec fields shared by all points
+    gpu: dict[str, Any] = field(default_factory=dict)
+    bubble_pp: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    bubble_microbatches: list[int] = field(default_factory=lambda: [2, 4, 8, 16])
+    straggler_gpus: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
+    straggler_delay_s: float = 5e-3
+    straggler_rank: int = 1
+    write_traces: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class Point:
+    """One job of a study: its spec, wrappers, and where it runs."""
+
+    study: str
+    job: dict[str, Any]
+    wrappers: list[dict[str, Any]]
+    labels: dict[str, Any]
+    topology: Any
+    algorithm: Any
+    send_latency_s: float
+    write_traces: bool
+
+    @property
+    def run_id(self) -> str:
+        key = json.dumps(
+            {"study": self.study, "job": self.job, "wrappers": self.wrappers,
+             "topology": repr(self.topology), "algorithm": repr(self.algorithm),
+             "latency": self.send_latency_s},
+            sort_keys=True, default=str,
+        )  # fmt: skip
+        return f"{self.study}-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def points(cfg: StudyConfig, topology, algorithm, send_latency_s: float) -> list[Point]:
+    """Every point of both studies; bad combinations fail here, before any task starts."""
+    n_hosts = len(topology.build().hosts)
+    common = {"topology": topology, "algorithm": algorithm, "send_latency_s": send_latency_s,
+              "write_traces": cfg.write_traces}  # fmt: skip
+    out = []
+    for pp in cfg.bubble_pp:
+        for m in cfg.bubble_microbatches:
+            # data parallelism fills the cluster; each replica runs m microbatches of 1 sample
+            dp = max(1, n_hosts // pp)
+            model = {**cfg.model, "batch_size": dp * m, "num_microbatches": m}
+            spec = {"model": model, "parallel": {"dp": dp, "pp": pp}, "gpu": cfg.gpu}
+            _check(spec, n_hosts, f"bubble pp={pp} microbatches={m}")
+            out.append(Point(study="bubble", job=spec, wrappers=[],
+                             labels={"pp": pp, "microbatches": m, "dp": dp}, **common))  # fmt: skip
+    for n in cfg.straggler_gpus:
+        if n > n_hosts:
+            raise InputError(f"{n} GPUs but the topology has {n_hosts}", field="straggler_gpus")
+        model = {**cfg.model, "batch_size": 2 * n, "num_microbatches": 2}
+        spec = {"model": model, "parallel": {"dp": n}, "gpu": cfg.gpu}
+        _check(spec, n, f"straggler N={n}")
+        slow = {"kind": "gpu", "ranks": [cfg.straggler_rank], "microbatches": [0],
+                "passes": ["fwd"], "layers": [0], "seconds": cfg.straggler_delay_s}  # fmt: skip
+        for delayed in (False, True):
+            out.append(Point(study="straggler", job=spec, wrappers=[slow] if delayed else [],
+                             labels={"n_gpus": n, "delayed": delayed}, **common))  # fmt: skip
+    return out
+
+
+def _check(spec: dict, n_gpus: int, where: str) -> None:
+    try:
+        _job(spec, n_gpus)
+    except InputError as err:
+        raise InputError(f"{where}: {err.message}", field=err.field) from err
+
+
+def _job(spec: dict, n_gpus: int | None = None) -> JobSpec:
+    return JobSpec(
+        model=ModelSpec(**spec["model"]),
+        parallel=ParallelSpec(**spec["parallel"]),
+        gpu=GpuSpec(**spec["gpu"]),
+        n_gpus=n_gpus,
+    )
+
+
+def run_point(point: Point, run_dir: str) -> dict[str, Any]:
+    """Synthesize, (write Chakra,) replay on flowSim; store and return the row (a Ray task)."""
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.replay import Replay
+    from m4ray.sim.routing import Routing
+    from m4ray.sweeps.runner import store_row
+    from m4ray.workload import chakra, wrappers
+    from m4ray.workload.synth import synthesize
+
+    started = time.perf_counter()
+    row: dict[str, Any] = {"run_id": point.run_id, "study": point.study, **point.labels}
+    try:
+        job = _job(point.job)
+        workload = synthesize(job, [wrappers.make(w) for w in point.wrappers])
+        if point.write_traces:
+            chakra.write(workload, Path(run_dir) / "traces" / point.run_id / "rank",
+                         job.gpu.flops_per_s)  # fmt: skip
+        topo = point.topology.build()
+        routing = Routing(topo)
+        backend = FlowSimConfig().build(topo, routing)
+        algorithm = point.algorithm.build(topo)
+        result = Replay(workload, backend, routing, algorithm,
+                        send_latency_s=point.send_latency_s).run()  # fmt: skip
+        n = workload.n_ranks
+        busy = sum(result.rank_compute_s)
+        row.update(
+            status="ok",
+            error="",
+            n_nodes=len(workload.nodes),
+            n_flows=len(result.flows.flow_id),
+            iteration_s=result.completion_time_s,
+            compute_s=max(result.rank_compute_s),
+            efficiency=busy / (n * result.completion_time_s),
+            idle_gpu_s=n * result.completion_time_s - busy,
+        )
+    except Exception as err:  # recorded, the sweep goes on
+        row.update(status="failed", error=f"{type(err).__name__}: {err}")
+    row["wall_s"] = time.perf_counter() - started
+    store_row(Path(run_dir), point, row)
+    return row
+
+
+def _load(run_dir: Path, point: Point) -> dict[str, Any] | None:
+    from m4ray.sweeps.runner import read_row
+
+    row = read_row(run_dir, point)
+    return row if row is not None and row.get("status") == "ok" else None
+
+
+def _crashed(point: Point, err: BaseException) -> dict[str, Any]:
+    from m4ray.sweeps.runner import crash_reason
+
+    return {"run_id": point.run_id, "study": point.study, **point.labels, "status": "failed",
+            "error": crash_reason(err), "wall_s": float("nan")}  # fmt: skip
+
+
+def summary_text(frame: pd.DataFrame, cfg: StudyConfig) -> str:
+    ok = frame[frame.status == "ok"]
+    lines = ["pipeline bubble: GPU efficiency (compute / iteration time)"]
+    bubble = ok[ok.study == "bubble"]
+    if len(bubble):
+        table = bubble.pivot_table(index="pp", columns="microbatches", values="efficiency")
+        lines.append("  pp \\ m" + "".join(f"{b:>9}" for b in table.columns))
+        for pp, values in table.iterrows():
+            lines.append(f"  {pp:>6}" + "".join(f"{v:>9.3f}" for v in values))
+    strag = ok[ok.study == "straggler"]
+    if len(strag):
+        lines.append(f"\nstraggler: +{cfg.straggler_delay_s * 1e3:g} ms on one GPU, one microbatch")
+        lines.append(f"  {'GPUs':>6}{'iter ms':>10}{'Δiter ms':>10}{'Δidle GPU·ms':>14}")
+        for n, group in strag.groupby("n_gpus"):
+            base = group[~group.delayed.astype(bool)]
+            slow = group[group.delayed.astype(bool)]
+            if len(base) and len(slow):
+                b, s = base.iloc[0], slow.iloc[0]
+                lines.append(
+                    f"  {n:>6}{s.iteration_s * 1e3:>10.3f}"
+                    f"{(s.iteration_s - b.iteration_s) * 1e3:>10.3f}"
+                    f"{(s.idle_gpu_s - b.idle_gpu_s) * 1e3:>14.3f}"
+                )
+    return "\n".join(lines)
+
+
+def plot(frame: pd.DataFrame, run_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = frame[frame.status == "ok"]
+    out = []
+    bubble = ok[ok.study == "bubble"]
+    if len(bubble):
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        for m, group in bubble.groupby("microbatches"):
+            line = group.sort_values("pp")
+            ax.plot(line.pp, line.efficiency, marker="o", label=f"m = {m}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("pipeline stages p")
+        ax.set_ylabel("GPU efficiency (compute / iteration)")
+        ax.set_title("Pipeline bubble: smaller batches lose more")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        out.append(_save(fig, run_dir / "plots" / "pipeline_bubble.png"))
+    strag = ok[ok.study == "straggler"]
+    if len(strag):
+        pivot = strag.pivot_table(
+            index="n_gpus", columns="delayed", values=["iteration_s", "idle_gpu_s"]
+        )
+        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+        n = pivot.index.to_numpy()
+        a.plot(n, (pivot["iteration_s"][True] - pivot["iteration_s"][False]) * 1e3, marker="o")
+        a.set_xlabel("GPUs (data parallel)")
+        a.set_ylabel("Δ iteration time (ms)")
+        b.plot(n, (pivot["idle_gpu_s"][True] - pivot["idle_gpu_s"][False]) * 1e3, marker="o")
+        b.set_xlabel("GPUs (data parallel)")
+        b.set_ylabel("Δ idle GPU time (GPU·ms)")
+        for ax in (a, b):
+            ax.grid(alpha=0.3)
+        fig.suptitle("One straggling GPU in one microbatch")
+        out.append(_save(fig, run_dir / "plots" / "straggler.png"))
+    return out
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(cfg, raw_config: dict[str, Any]) -> Path:
+    """The workload experiment (``cfg`` is the resolved sweep config with a ``study`` node)."""
+    from m4ray.sweeps.runner import run_many
+
+    started = time.perf_counter()
+    study: StudyConfig = cfg.study
+    if not isinstance(study, StudyConfig):
+        raise InputError("this experiment needs a 'study' section", field="study")
+    todo = points(study, cfg.topology, cfg.collective, cfg.send_latency_s)
+    run_dir = Path(cfg.paths.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"workload studies: {len(todo)} synthetic jobs on flowSim into {run_dir}")
+    rows = run_many(todo, run_dir, cfg.ray, progress=cfg.progress, task=run_point, load=_load,
+                    crashed=_crashed)  # fmt: skip
+    frame = pd.DataFrame(rows)
+    frame.to_parquet(run_dir / "results.parquet", index=False)
+    files = plot(frame, run_dir)
+    manifest = {
+        "config": raw_config,
+        "rows": len(frame),
+        "failed": int((frame.status != "ok").sum()),
+        "files": ["results.parquet", *(str(p.relative_to(run_dir)) for p in files)],
+    }
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))
+    print()
+    print(summary_text(frame, study))
+    for _, row in frame[frame.status != "ok"].head(5).iterrows():
+        print(f"  failed {row.run_id}: {row.error}")
+    print(f"\n{(frame.status == 'ok').sum()}/{len(frame)} ok in "
+          f"{time.perf_counter() - started:.1f} s; outputs: {run_dir}")  # fmt: skip
+    if not (frame.status == "ok").any():
+        sys.exit(1)
+    return run_dir
+
+
+__all__ = ["Point", "StudyConfig", "points", "run", "run_point"]
