@@ -51,6 +51,7 @@ class SweepConfig:
     datagen: Any = None  # the datagen experiment's section (m4ray.datagen.job.DatagenConfig)
     train: Any = None  # the train experiment's section (m4ray.train.loop.TrainConfig)
     tune: Any = None  # the tune experiment's section (m4ray.train.tune.TuneSettings)
+    study: Any = None  # the workload experiment's section (m4ray.workload.study.StudyConfig)
 
 
 @dataclass(kw_only=True, slots=True)

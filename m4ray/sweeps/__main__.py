@@ -33,6 +33,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         datagen=None if cfg.datagen is None else instantiate(cfg.datagen, _convert_="all"),
         train=None if cfg.train is None else instantiate(cfg.train, _convert_="all"),
         tune=None if cfg.tune is None else instantiate(cfg.tune, _convert_="all"),
+        study=None if cfg.study is None else instantiate(cfg.study, _convert_="all"),
     )
 
 

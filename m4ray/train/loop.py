@@ -33,6 +33,7 @@ class TrainConfig:
     epochs: int = 15
     batch_size: int = 2
     lr: float = 1e-4
+    loss: str = "flow"  # "flow": relative L1 over every flow; "period": per period, then mean (m4)
     weight_remain: float = 0.005
     weight_queue: float = 0.005
     plateau_factor: float = 0.2
@@ -57,6 +58,8 @@ class TrainConfig:
                 raise InputError(f"must be >= 1, got {getattr(self, name)}", field=f"train.{name}")
         if self.lr <= 0:
             raise InputError("must be > 0", field="train.lr")
+        if self.loss not in ("flow", "period"):
+            raise InputError(f"unknown loss {self.loss!r} (flow, period)", field="train.loss")
 
 
 def shard(items: list, rank: int, world: int) -> list:
@@ -91,15 +94,19 @@ def batches(samples: list[Sample], size: int, rng: np.random.Generator | None = 
 
 
 def evaluate(model: M4Model, samples: list[Sample], device, batch_size: int = 8) -> list[float]:
-    """Sums for validation: main/remain/queue loss per period and the period count."""
-    sums = [0.0, 0.0, 0.0, 0.0]
+    """Sums for validation: main/remain/queue loss per period, the period count, the per-flow
+    relative L1 sum and the flow count."""
+    sums = [0.0] * 6
     with torch.no_grad():
         for batch in batches(samples, batch_size):
             out = model([s.period.to(device) for s in batch])
+            n_flows = sum(s.n_flows for s in batch)
             sums[0] += float(out["main_each"].sum())
             sums[1] += float(out["remain_each"].sum())
             sums[2] += float(out["queue_each"].sum())
             sums[3] += len(batch)
+            sums[4] += float(out["main_flows"]) * n_flows
+            sums[5] += n_flows
     return sums
 
 
@@ -164,13 +171,14 @@ def train_loop(config: dict[str, Any]) -> None:
         for chunk in mine:
             batch = [s.period.to(device) for s in chunk]
             out = ddp(batch)
-            loss = out["main"] + cfg.weight_remain * out["remain"] + cfg.weight_queue * out["queue"]
+            main = out["main_flows"] if cfg.loss == "flow" else out["main"]
+            loss = main + cfg.weight_remain * out["remain"] + cfg.weight_queue * out["queue"]
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             n = len(batch)
             sums = [
-                sums[0] + float(out["main"]) * n,
+                sums[0] + float(main) * n,
                 sums[1] + float(out["remain"]) * n,
                 sums[2] + float(out["queue"]) * n,
                 sums[3] + n,
@@ -179,7 +187,9 @@ def train_loop(config: dict[str, Any]) -> None:
         epoch_s = time.perf_counter() - epoch_start
         train_sums = _all_reduce(sums, world)
         val_sums = _all_reduce(evaluate(model, val_shard, device, cfg.batch_size), world)
-        val_loss = val_sums[0] / max(val_sums[3], 1)
+        val_period = val_sums[0] / max(val_sums[3], 1)
+        val_flow = val_sums[4] / max(val_sums[5], 1)
+        val_loss = val_flow if cfg.loss == "flow" else val_period
         scheduler.step(val_loss)
         metrics = {
             "epoch": epoch,
@@ -187,6 +197,8 @@ def train_loop(config: dict[str, Any]) -> None:
             "train_remain": train_sums[1] / max(train_sums[3], 1),
             "train_queue": train_sums[2] / max(train_sums[3], 1),
             "val_loss": val_loss,
+            "val_period_l1": val_period,
+            "val_flow_l1": val_flow,
             "val_remain": val_sums[1] / max(val_sums[3], 1),
             "val_queue": val_sums[2] / max(val_sums[3], 1),
             "lr": optimizer.param_groups[0]["lr"],

@@ -176,9 +176,9 @@ def summary_text(frame: pd.DataFrame, cfg: StudyConfig) -> str:
     bubble = ok[ok.study == "bubble"]
     if len(bubble):
         table = bubble.pivot_table(index="pp", columns="microbatches", values="efficiency")
-        lines.append("  pp \\ m" + "".join(f"{b:>9}" for b in table.columns))
+        lines.append("  pp \\ m" + "".join(f"{int(b):>9}" for b in table.columns))
         for pp, values in table.iterrows():
-            lines.append(f"  {pp:>6}" + "".join(f"{v:>9.3f}" for v in values))
+            lines.append(f"  {int(pp):>6}" + "".join(f"{v:>9.3f}" for v in values))
     strag = ok[ok.study == "straggler"]
     if len(strag):
         lines.append(f"\nstraggler: +{cfg.straggler_delay_s * 1e3:g} ms on one GPU, one microbatch")
@@ -189,7 +189,7 @@ def summary_text(frame: pd.DataFrame, cfg: StudyConfig) -> str:
             if len(base) and len(slow):
                 b, s = base.iloc[0], slow.iloc[0]
                 lines.append(
-                    f"  {n:>6}{s.iteration_s * 1e3:>10.3f}"
+                    f"  {int(n):>6}{s.iteration_s * 1e3:>10.3f}"
                     f"{(s.iteration_s - b.iteration_s) * 1e3:>10.3f}"
                     f"{(s.idle_gpu_s - b.idle_gpu_s) * 1e3:>14.3f}"
                 )

@@ -4,9 +4,11 @@ MLSynth's ``ComputeWrapper`` idea (``reference/workloads.md`` §2.6) without its
 slowdown is extra work in the graph, never a zero-size node, and never a dependency cycle.
 
 * :class:`GpuSlowdown`: behind each matching compute node, a ``<name>.slowdown`` compute node
-  (same rank, chained) with ``factor`` × the original FLOPs (relative) or ``seconds`` of work
-  (absolute). Matching: ranks, layers, microbatches, passes, iterations (``None`` = all), and
-  with ``probability`` < 1 each match is drawn from ``default_rng(seed)`` in program order.
+  (same rank, chained) with ``factor`` × the original FLOPs (relative, so every compute node
+  of a matching layer call grows by that fraction), or, with ``seconds``, that much work once
+  per matching layer call (behind its first compute node). Matching: ranks, layers,
+  microbatches, passes, iterations (``None`` = all); with ``probability`` < 1 each match is
+  drawn from ``default_rng(seed)`` in program order.
 * :class:`NicSlowdown`: in front of each matching send or collective of the chosen ranks, a
   CPU-side wait of ``seconds`` (parent → wait → communication), as a slow NIC or driver would;
   compute after a send does not wait for it.
@@ -40,6 +42,7 @@ class GpuSlowdown:
     probability: float = 1.0
     seed: int = 0
     _rng: np.random.Generator = field(init=False, repr=False)
+    _done: set = field(init=False, repr=False, default_factory=set)
 
     def __post_init__(self) -> None:
         if (self.factor is None) == (self.seconds is None):
@@ -66,6 +69,10 @@ class GpuSlowdown:
             and _match(where.iteration, self.iterations)
         ):
             return
+        if self.seconds is not None:
+            if where in self._done:  # absolute delays apply once per layer call
+                return
+            self._done.add(where)
         if self.probability < 1 and self._rng.random() >= self.probability:
             return
         hooks, b.hooks = b.hooks, []  # the slowdown node itself is not slowed again
