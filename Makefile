@@ -38,6 +38,7 @@ bench: setup  ## performance tables (numbers live here, not in tests)
 	$(BIN)/python bench/flowsim_speed.py
 	$(BIN)/python bench/ns3_speed.py --quick
 	$(BIN)/python bench/datagen_speed.py
+	$(BIN)/python bench/workload_speed.py
 
 lint: setup
 	$(BIN)/ruff check .
