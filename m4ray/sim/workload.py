@@ -8,7 +8,7 @@ member rank; the k-th collective a rank issues on a group matches the k-th of ev
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from m4ray.errors import InputError
@@ -139,3 +139,19 @@ def _check_acyclic(workload: Workload) -> None:
     if seen != len(indegree):
         stuck = sorted(i for i, d in indegree.items() if d > 0)[:5]
         raise InputError(f"dependency cycle among nodes {stuck}", field="deps")
+
+
+def scale_messages(workload: Workload, factor: float) -> Workload:
+    """A copy with every collective and point-to-point size × ``factor`` (at least 1 byte);
+    compute is unchanged (the ``scale`` knob of the gray-failure sweep)."""
+    if factor == 1.0:
+        return workload
+    if factor <= 0:
+        raise InputError(f"must be > 0, got {factor}", field="workload.scale")
+    nodes = [
+        replace(node, size_bytes=max(1, round(node.size_bytes * factor)))
+        if isinstance(node, Collective | Send | Recv)
+        else node
+        for node in workload.nodes
+    ]
+    return Workload(n_ranks=workload.n_ranks, nodes=nodes, name=workload.name)

@@ -29,6 +29,7 @@ and the attribute.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -36,7 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from m4ray.errors import InputError
-from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Recv, Send, Workload
+from m4ray.sim.workload import (
+    Collective,
+    CollectiveKind,
+    Compute,
+    Node,
+    Recv,
+    Send,
+    Workload,
+    scale_messages,
+)
 
 VERSION = "0.0.4"
 _KINDS = {
@@ -310,4 +320,37 @@ def read(prefix: str | Path, flops_per_s: float | None = None, name: str = "") -
         raise InputError(err.message, file=prefix, field=err.field) from err
 
 
-__all__ = ["VERSION", "groups_file", "rank_file", "rank_files", "read", "write"]
+@dataclass(kw_only=True, slots=True)
+class ChakraWorkloadSpec:
+    """Config form (``workload=chakra``): replay ``<prefix>.<rank>.et`` on any backend.
+
+    ``sha256`` pins the files' content into the scenario id (filled in from the files when
+    empty, so editing a trace re-runs its scenarios instead of reusing stale rows)."""
+
+    prefix: str
+    flops_per_s: float | None = None  # for compute nodes that only carry num_ops
+    scale: float = 1.0  # multiplies message sizes (the sweep's knob), not compute
+    sha256: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.sha256:
+            digest = hashlib.sha256()
+            for path in rank_files(self.prefix):
+                digest.update(path.read_bytes())
+            if groups_file(self.prefix).exists():
+                digest.update(groups_file(self.prefix).read_bytes())
+            self.sha256 = digest.hexdigest()[:16]
+
+    def build(self) -> Workload:
+        return scale_messages(read(self.prefix, self.flops_per_s), self.scale)
+
+
+__all__ = [
+    "VERSION",
+    "ChakraWorkloadSpec",
+    "groups_file",
+    "rank_file",
+    "rank_files",
+    "read",
+    "write",
+]

@@ -30,7 +30,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Recv, Send, Workload
+from m4ray.sim.workload import (
+    Collective,
+    CollectiveKind,
+    Compute,
+    Node,
+    Recv,
+    Send,
+    Workload,
+    scale_messages,
+)
 from m4ray.workload.spec import JobSpec, Schedule
 
 FWD, BWD = "fwd", "bwd"
@@ -416,6 +425,32 @@ def synthesize(job: JobSpec, wrappers: list | None = None) -> Workload:
     return Workload(n_ranks=p.world, nodes=b.nodes, name=name)
 
 
+@dataclass(kw_only=True, slots=True)
+class SyntheticWorkloadSpec:
+    """Config form (``workload=synthetic``): synthesize a job and replay it on any backend."""
+
+    model: dict = field(default_factory=dict)
+    parallel: dict = field(default_factory=dict)
+    gpu: dict = field(default_factory=dict)
+    iterations: int = 1
+    wrappers: list[dict] = field(default_factory=list)  # {kind: gpu|nic, ...}
+    scale: float = 1.0  # multiplies message sizes after synthesis (the sweep's knob)
+
+    def job(self) -> JobSpec:
+        return JobSpec(
+            model=dict(self.model),
+            parallel=dict(self.parallel),
+            gpu=dict(self.gpu),
+            iterations=self.iterations,
+        )
+
+    def build(self) -> Workload:
+        from m4ray.workload.wrappers import make
+
+        workload = synthesize(self.job(), [make(w) for w in self.wrappers])
+        return scale_messages(workload, self.scale)
+
+
 def compute_seconds(workload: Workload) -> dict[int, float]:
     """GPU compute seconds per rank (for checks and reports)."""
     out: dict[int, float] = defaultdict(float)
@@ -432,6 +467,7 @@ __all__ = [
     "EmbeddingLayer",
     "LMHead",
     "MoELayer",
+    "SyntheticWorkloadSpec",
     "TransformerLayer",
     "Where",
     "build_model",

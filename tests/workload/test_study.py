@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -70,3 +71,27 @@ def test_an_impossible_grid_fails_before_any_task(tmp_path):
     assert proc.returncode == 2
     assert "pp=3 does not divide num_layers=4" in proc.stderr + proc.stdout
     assert not (tmp_path / "workload" / "runs").exists()
+
+
+def test_chakra_and_synthetic_workloads_replay_on_ns3_and_flowsim_in_the_sweep(tmp_path):
+    gen = [str(Path(PYTHON).parent / "chakra_generator"), "--num_npus", "8"]
+    subprocess.run(gen, cwd=tmp_path, check=True, capture_output=True)
+    base = ["+experiment=gray_failure", "grid=smoke", "grid.n=[2]", "grid.r=[4]",
+            "ray.num_cpus=2", "progress=false", f"paths.output_dir={tmp_path}"]  # fmt: skip
+    runs = {
+        "chakra": ["workload=chakra", f"workload.prefix={tmp_path}/ALL_REDUCE",
+                   "backends=[ns3,flowsim]"],
+        "synthetic": ["workload=synthetic", "workload.parallel.dp=8",
+                      "workload.model.batch_size=16", "workload.model.num_layers=2",
+                      "workload.scale=0.01", "backends=[flowsim]"],
+    }  # fmt: skip
+    for name, overrides in runs.items():
+        cmd = [PYTHON, "-m", "m4ray.sweeps", *base, *overrides, f"name={name}"]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=REPO, timeout=600, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        frame = pd.read_parquet(tmp_path / name / "results.parquet")
+        assert (frame.status == "ok").all() and (frame.completion_time_s > 0).all()
+    chakra_runs = pd.read_parquet(tmp_path / "chakra" / "results.parquet")
+    assert set(chakra_runs.backend) == {"ns3", "flowsim"}
