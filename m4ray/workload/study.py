@@ -1,12 +1,13 @@
 """``+experiment=workload``: grids of synthetic training jobs replayed on a network backend.
 
-Two studies (``reference/workloads.md`` §6), each a list of points fanned out as Ray tasks,
+Three studies (``reference/workloads.md`` §6), each a list of points fanned out as Ray tasks,
 stored one JSON row per point (resumable: finished points are not re-run), then a Parquet table,
 PNG plots and a summary:
 
 * ``bubble``: pipeline size × batch per replica (``m`` microbatches of one sample; data
   parallelism fills the cluster): GPU efficiency = compute time / iteration time falls as the
   pipeline grows, and faster for small batches — the bubble ``(p−1)/m``.
+* ``scaling``: model size (hidden) × parallel layout × batch: iteration time and efficiency.
 * ``straggler``: a data-parallel job on N GPUs with one GPU slowed by ΔS in one microbatch:
   iteration time grows by ΔS and the idle GPU time of the others by ΔS·(N−1), so the waste
   grows with the cluster.
@@ -42,6 +43,12 @@ class StudyConfig:
     straggler_gpus: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
     straggler_delay_s: float = 5e-3
     straggler_rank: int = 1
+    scaling_hidden: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+    scaling_layouts: list[dict[str, Any]] = field(
+        default_factory=lambda: [{"dp": 32}, {"dp": 8, "tp": 4}, {"dp": 4, "tp": 8},
+                                 {"dp": 8, "pp": 4, "schedule": "1f1b"}]
+    )  # fmt: skip
+    scaling_batch: list[int] = field(default_factory=lambda: [64])
     write_traces: bool = False
 
 
@@ -84,6 +91,18 @@ def points(cfg: StudyConfig, topology, algorithm, send_latency_s: float) -> list
             _check(spec, n_hosts, f"bubble pp={pp} microbatches={m}")
             out.append(Point(study="bubble", job=spec, wrappers=[],
                              labels={"pp": pp, "microbatches": m, "dp": dp}, **common))  # fmt: skip
+    for hidden in cfg.scaling_hidden:
+        for layout in cfg.scaling_layouts:
+            for batch in cfg.scaling_batch:
+                dp = layout.get("dp", 1)
+                model = {**cfg.model, "hidden_size": hidden, "batch_size": batch,
+                         "num_microbatches": max(1, batch // dp // 2)}  # fmt: skip
+                spec = {"model": model, "parallel": dict(layout), "gpu": cfg.gpu}
+                name = _layout_name(layout)
+                _check(spec, n_hosts, f"scaling hidden={hidden} {name} batch={batch}")
+                out.append(Point(study="scaling", job=spec, wrappers=[],
+                                 labels={"hidden": hidden, "layout": name, "batch": batch},
+                                 **common))  # fmt: skip
     for n in cfg.straggler_gpus:
         if n > n_hosts:
             raise InputError(f"{n} GPUs but the topology has {n_hosts}", field="straggler_gpus")
@@ -96,6 +115,11 @@ def points(cfg: StudyConfig, topology, algorithm, send_latency_s: float) -> list
             out.append(Point(study="straggler", job=spec, wrappers=[slow] if delayed else [],
                              labels={"n_gpus": n, "delayed": delayed}, **common))  # fmt: skip
     return out
+
+
+def _layout_name(layout: dict[str, Any]) -> str:
+    parts = [f"{k}{layout[k]}" for k in ("dp", "tp", "pp", "ep") if layout.get(k, 1) > 1]
+    return "".join(parts) + (f"-{layout['schedule']}" if "schedule" in layout else "")
 
 
 def _check(spec: dict, n_gpus: int, where: str) -> None:
@@ -179,6 +203,20 @@ def summary_text(frame: pd.DataFrame, cfg: StudyConfig) -> str:
         lines.append("  pp \\ m" + "".join(f"{int(b):>9}" for b in table.columns))
         for pp, values in table.iterrows():
             lines.append(f"  {int(pp):>6}" + "".join(f"{v:>9.3f}" for v in values))
+    scaling = ok[ok.study == "scaling"]
+    if len(scaling):
+        lines.append("\nmodel size x layout: iteration ms (GPU efficiency)")
+        table = scaling.pivot_table(index="hidden", columns="layout", values="iteration_s")
+        eff = scaling.pivot_table(index="hidden", columns="layout", values="efficiency")
+        lines.append(f"  {'hidden':>7}" + "".join(f"{c:>22}" for c in table.columns))
+        for hidden in table.index:
+            lines.append(
+                f"  {int(hidden):>7}"
+                + "".join(
+                    f"{table.loc[hidden, c] * 1e3:>14.2f} ({eff.loc[hidden, c]:.2f})"
+                    for c in table.columns
+                )
+            )
     strag = ok[ok.study == "straggler"]
     if len(strag):
         lines.append(f"\nstraggler: +{cfg.straggler_delay_s * 1e3:g} ms on one GPU, one microbatch")
@@ -217,6 +255,19 @@ def plot(frame: pd.DataFrame, run_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend()
         out.append(_save(fig, run_dir / "plots" / "pipeline_bubble.png"))
+    scaling = ok[ok.study == "scaling"]
+    if len(scaling):
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        for layout, group in scaling.groupby("layout"):
+            line = group.groupby("hidden").efficiency.mean()
+            ax.plot(line.index, line.to_numpy(), marker="o", label=layout)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("hidden size")
+        ax.set_ylabel("GPU efficiency (compute / iteration)")
+        ax.set_title("Model size x parallel layout")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        out.append(_save(fig, run_dir / "plots" / "scaling.png"))
     strag = ok[ok.study == "straggler"]
     if len(strag):
         pivot = strag.pivot_table(
