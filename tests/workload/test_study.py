@@ -20,6 +20,7 @@ SMALL = [
     "study.bubble_pp=[1,4]",
     "study.bubble_microbatches=[2,8]",
     "study.straggler_gpus=[4,8]",
+    "study.scaling_hidden=[512]",
     "study.write_traces=true",
     "ray.num_cpus=2",
     "progress=false",
@@ -36,7 +37,13 @@ def test_bubble_and_straggler_findings_with_plots_traces_and_resume(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "workload"
     frame = pd.read_parquet(run_dir / "results.parquet")
-    assert len(frame) == 8 and (frame.status == "ok").all()
+    assert len(frame) == 12 and (frame.status == "ok").all()
+    assert set(frame[frame.study == "scaling"].layout) == {
+        "dp32",
+        "dp8tp4",
+        "dp4tp8",
+        "dp8pp4-1f1b",
+    }
     bubble = frame[frame.study == "bubble"].set_index(["pp", "microbatches"]).efficiency
     # efficiency falls with the pipeline, and faster for small batches
     assert bubble[(4, 2)] < bubble[(4, 8)] < bubble[(1, 8)]
@@ -48,14 +55,14 @@ def test_bubble_and_straggler_findings_with_plots_traces_and_resume(tmp_path):
         assert slow.iteration_s - base.iteration_s == pytest.approx(5e-3, rel=1e-6)
         assert slow.idle_gpu_s - base.idle_gpu_s == pytest.approx(5e-3 * (n - 1), rel=1e-3)
     assert "Δiter ms" in proc.stdout and "pp \\ m" in proc.stdout
-    for name in ("pipeline_bubble.png", "straggler.png"):
+    for name in ("pipeline_bubble.png", "straggler.png", "scaling.png"):
         assert (run_dir / "plots" / name).stat().st_size > 10_000
     traces = sorted((run_dir / "traces").iterdir())
-    assert len(traces) == 8
+    assert len(traces) == 12
     workload = chakra.read(traces[0] / "rank")
     assert workload.n_ranks in (4, 8, 32)
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["rows"] == 8
+    assert manifest["rows"] == 12
     # a second run finds every row done and recomputes nothing
     stamps = {p.name: p.stat().st_mtime_ns for p in (run_dir / "runs").iterdir()}
     again = run(tmp_path)
