@@ -84,13 +84,19 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
         topo = scenario.failure.apply(base)
         routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
         workload = scenario.workload.build()
-        backend = scenario.backend_config.build(topo, routing)
-        schedule_onset(backend, scenario.failure, base)
         algorithm = scenario.collective.build(topo)
-        replay = Replay(
-            workload, backend, routing, algorithm, send_latency_s=scenario.send_latency_s
-        )
-        result = replay.run()
+        if hasattr(scenario.backend_config, "run_workload"):
+            # a backend that runs whole workloads itself (emulation: real processes and bytes)
+            if scenario.failure.onset_s > 0:
+                raise InputError("emulation cannot start a failure mid-run", field="onset_s")
+            result = scenario.backend_config.run_workload(topo, routing, workload, algorithm)
+        else:
+            backend = scenario.backend_config.build(topo, routing)
+            schedule_onset(backend, scenario.failure, base)
+            replay = Replay(
+                workload, backend, routing, algorithm, send_latency_s=scenario.send_latency_s
+            )
+            result = replay.run()
     except Exception as err:  # keep what completed: the flows delivered before the failure
         reason = (
             f"{type(err).__name__}: {err}"

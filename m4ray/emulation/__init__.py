@@ -1,0 +1,1 @@
+"""GENIE-style emulation: rank processes that sleep for compute and send real bytes."""
