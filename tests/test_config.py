@@ -48,6 +48,8 @@ def test_every_group_option_composes(group, option):
     overrides = ["+experiment=gray_failure", f"{group}={option}"]
     if group == "topology" and option == "file":
         overrides.append("topology.path=/tmp/topo.txt")
+    if group == "workload" and option == "chakra":
+        overrides.append("workload.prefix=/tmp/trace")  # mandatory (???): the trace to replay
     sweep = resolve(sweep_cfg(*overrides))
     assert sweep.name == "gray_failure"
 
