@@ -230,13 +230,18 @@ class DatagenScenario:
     def params13(self) -> list[float]:
         """m4's 13-float network/CC vector (``reference/m4.md`` §3.1): DCTCP one-hot, buffer
         in units of 10 KB, initial window in KB for ``fwin``, marking threshold K in KB (raw)."""
-        packet = self.wire.mtu_bytes + IP_TCP_HEADERS
-        vec = [0.0] * len(PARAMS13)
-        vec[0] = self.ns3.buffer_packets * packet / 1000 / 10
-        vec[1] = self.ns3.initial_cwnd * self.wire.mtu_bytes / 1000
-        vec[2] = 1.0
-        vec[6] = self.ns3.ecn_k_packets * packet / 1000
-        return vec
+        return params13_of(self.ns3, self.wire)
+
+
+def params13_of(ns3: Ns3Config, wire: WireFormat) -> list[float]:
+    """m4's params13 for ns-3 settings (see :meth:`Scenario.params13`)."""
+    packet = wire.mtu_bytes + IP_TCP_HEADERS
+    vec = [0.0] * len(PARAMS13)
+    vec[0] = ns3.buffer_packets * packet / 1000 / 10
+    vec[1] = ns3.initial_cwnd * wire.mtu_bytes / 1000
+    vec[2] = 1.0
+    vec[6] = ns3.ecn_k_packets * packet / 1000
+    return vec
 
 
 @dataclass(kw_only=True, slots=True)

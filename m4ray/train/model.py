@@ -91,11 +91,7 @@ class M4Model(nn.Module):
     # ------------------------------------------------------------ states
     def flow_state(self, size_bytes: torch.Tensor, n_links: torch.Tensor) -> torch.Tensor:
         """Initial flow states ``[F, H]``: ``[1, 0, log2(size/1000 + 1), n_links, 0, …]``."""
-        h = torch.zeros(len(size_bytes), self.cfg.hidden, device=size_bytes.device)
-        h[:, 0] = 1.0
-        h[:, 2] = torch.log2(size_bytes.float() / 1000 + 1)
-        h[:, 3] = n_links.float()
-        return h
+        return initial_flow_state(self.cfg, size_bytes, n_links)
 
     def link_state(self, bandwidth_bps: torch.Tensor) -> torch.Tensor:
         """Initial (idle) link states ``[L, H]``: ``[0, 1, b, 0, …]``.
@@ -103,13 +99,7 @@ class M4Model(nn.Module):
         m4 puts a constant 1 in slot 2 (its training links are all 10 Gbps). With
         ``link_bandwidth`` (our default) slot 2 is ``1 + log2(bandwidth / 10 Gbps)``: still 1 on
         10 Gbps links, and degraded or faster links become visible to the model."""
-        h = torch.zeros(len(bandwidth_bps), self.cfg.hidden, device=bandwidth_bps.device)
-        h[:, 1] = 1.0
-        if self.cfg.link_bandwidth:
-            h[:, 2] = 1.0 + torch.log2(bandwidth_bps.float() / 10e9)
-        else:
-            h[:, 2] = 1.0
-        return h
+        return initial_link_state(self.cfg, bandwidth_bps)
 
     # ------------------------------------------------------------ one event
     def time_step(
@@ -179,6 +169,28 @@ class M4Model(nn.Module):
         """Predicted FCT slowdown ``[F]`` (unclamped; clamp at 1 for inference)."""
         features = torch.cat([n_links.float().unsqueeze(1), params, h_flow], dim=1)
         return self.head(features).squeeze(1)
+
+
+def initial_flow_state(
+    cfg: ModelConfig, size_bytes: torch.Tensor, n_links: torch.Tensor
+) -> torch.Tensor:
+    """Initial flow states ``[F, H]`` (no weights involved, so engines build them locally)."""
+    h = torch.zeros(len(size_bytes), cfg.hidden, device=size_bytes.device)
+    h[:, 0] = 1.0
+    h[:, 2] = torch.log2(size_bytes.float() / 1000 + 1)
+    h[:, 3] = n_links.float()
+    return h
+
+
+def initial_link_state(cfg: ModelConfig, bandwidth_bps: torch.Tensor) -> torch.Tensor:
+    """Initial (idle) link states ``[L, H]`` (see :meth:`M4Model.link_state`)."""
+    h = torch.zeros(len(bandwidth_bps), cfg.hidden, device=bandwidth_bps.device)
+    h[:, 1] = 1.0
+    if cfg.link_bandwidth:
+        h[:, 2] = 1.0 + torch.log2(bandwidth_bps.float() / 10e9)
+    else:
+        h[:, 2] = 1.0
+    return h
 
 
 def _timed(cell: nn.GRUCell, h: torch.Tensor, dt: torch.Tensor | float) -> torch.Tensor:
@@ -397,5 +409,7 @@ __all__ = [
     "collate",
     "forward_batch",
     "forward_period",
+    "initial_flow_state",
+    "initial_link_state",
     "relative_l1",
 ]

@@ -1,0 +1,193 @@
+"""``backend=m4``: the learned backend as a :class:`~m4ray.sim.backend.NetworkBackend`.
+
+The backend owns the simulated clock and the event queue; an :class:`~m4ray.sim.m4.engine.M4Engine`
+(in-process) or a Serve session (``m4ray.serve.client``) owns the model state. Each flow's
+completion is scheduled at its latest prediction and rescheduled whenever an update changes it
+(older predictions are dropped by a version check). When updates happen is ``window_us``:
+
+* ``None`` — after every single arrival and completion, as the model was trained (m4's
+  standalone engine);
+* ``0`` — once per simulated instant, for every arrival and completion at that instant together;
+* ``> 0`` — SimAI's temporal batching (``reference/m4.md`` §8): the first change arms a timer
+  ``window_us`` later and one update covers everything that happened meanwhile; each arrival is
+  scheduled at its ideal completion until then.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from m4ray.errors import InputError, SimulationError
+from m4ray.sim.backend import DoneCallback, EventQueue
+from m4ray.sim.flows import Flow
+from m4ray.sim.m4.engine import Arrival, M4Engine
+from m4ray.sim.m4.step import LocalStepper
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.topology import Topology
+
+CHECKPOINTS = Path(__file__).resolve().parents[3] / "checkpoints"
+
+
+def checkpoint_dir(name: str) -> Path:
+    """``checkpoints/<name>`` of this repository, or ``name`` itself when it is a directory."""
+    for candidate in (CHECKPOINTS / name, Path(name)):
+        if (candidate / "model.json").exists():
+            return candidate.resolve()
+    shipped = sorted(p.name for p in CHECKPOINTS.iterdir() if (p / "model.json").exists())
+    raise InputError(
+        f"no checkpoint '{name}' (shipped: {', '.join(shipped) or 'none'}; or give a directory "
+        "holding model.json and model.pt)",
+        field="checkpoint",
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def load_model(name: str):
+    """The checkpoint's model (eval mode, CPU), loaded once per process."""
+    from m4ray.train.checkpoint import load
+
+    model, _ = load(checkpoint_dir(name))
+    return model
+
+
+def params13(ns3: Ns3Config, wire: WireFormat) -> list[float]:
+    """m4's 13-float network/CC vector for an ns-3 configuration (``reference/m4.md`` §3.1)."""
+    from m4ray.datagen.families import params13_of
+
+    return params13_of(ns3, wire)
+
+
+class Engine(Protocol):
+    """What the backend needs from the model side (local engine or a Serve session)."""
+
+    def arrive(self, flow: Arrival, t: float) -> float: ...
+
+    def complete(self, flow_id: int, t: float) -> float: ...
+
+    def update(self, t: float) -> dict[int, float]: ...
+
+    @property
+    def pending(self) -> bool: ...
+
+
+@dataclass(kw_only=True, slots=True)
+class M4Config:
+    """m4 backend settings.
+
+    ``checkpoint``: a name under ``checkpoints/`` or a directory; ``window_us``: when updates
+    happen (module docstring); ``network``: the ns-3 network/CC settings the model is asked to
+    imitate (its params13); ``threads``: torch intra-op threads (1 is fastest for small graphs);
+    ``max_flows_per_step``: cap on flows in one forward pass."""
+
+    checkpoint: str = "m4-small"
+    window_us: float | None = 0.0
+    network: Ns3Config = field(default_factory=Ns3Config)
+    threads: int = 1
+    max_flows_per_step: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.window_us is not None and self.window_us < 0:
+            raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
+
+    def build(self, topology: Topology, routing: Routing) -> M4Backend:
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        model = load_model(self.checkpoint)
+        engine = M4Engine(
+            topology,
+            routing,
+            model.cfg,
+            params13(self.network, routing.wire),
+            LocalStepper(model, max_flows=self.max_flows_per_step),
+        )
+        return M4Backend(engine, window_us=self.window_us)
+
+
+class M4Backend:
+    """Event-driven clock around an m4 engine, implementing ``NetworkBackend`` (seconds)."""
+
+    def __init__(self, engine: Engine, *, window_us: float | None = 0.0) -> None:
+        self.engine = engine
+        self.window_s = None if window_us is None else window_us * 1e-6
+        self.events = EventQueue()
+        self._now = 0.0
+        self._done: dict[int, DoneCallback] = {}
+        self._version: dict[int, int] = {}
+        self._armed = False
+        self.n_events = 0  # arrivals + completions
+
+    # ------------------------------------------------------------ protocol
+    def now(self) -> float:
+        return self._now
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> None:
+        if delay_s < 0:
+            raise SimulationError(f"cannot schedule {delay_s} s in the past")
+        self.events.push(self._now + delay_s, fn)
+
+    def send(self, flow: Flow, on_done: DoneCallback) -> None:
+        baseline = self.engine.arrive(
+            Arrival(flow.id, flow.src, flow.dst, flow.size_bytes), self._now
+        )
+        self._done[flow.id] = on_done
+        self._version[flow.id] = 0
+        self.n_events += 1
+        if self.window_s:
+            self._at(flow.id, baseline)
+        self._changed()
+
+    def run(self, until: float | None = None) -> None:
+        horizon = float("inf") if until is None else until
+        while len(self.events):
+            t = self.events.peek_time()
+            if t > horizon:
+                self._now = horizon
+                return
+            _, fn = self.events.pop()
+            self._now = t
+            fn()
+        if self._done:
+            raise SimulationError(f"{len(self._done)} flows never completed")
+
+    def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
+        self.engine.set_bandwidth(link, bandwidth_bps)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------ internals
+    def _changed(self) -> None:
+        if self.window_s is None:
+            self._apply(self.engine.update(self._now))
+        elif not self._armed:
+            self._armed = True
+            self.events.push(self._now + self.window_s, self._timer)
+
+    def _timer(self) -> None:
+        self._armed = False
+        self._apply(self.engine.update(self._now))
+
+    def _apply(self, predictions: dict[int, float]) -> None:
+        for flow_id, t in predictions.items():
+            self._at(flow_id, t)
+
+    def _at(self, flow_id: int, t: float) -> None:
+        version = self._version[flow_id] = self._version[flow_id] + 1
+        self.events.push(max(t, self._now), lambda: self._finish(flow_id, version))
+
+    def _finish(self, flow_id: int, version: int) -> None:
+        if self._version.get(flow_id) != version:
+            return  # superseded by a newer prediction
+        self.engine.complete(flow_id, self._now)
+        del self._version[flow_id]
+        on_done = self._done.pop(flow_id)
+        self.n_events += 1
+        self._changed()
+        on_done(flow_id, self._now)
+
+
+__all__ = ["CHECKPOINTS", "M4Backend", "M4Config", "checkpoint_dir", "load_model", "params13"]
