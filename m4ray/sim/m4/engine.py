@@ -113,8 +113,9 @@ class M4Engine:
         if flow.id in self._flows:
             raise InputError(f"flow {flow.id} is already active", field="id")
         if flow.size_bytes <= 0:
-            raise InputError(f"flow {flow.id}: size must be > 0, got {flow.size_bytes}",
-                             field="size_bytes")
+            raise InputError(
+                f"flow {flow.id}: size must be > 0, got {flow.size_bytes}", field="size_bytes"
+            )
         path = self.routing.path(flow.src, flow.dst, flow.id)
         ideal = self.routing.ideal_fct(flow.size_bytes, path)
         links = np.asarray(path.links, dtype=np.int64)

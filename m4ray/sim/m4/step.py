@@ -84,7 +84,7 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
 
 
 def chunks(graphs: list[StepGraph], max_flows: int) -> list[list[StepGraph]]:
-    """Split ``graphs`` (in order) into runs of at most ``max_flows`` flows (a larger graph alone)."""
+    """Split ``graphs`` (in order) into runs of at most ``max_flows`` flows (a big one alone)."""
     out: list[list[StepGraph]] = [[]]
     total = 0
     for g in graphs:
