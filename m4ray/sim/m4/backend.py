@@ -101,11 +101,11 @@ class M4Config:
             torch.set_num_threads(self.threads)
         model = load_model(self.checkpoint)
         engine = M4Engine(
-            topology,
-            routing,
+            topology.bandwidth_bps,
             model.cfg,
             params13(self.network, routing.wire),
             LocalStepper(model, max_flows=self.max_flows_per_step),
+            routing,
         )
         return M4Backend(engine, window_us=self.window_us)
 

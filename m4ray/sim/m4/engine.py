@@ -27,7 +27,6 @@ import torch
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.m4.step import StepGraph, StepOut
 from m4ray.sim.routing import Routing
-from m4ray.sim.topology import Topology
 from m4ray.train.model import ModelConfig, initial_flow_state, initial_link_state
 
 Stepper = Callable[[list[StepGraph]], list[StepOut]]
@@ -73,27 +72,27 @@ class Pending:
 
 
 class M4Engine:
-    """Per-simulation m4 state over ``topology`` (directed links) with ``routing``'s paths."""
+    """Per-simulation m4 state over directed links ``0..len(link_bandwidth_bps)-1``; flows take
+    ``routing``'s paths (:meth:`arrive`) or explicit ones (:meth:`arrive_path`)."""
 
     def __init__(
         self,
-        topology: Topology,
-        routing: Routing,
+        link_bandwidth_bps: np.ndarray,
         model_cfg: ModelConfig,
         params13: list[float],
         stepper: Stepper | None = None,
+        routing: Routing | None = None,
     ) -> None:
         if len(params13) != model_cfg.n_params:
             raise InputError(
                 f"{len(params13)} network parameters, the model takes {model_cfg.n_params}",
                 field="params13",
             )
-        self.topology = topology
         self.routing = routing
         self.cfg = model_cfg
         self.stepper = stepper
         self.params = torch.tensor(params13, dtype=torch.float32).reshape(1, -1)
-        bw = torch.tensor(np.asarray(topology.bandwidth_bps), dtype=torch.float32)
+        bw = torch.tensor(np.asarray(link_bandwidth_bps), dtype=torch.float32)
         self._link_init = initial_link_state(model_cfg, bw)
         self._h_link = self._link_init.clone()
         self._users = np.zeros(len(bw), dtype=np.int64)
@@ -109,26 +108,36 @@ class M4Engine:
 
     # ------------------------------------------------------------ events
     def arrive(self, flow: Arrival, t: float) -> float:
-        """Register ``flow`` at ``t``; returns its ideal (baseline) completion time."""
-        if flow.id in self._flows:
-            raise InputError(f"flow {flow.id} is already active", field="id")
+        """Register ``flow`` at ``t`` on its routed path; returns its ideal completion time."""
+        if self.routing is None:
+            raise SimulationError("this engine has no routing; use arrive_path()")
         if flow.size_bytes <= 0:
             raise InputError(
                 f"flow {flow.id}: size must be > 0, got {flow.size_bytes}", field="size_bytes"
             )
         path = self.routing.path(flow.src, flow.dst, flow.id)
         ideal = self.routing.ideal_fct(flow.size_bytes, path)
-        links = np.asarray(path.links, dtype=np.int64)
+        return self.arrive_path(flow.id, path.links, flow.size_bytes, ideal, t)
+
+    def arrive_path(self, flow_id: int, links, size_bytes: int, ideal_s: float, t: float) -> float:
+        """Register a flow on explicit directed ``links`` (m4's ``flow_to_links``)."""
+        if flow_id in self._flows:
+            raise InputError(f"flow {flow_id} is already active", field="id")
+        links = np.asarray(links, dtype=np.int64)
+        if not len(links) or links.min() < 0 or links.max() >= len(self._users):
+            raise InputError(
+                f"flow {flow_id}: links must be ids in [0, {len(self._users)})", field="links"
+            )
         comp = self._join(links, t)
         row = self._row()
         self._h_flow[row] = initial_flow_state(
-            self.cfg, torch.tensor([flow.size_bytes]), torch.tensor([len(links)])
+            self.cfg, torch.tensor([size_bytes]), torch.tensor([len(links)])
         )[0]
-        self._flows[flow.id] = _Flow(row, links, t, ideal, comp, t)
-        self._comps[comp].flows[flow.id] = None
+        self._flows[flow_id] = _Flow(row, links, t, ideal_s, comp, t)
+        self._comps[comp].flows[flow_id] = None
         self._users[links] += 1
         self._touched.add(comp)
-        return t + ideal
+        return t + ideal_s
 
     def complete(self, flow_id: int, t: float) -> float:
         """Remove ``flow_id`` at ``t``; returns its last predicted slowdown."""
@@ -234,6 +243,10 @@ class M4Engine:
     @property
     def n_active(self) -> int:
         return len(self._flows)
+
+    @property
+    def n_components(self) -> int:
+        return len(self._comps)
 
     # ------------------------------------------------------------ internals
     def _join(self, links: np.ndarray, t: float) -> int:
