@@ -44,12 +44,17 @@ OPTIONS = [
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
-def test_every_group_option_composes(group, option):
+def test_every_group_option_composes(group, option, tmp_path):
     overrides = ["+experiment=gray_failure", f"{group}={option}"]
     if group == "topology" and option == "file":
         overrides.append("topology.path=/tmp/topo.txt")
-    if group == "workload" and option == "chakra":
-        overrides.append("workload.prefix=/tmp/trace")  # mandatory (???): the trace to replay
+    if group == "workload" and option == "chakra":  # a real trace: the prefix is mandatory
+        from m4ray.workload import chakra
+        from m4ray.workload.synth import synthesize
+        from tests.workload.test_synth import job
+
+        chakra.write(synthesize(job()), tmp_path / "job")
+        overrides.append(f"workload.prefix={tmp_path / 'job'}")
     sweep = resolve(sweep_cfg(*overrides))
     assert sweep.name == "gray_failure"
 
