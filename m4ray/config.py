@@ -52,6 +52,7 @@ class SweepConfig:
     train: Any = None  # the train experiment's section (m4ray.train.loop.TrainConfig)
     tune: Any = None  # the tune experiment's section (m4ray.train.tune.TuneSettings)
     study: Any = None  # the workload experiment's section (m4ray.workload.study.StudyConfig)
+    serve: Any = None  # the serve experiment's section (m4ray.serve.job.ServeSettings)
 
 
 @dataclass(kw_only=True, slots=True)

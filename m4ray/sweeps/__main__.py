@@ -34,6 +34,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         train=None if cfg.train is None else instantiate(cfg.train, _convert_="all"),
         tune=None if cfg.tune is None else instantiate(cfg.tune, _convert_="all"),
         study=None if cfg.study is None else instantiate(cfg.study, _convert_="all"),
+        serve=None if cfg.serve is None else instantiate(cfg.serve, _convert_="all"),
     )
 
 

@@ -139,6 +139,28 @@ class M4Engine:
         self._touched.add(comp)
         return t + ideal_s
 
+    def check(self, arrivals: list[Arrival], completions: list[int]) -> None:
+        """Raise :class:`InputError` if any of these events would be rejected (nothing changes):
+        the Serve API checks a whole request before applying any of it."""
+        done = set()
+        for flow_id in completions:
+            if flow_id not in self._flows or flow_id in done:
+                raise InputError(f"completion of flow {flow_id}, which is not active", field="id")
+            done.add(flow_id)
+        new = set()
+        for a in arrivals:
+            if (a.id in self._flows and a.id not in done) or a.id in new:
+                raise InputError(f"arrival of flow {a.id}, which is already active", field="id")
+            new.add(a.id)
+            if a.size_bytes <= 0:
+                raise InputError(f"flow {a.id}: size must be > 0", field="size_bytes")
+            if self.routing is None:
+                raise SimulationError("this engine has no routing")
+            try:
+                self.routing.path(a.src, a.dst, a.id)
+            except InputError as err:
+                raise InputError(f"flow {a.id}: {err.message}", field=err.field) from None
+
     def complete(self, flow_id: int, t: float) -> float:
         """Remove ``flow_id`` at ``t``; returns its last predicted slowdown."""
         flow = self._flows.pop(flow_id, None)

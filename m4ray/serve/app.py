@@ -1,0 +1,302 @@
+"""Ray Serve application: the m4 model as a batched step, behind an HTTP session API.
+
+Two deployments:
+
+* :class:`M4Model` — the checkpoint's weights and :func:`m4ray.sim.m4.step.step`; ``@serve.batch``
+  gathers the step requests of many concurrent simulations and runs them as one forward pass over
+  the disjoint union of their graphs, split into passes of at most ``max_batch_flows`` flows (the
+  batch size that matters is flows, not requests);
+* :class:`M4Sessions` — the FastAPI ingress. A session is one simulation's
+  :class:`~m4ray.sim.m4.engine.M4Engine` (topology, routing, model state). A simulator posts what
+  happened at a time (arrivals, completions) and gets the predicted completion time of every flow
+  whose prediction changed. Sessions live in this replica's memory, so it runs one replica.
+
+Endpoints (JSON; the schema is served at ``/docs`` and ``/openapi.json`` under the route prefix):
+``GET /health``, ``POST /sessions``, ``POST /sessions/{id}/events``, ``GET /sessions/{id}``,
+``DELETE /sessions/{id}``. Errors: 404 unknown session, 422 malformed body, 400 events the
+topology or the session's state rejects (node ids, duplicate or unknown flows, time going back),
+each with a ``detail`` message; a rejected request changes nothing.
+
+Run it with ``python -m m4ray.sweeps +experiment=serve`` or ``serve run m4ray.serve.app:app``
+(``jobs/serve.yaml`` for ``serve deploy``).
+"""
+
+import asyncio
+import dataclasses
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field
+from ray import serve
+
+from m4ray.errors import InputError
+from m4ray.sim.m4.backend import load_model, params13
+from m4ray.sim.m4.engine import Arrival, M4Engine
+from m4ray.sim.m4.step import StepGraph, StepOut, chunks, step
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.topology import read_topology
+
+API_VERSION = "1"
+
+
+# ------------------------------------------------------------------ schema
+class NewSession(BaseModel):
+    """A simulation: its topology and the settings its routing and model inputs depend on."""
+
+    topology: str = Field(description="the topology in SimAI text format (m4ray's topology files)")
+    routing_seed: int = Field(0, description="ECMP seed: the same seed gives the same paths")
+    mtu_bytes: int = Field(1000, gt=0, description="payload bytes per packet (ideal FCTs)")
+    header_bytes: int = Field(48, ge=0, description="header bytes per packet")
+    network: dict[str, float] = Field(
+        default_factory=dict,
+        description="ns-3 settings the model imitates (Ns3Config fields, e.g. ecn_k_packets)",
+    )
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    n_nodes: int
+    n_hosts: int
+    n_links: int
+    checkpoint: str
+
+
+class FlowArrival(BaseModel):
+    id: int = Field(description="flow id, unique among the session's active flows")
+    src: int = Field(description="source host id")
+    dst: int = Field(description="destination host id")
+    size_bytes: int = Field(gt=0)
+
+
+class Events(BaseModel):
+    """What happened at ``time_s`` (simulated seconds, non-decreasing across calls)."""
+
+    time_s: float = Field(ge=0)
+    arrivals: list[FlowArrival] = Field(default_factory=list)
+    completions: list[int] = Field(
+        default_factory=list, description="ids of flows the simulator completed at time_s"
+    )
+
+
+class Prediction(BaseModel):
+    id: int
+    finish_s: float = Field(description="predicted completion time (simulated seconds)")
+
+
+class Predictions(BaseModel):
+    time_s: float
+    predictions: list[Prediction]
+    active: int = Field(description="flows active after these events")
+
+
+class SessionState(BaseModel):
+    session_id: str
+    time_s: float
+    active: int
+    components: int
+    updates: int
+
+
+# ------------------------------------------------------------------ model
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=256)
+class M4Model:
+    """The neural step, batched across requests (one forward pass per batch)."""
+
+    def __init__(
+        self,
+        checkpoint: str = "m4-small",
+        max_batch_requests: int = 64,
+        batch_wait_s: float = 0.002,
+        max_batch_flows: int = 4096,
+        threads: int = 1,
+    ) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.model = load_model(checkpoint)
+        self.checkpoint = checkpoint
+        self.max_batch_flows = max_batch_flows
+        self.step_batch.set_max_batch_size(max_batch_requests)
+        self.step_batch.set_batch_wait_timeout_s(batch_wait_s)
+        self.batches: list[tuple[int, int]] = []  # (requests, flows) per batch
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.002)
+    async def step_batch(self, requests: list[list[StepGraph]]) -> list[list[StepOut]]:
+        graphs = [g for r in requests for g in r]
+        self.batches.append((len(requests), sum(g.n_flows for g in graphs)))
+        outs: list[StepOut] = []
+        for chunk in chunks(graphs, self.max_batch_flows):
+            outs += step(self.model, chunk)
+        result, i = [], 0
+        for r in requests:
+            result.append(outs[i : i + len(r)])
+            i += len(r)
+        return result
+
+    async def step(self, graphs: list[StepGraph]) -> list[StepOut]:
+        return await self.step_batch(graphs)
+
+    def config(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "model": dataclasses.asdict(self.model.cfg)}
+
+    def stats(self, reset: bool = False) -> list[tuple[int, int]]:
+        out = list(self.batches)
+        if reset:
+            self.batches.clear()
+        return out
+
+
+# ------------------------------------------------------------------ sessions
+api = FastAPI(
+    title="m4ray m4 backend",
+    version=API_VERSION,
+    description="Learned flow-level network backend: post flow arrivals and completions, get "
+    "predicted completion times. One session per simulation.",
+)
+
+
+@dataclasses.dataclass
+class _Session:
+    engine: M4Engine
+    lock: asyncio.Lock
+    time_s: float = 0.0
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=512)
+@serve.ingress(api)
+class M4Sessions:
+    """HTTP session API over an :class:`M4Model` deployment handle."""
+
+    def __init__(self, model, checkpoint: str = "m4-small") -> None:
+        from m4ray.train.model import ModelConfig
+
+        self.model = model
+        self.checkpoint = checkpoint
+        self.sessions: dict[str, _Session] = {}
+        self._model_cfg: ModelConfig | None = None
+
+    async def _cfg(self):
+        if self._model_cfg is None:
+            from m4ray.train.model import ModelConfig
+
+            info = await self.model.config.remote()
+            self._model_cfg = ModelConfig(**info["model"])
+        return self._model_cfg
+
+    @api.get("/health")
+    async def health(self) -> dict[str, Any]:
+        return {"ok": True, "sessions": len(self.sessions), "checkpoint": self.checkpoint}
+
+    @api.post("/sessions", status_code=201)
+    async def create(self, spec: NewSession) -> SessionInfo:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "topology.txt"
+            path.write_text(spec.topology)
+            try:
+                topo = read_topology(path)
+                ns3 = Ns3Config(**spec.network)
+            except InputError as err:
+                raise HTTPException(400, f"topology: {_located(err, path)}") from None
+            except TypeError as err:
+                raise HTTPException(400, f"network: {err}") from None
+        wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
+        routing = Routing(topo, seed=spec.routing_seed, wire=wire)
+        cfg = await self._cfg()
+        engine = M4Engine(topo.bandwidth_bps, cfg, params13(ns3, wire), routing=routing)
+        session_id = uuid.uuid4().hex
+        self.sessions[session_id] = _Session(engine, asyncio.Lock())
+        return SessionInfo(
+            session_id=session_id,
+            n_nodes=topo.n_nodes,
+            n_hosts=len(topo.hosts),
+            n_links=len(topo.bandwidth_bps),
+            checkpoint=self.checkpoint,
+        )
+
+    @api.post("/sessions/{session_id}/events")
+    async def events(self, session_id: str, events: Events) -> Predictions:
+        session = self._session(session_id)
+        async with session.lock:
+            if events.time_s < session.time_s:
+                raise HTTPException(
+                    400, f"time_s {events.time_s} is before the session's time {session.time_s}"
+                )
+            engine = session.engine
+            arrivals = [Arrival(a.id, a.src, a.dst, a.size_bytes) for a in events.arrivals]
+            try:
+                engine.check(arrivals, events.completions)
+            except InputError as err:
+                raise HTTPException(400, str(err)) from None
+            session.time_s = events.time_s
+            for flow_id in events.completions:
+                engine.complete(flow_id, events.time_s)
+            baseline = {a.id: engine.arrive(a, events.time_s) for a in arrivals}
+            pending = engine.prepare(events.time_s)
+            predictions = dict(baseline)
+            if pending is not None:
+                outs = await self.model.step.remote(pending.graphs)
+                predictions.update(engine.finish(pending, outs))
+        return Predictions(
+            time_s=events.time_s,
+            predictions=[Prediction(id=f, finish_s=t) for f, t in predictions.items()],
+            active=engine.n_active,
+        )
+
+    @api.get("/sessions/{session_id}")
+    async def state(self, session_id: str) -> SessionState:
+        s = self._session(session_id)
+        return SessionState(
+            session_id=session_id,
+            time_s=s.time_s,
+            active=s.engine.n_active,
+            components=s.engine.n_components,
+            updates=s.engine.n_updates,
+        )
+
+    @api.delete("/sessions/{session_id}")
+    async def close(self, session_id: str) -> dict[str, Any]:
+        self._session(session_id)
+        del self.sessions[session_id]
+        return {"closed": session_id}
+
+    def _session(self, session_id: str) -> _Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise HTTPException(404, f"unknown session '{session_id}' (closed or never created)")
+        return session
+
+
+def _located(err: InputError, path: Path) -> str:
+    """The error without the temporary file's name (line and field stay)."""
+    return str(err).replace(str(path), "topology")
+
+
+class AppArgs(BaseModel):
+    """Application arguments (``serve run m4ray.serve.app:build checkpoint=m4-small``)."""
+
+    checkpoint: str = "m4-small"
+    max_batch_requests: int = Field(64, ge=1, description="1 disables batching")
+    batch_wait_s: float = Field(0.002, ge=0)
+    max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")
+    threads: int = Field(1, ge=1, description="torch threads of the model replica")
+
+
+def build(args: AppArgs):
+    """The Serve application: the model deployment behind the session ingress."""
+    model = M4Model.bind(
+        checkpoint=args.checkpoint,
+        max_batch_requests=args.max_batch_requests,
+        batch_wait_s=args.batch_wait_s,
+        max_batch_flows=args.max_batch_flows,
+        threads=args.threads,
+    )
+    return M4Sessions.bind(model, checkpoint=args.checkpoint)
+
+
+app = build(AppArgs())
+
+__all__ = ["API_VERSION", "AppArgs", "M4Model", "M4Sessions", "app", "build"]

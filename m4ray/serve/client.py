@@ -1,0 +1,170 @@
+"""``backend=m4_served``: the NetworkBackend protocol on top of the Serve session API.
+
+:class:`SessionClient` speaks the HTTP API (stdlib ``http.client`` with one kept-alive
+connection, so simulators need no extra dependency). :class:`ServedEngine` buffers the arrivals
+and completions of a window and posts them in one request when the backend asks for an update;
+:class:`~m4ray.sim.m4.backend.M4Backend` keeps the clock exactly as for the in-process engine, so a
+served simulation makes one call per update window, never one per flow.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import weakref
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from m4ray.errors import InputError, SimulationError
+from m4ray.sim.m4.backend import M4Backend
+from m4ray.sim.m4.engine import Arrival
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.routing import Routing
+from m4ray.sim.topology import Topology, format_topology
+
+
+class SessionClient:
+    """One simulation's session on an m4 Serve endpoint (``url`` includes the route prefix)."""
+
+    def __init__(
+        self,
+        url: str,
+        topology: Topology,
+        routing: Routing,
+        network: Ns3Config | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise InputError(f"expected http://host:port/prefix, got '{url}'", field="url")
+        self._host, self._port = parts.hostname, parts.port or 80
+        self._prefix = parts.path.rstrip("/")
+        self._timeout = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+        self.calls = 0
+        body = {
+            "topology": format_topology(topology),
+            "routing_seed": routing.seed,
+            "mtu_bytes": routing.wire.mtu_bytes,
+            "header_bytes": routing.wire.header_bytes,
+            "network": {
+                k: v
+                for k, v in asdict(network or Ns3Config()).items()
+                if isinstance(v, int | float)
+            },
+        }
+        info = self.request("POST", "/sessions", body)
+        self.session_id: str = info["session_id"]
+        self.info = info
+
+    def events(
+        self, time_s: float, arrivals: list[Arrival], completions: list[int]
+    ) -> dict[int, float]:
+        """Post what happened at ``time_s``; predicted completion time per changed flow."""
+        body = {
+            "time_s": time_s,
+            "arrivals": [
+                {"id": a.id, "src": a.src, "dst": a.dst, "size_bytes": a.size_bytes}
+                for a in arrivals
+            ],
+            "completions": completions,
+        }
+        out = self.request("POST", f"/sessions/{self.session_id}/events", body)
+        return {p["id"]: p["finish_s"] for p in out["predictions"]}
+
+    def close(self) -> None:
+        try:
+            self.request("DELETE", f"/sessions/{self.session_id}")
+        except (OSError, SimulationError):
+            pass  # the server is gone or already forgot the session
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        payload = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if payload else {}
+        for attempt in (0, 1):  # one retry on a dropped kept-alive connection
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(
+                    self._host, self._port, timeout=self._timeout
+                )
+            try:
+                self._conn.request(method, self._prefix + path, payload, headers)
+                response = self._conn.getresponse()
+                data = response.read()
+                break
+            except (ConnectionError, http.client.HTTPException) as err:
+                self._conn.close()
+                self._conn = None
+                if attempt:
+                    raise SimulationError(
+                        f"m4 server at {self._host}:{self._port}: {err}"
+                    ) from None
+        text = data.decode(errors="replace")
+        self.calls += 1
+        if response.status >= 400:
+            try:
+                detail = json.loads(text).get("detail", text)
+            except json.JSONDecodeError:
+                detail = text
+            error = InputError if response.status in (400, 422) else SimulationError
+            raise error(f"m4 server ({response.status}): {detail}")
+        return json.loads(text)
+
+
+class ServedEngine:
+    """The engine side of :class:`M4Backend`, held by a server session."""
+
+    def __init__(self, client: SessionClient, routing: Routing) -> None:
+        self.client = client
+        self.routing = routing
+        self._arrivals: list[Arrival] = []
+        self._completions: list[int] = []
+
+    def arrive(self, flow: Arrival, t: float) -> float:
+        self._arrivals.append(flow)
+        path = self.routing.path(flow.src, flow.dst, flow.id)
+        return t + self.routing.ideal_fct(flow.size_bytes, path)
+
+    def complete(self, flow_id: int, t: float) -> float:
+        self._completions.append(flow_id)
+        return math.nan
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._arrivals or self._completions)
+
+    def update(self, t: float) -> dict[int, float]:
+        if not self.pending:
+            return {}
+        arrivals, completions = self._arrivals, self._completions
+        self._arrivals, self._completions = [], []
+        return self.client.events(t, arrivals, completions)
+
+    def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
+        raise SimulationError("link-rate changes during a run are not supported by m4_served")
+
+
+@dataclass(kw_only=True, slots=True)
+class M4ServedConfig:
+    """``backend=m4_served``: ``url`` of the Serve app (with its route prefix), update
+    ``window_us`` as for ``backend=m4`` (default: 10 µs temporal batches, one request each),
+    the ns-3 ``network`` the model imitates, and the HTTP timeout."""
+
+    url: str = "http://127.0.0.1:8000/m4"
+    window_us: float | None = 10.0
+    network: Ns3Config = field(default_factory=Ns3Config)
+    timeout_s: float = 60.0
+
+    def build(self, topology: Topology, routing: Routing) -> M4Backend:
+        client = SessionClient(self.url, topology, routing, self.network, self.timeout_s)
+        backend = M4Backend(ServedEngine(client, routing), window_us=self.window_us)
+        weakref.finalize(backend, client.close)
+        return backend
+
+
+__all__ = ["M4ServedConfig", "ServedEngine", "SessionClient"]
