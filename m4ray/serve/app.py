@@ -200,7 +200,9 @@ class M4Sessions:
                 topo = read_topology(path)
                 ns3 = Ns3Config(**spec.network)
             except InputError as err:
-                raise HTTPException(400, f"topology: {_located(err, path)}") from None
+                # the message without the temporary file's name (line and field stay)
+                where = str(err).replace(str(path), "topology")
+                raise HTTPException(400, f"topology: {where}") from None
             except TypeError as err:
                 raise HTTPException(400, f"network: {err}") from None
         wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
@@ -268,11 +270,6 @@ class M4Sessions:
         if session is None:
             raise HTTPException(404, f"unknown session '{session_id}' (closed or never created)")
         return session
-
-
-def _located(err: InputError, path: Path) -> str:
-    """The error without the temporary file's name (line and field stay)."""
-    return str(err).replace(str(path), "topology")
 
 
 class AppArgs(BaseModel):

@@ -111,7 +111,7 @@ class SessionClient:
                 detail = json.loads(text).get("detail", text)
             except json.JSONDecodeError:
                 detail = text
-            error = InputError if response.status in (400, 422) else SimulationError
+            error = InputError if response.status < 500 else SimulationError
             raise error(f"m4 server ({response.status}): {detail}")
         return json.loads(text)
 

@@ -1,0 +1,184 @@
+"""The m4 Serve application: a real deployment in a local Ray, called over HTTP."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.serve.client import M4ServedConfig, SessionClient
+from m4ray.sim.flows import Flow
+from m4ray.sim.m4 import Arrival, M4Config
+from m4ray.sim.routing import Routing
+from m4ray.sim.scenario import Scenario, simulate
+from m4ray.sim.simai import SimAIWorkloadSpec
+from m4ray.sim.topologies import RailClusterSpec
+from m4ray.sim.trace import run_trace
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url(ray_local):
+    from ray import serve
+
+    from m4ray.serve.app import AppArgs, build
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build(AppArgs(batch_wait_s=0.005)), name="m4", route_prefix="/m4")
+    yield f"http://127.0.0.1:{port}/m4"
+    serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rail():
+    topo = RailClusterSpec(servers=2).build()
+    return topo, Routing(topo, seed=0), sorted(topo.hosts)
+
+
+def _flows(hosts, n=8, offset=0):
+    return [
+        Flow(
+            i,
+            hosts[(i + offset) % 16],
+            hosts[(i * 5 + 3 + offset) % 16],
+            40_000 * (i + 1),
+            i * 4e-6,
+        )
+        for i in range(n)
+        if hosts[(i + offset) % 16] != hosts[(i * 5 + 3 + offset) % 16]
+    ]
+
+
+def test_served_backend_equals_in_process(url, rail):
+    topo, routing, hosts = rail
+    flows = _flows(hosts)
+    local = run_trace(topo, flows, M4Config(window_us=0.0), routing)
+    served = run_trace(topo, flows, M4ServedConfig(url=url, window_us=0.0), routing)
+    np.testing.assert_allclose(
+        served.column("fct_s").to_numpy(), local.column("fct_s").to_numpy(), rtol=1e-5
+    )
+
+
+def test_replay_through_serve_equals_in_process(url):
+    workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.002)
+    topology = RailClusterSpec()  # 32 GPUs, as the workload
+    local, _ = simulate(
+        Scenario(topology=topology, workload=workload, backend="m4", backend_config=M4Config())
+    )
+    served, _ = simulate(
+        Scenario(
+            topology=topology,
+            workload=workload,
+            backend="m4_served",
+            backend_config=M4ServedConfig(url=url, window_us=0.0),
+        )
+    )
+    assert local["status"] == served["status"] == "ok", (local, served)
+    assert served["completion_time_s"] == pytest.approx(local["completion_time_s"], rel=1e-5)
+    assert served["n_flows"] == local["n_flows"] > 0
+
+
+def _session_run(client: SessionClient, script) -> list[dict[int, float]]:
+    return [client.events(t, arrivals, completions) for t, arrivals, completions in script]
+
+
+def _script(hosts, base):
+    a = [Arrival(base + i, hosts[i], hosts[8 + (i % 3)], 200_000 * (i + 1)) for i in range(4)]
+    return [
+        (0.0, a[:2], []),
+        (2e-6, a[2:], []),
+        (9e-6, [], [base]),
+        (15e-6, [Arrival(base + 9, hosts[5], hosts[9], 70_000)], [base + 2]),
+    ]
+
+
+def test_concurrent_sessions_are_isolated(url, rail):
+    topo, routing, hosts = rail
+    alone = {}
+    for base in (0, 100):
+        c = SessionClient(url, topo, routing)
+        alone[base] = _session_run(c, _script(hosts, base))
+        c.close()
+    # interleaved step by step on two sessions
+    a, b = SessionClient(url, topo, routing), SessionClient(url, topo, routing)
+    sa, sb = _script(hosts, 0), _script(hosts, 100)
+    got_a, got_b = [], []
+    for ea, eb in zip(sa, sb, strict=True):
+        got_b.append(b.events(*eb))
+        got_a.append(a.events(*ea))
+    assert _same(got_a, alone[0])
+    assert _same(got_b, alone[100])
+    # and concurrently from threads (their steps share model batches)
+    results: dict[int, list] = {}
+
+    def worker(base):
+        c = SessionClient(url, topo, routing)
+        results[base] = _session_run(c, _script(hosts, base))
+        c.close()
+
+    threads = [threading.Thread(target=worker, args=(base,)) for base in (0, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _same(results[0], alone[0]) and _same(results[100], alone[100])
+
+
+def _same(xs: list[dict[int, float]], ys: list[dict[int, float]]) -> bool:
+    return len(xs) == len(ys) and all(
+        x.keys() == y.keys() and all(abs(x[k] - y[k]) <= 1e-9 + 1e-6 * abs(y[k]) for k in x)
+        for x, y in zip(xs, ys, strict=True)
+    )
+
+
+def test_bad_requests_get_4xx_and_leave_sessions_alone(url, rail):
+    topo, routing, hosts = rail
+    good = SessionClient(url, topo, routing)
+    script = _script(hosts, 0)
+    first = good.events(*script[0])
+    with httpx.Client(base_url=url, timeout=30) as http:
+        r = http.post("/sessions/nope/events", json={"time_s": 0.0})
+        assert r.status_code == 404 and "unknown session" in r.json()["detail"]
+        sid = good.session_id
+        r = http.post(f"/sessions/{sid}/events", json={"time_s": 1e-6, "arrivals": [{"id": 5}]})
+        assert r.status_code == 422  # malformed: src, dst, size_bytes missing
+        r = http.post(
+            f"/sessions/{sid}/events",
+            json={"time_s": 1e-6, "arrivals": [{"id": 5, "src": 0, "dst": 9999, "size_bytes": 10}]},
+        )
+        assert r.status_code == 400 and "9999" in r.json()["detail"]
+        r = http.post(f"/sessions/{sid}/events", json={"time_s": 1e-6, "completions": [77]})
+        assert r.status_code == 400 and "77" in r.json()["detail"]
+        r = http.post(f"/sessions/{sid}/events", json={"time_s": -1.0})
+        assert r.status_code == 422
+        r = http.post("/sessions", json={"topology": "3 1 0 1 1 A100\n2\n0 9 100Gbps 1us 0\n"})
+        assert r.status_code == 400 and "topology" in r.json()["detail"]
+        state = http.get(f"/sessions/{sid}").json()
+        assert state["active"] == 2  # the rejected requests changed nothing
+        schema = http.get("/openapi.json").json()
+        assert "/sessions/{session_id}/events" in schema["paths"]
+    rest = [good.events(*e) for e in script[1:]]
+    other = SessionClient(url, topo, routing)
+    assert _same([first, *rest], _session_run(other, script))
+    good.close()
+    other.close()
+    with pytest.raises(InputError, match="unknown session"):
+        good.events(0.0, [], [])
+
+
+def test_topology_text_round_trips_into_a_session(url, rail):
+    topo, routing, _ = rail
+    c = SessionClient(url, topo, routing)
+    assert c.info["n_links"] == len(topo.bandwidth_bps)
+    assert c.info["n_hosts"] == len(topo.hosts)
+    c.close()
