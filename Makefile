@@ -39,6 +39,8 @@ bench: setup  ## performance tables (numbers live here, not in tests)
 	$(BIN)/python bench/ns3_speed.py --quick
 	$(BIN)/python bench/datagen_speed.py
 	$(BIN)/python bench/workload_speed.py
+	$(BIN)/python bench/m4_speed.py
+	$(BIN)/python bench/serve_speed.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -186,6 +186,7 @@ def error_text(errors: pd.DataFrame, reference: str) -> str:
                 f"{group.error.mean():+.1%}",
                 f"{group.error.median():+.1%}",
                 f"{group.abs_error.mean():.1%}",
+                f"{group.abs_error.median():.1%}",
                 f"{worst:+.1%}",
                 f"{group.speedup.median():.3g}x",
             ]
@@ -196,6 +197,7 @@ def error_text(errors: pd.DataFrame, reference: str) -> str:
         "mean err",
         "median err",
         "mean |err|",
+        "median |err|",
         "worst",
         f"median speedup vs {reference}",
     ]
