@@ -30,13 +30,13 @@ def sweep(tmp_path, *overrides):
 
 
 def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
-    # the default experiment: real ns-3 and flowSim, scaled down further for the test
+    # the default experiment: real ns-3, flowSim and m4, scaled down further for the test
     proc = sweep(tmp_path, "+experiment=gray_failure", "grid=smoke", "workload.scale=0.005")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "gray_failure"
     results = pd.read_parquet(run_dir / "results.parquet")
-    assert len(results) == 8 and (results.status == "ok").all()
-    assert sorted(results.backend.unique()) == ["flowsim", "ns3"]
+    assert len(results) == 12 and (results.status == "ok").all()
+    assert sorted(results.backend.unique()) == ["flowsim", "m4", "ns3"]
     for column in (
         "scenario_id",
         "n_degraded",
@@ -48,14 +48,14 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
         "status",
     ):
         assert column in results.columns
-    assert len(list((run_dir / "flows").glob("*.parquet"))) == 8
+    assert len(list((run_dir / "flows").glob("*.parquet"))) == 12
     assert (run_dir / "plots" / "completion_vs_r.png").stat().st_size > 10_000
     for plot in ("wall_time", "error_cdf", "error_by_n", "error_by_r"):
         assert (run_dir / "plots" / f"{plot}.png").exists()
     assert "completion time vs ns3" in proc.stdout and "median speedup vs ns3" in proc.stdout
     assert (run_dir / "topologies" / "gray_topo_N8_R10.txt").read_text().startswith("45 8 4 9 72")
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["counts"] == {"ok": 8} and manifest["config"]["grid"]["n"] == [2, 8]
+    assert manifest["counts"] == {"ok": 12} and manifest["config"]["grid"]["n"] == [2, 8]
     assert "flowsim: completion time (ms)" in proc.stdout and str(run_dir) in proc.stdout
     assert "Started a local Ray" in proc.stderr
 
@@ -71,7 +71,7 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
         (
             [],
             "choose an experiment with +experiment=<name>; "
-            "available: datagen, gray_failure, train, tune",
+            "available: datagen, gray_failure, serve, train, tune",
         ),
         (["+experiment=gray_failure", "backends=[nope]"], "unknown backend 'nope'; valid choices"),
         (["+experiment=gray_failure", "workload.path=/no/such.txt"], "/no/such.txt"),
@@ -92,3 +92,16 @@ def test_user_mistakes_exit_2_without_traceback(tmp_path, overrides, message):
 def test_unknown_experiment_lists_choices(tmp_path):
     proc = sweep(tmp_path, "+experiment=nope")
     assert proc.returncode != 0 and "gray_failure" in proc.stderr
+
+
+def test_serve_experiment_starts_checks_and_stops(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = sweep(tmp_path, "+experiment=serve", "serve.hold=false", f"serve.port={port}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    url = f"http://127.0.0.1:{port}/m4"
+    assert f"m4 backend serving at {url}" in proc.stdout and f"{url}/docs" in proc.stdout
+    assert "self-check: 2 flows -> predicted finish (us): 0: " in proc.stdout
