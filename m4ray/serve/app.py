@@ -5,7 +5,9 @@ Two deployments:
 * :class:`M4Model` — the checkpoint's weights and :func:`m4ray.sim.m4.step.step`; ``@serve.batch``
   gathers the step requests of many concurrent simulations and runs them as one forward pass over
   the disjoint union of their graphs, split into passes of at most ``max_batch_flows`` flows (the
-  batch size that matters is flows, not requests);
+  batch size that matters is flows, not requests). Serve's own ``batch_size_fn`` could count
+  flows, but it fails any single request larger than the cap, and one simulation's update can be
+  arbitrarily large; so batches are capped in requests and split into passes by flows here;
 * :class:`M4Sessions` — the FastAPI ingress. A session is one simulation's
   :class:`~m4ray.sim.m4.engine.M4Engine` (topology, routing, model state). A simulator posts what
   happened at a time (arrivals, completions) and gets the predicted completion time of every flow
