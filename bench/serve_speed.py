@@ -3,8 +3,8 @@
     .venv/bin/python bench/serve_speed.py [--seconds 8] [--clients 1 8 32]
 
 Each client is a thread with its own session on a 16-GPU rail cluster; every request posts two
-arrivals (and, past 8 active flows, two completions) 1 µs of simulated time after the previous
-one, which is one model step over the flows of the touched components. The application runs
+arrivals (and, past ``--active`` active flows, two completions) 1 µs of simulated time after the
+previous one, which is one model step over the flows of the touched components. The application runs
 twice, with ``@serve.batch`` (up to 64 requests per batch) and with ``max_batch_requests=1``;
 one table prints steps/s, flows/s (flows stepped), p50/p99 request latency and the mean batch.
 Client threads, the HTTP proxy, the ingress and the model replica share this machine's cores.
@@ -28,7 +28,7 @@ from m4ray.sweeps.cluster import RAY_ENV_DEFAULTS
 from m4ray.sweeps.report import format_table
 
 
-def client_loop(url, topo, routing, seconds, *, seed, out):
+def client_loop(url, topo, routing, seconds, *, seed, out, active_flows=8):
     rng = np.random.default_rng(seed)
     hosts = sorted(topo.hosts)
     c = SessionClient(url, topo, routing)
@@ -43,7 +43,7 @@ def client_loop(url, topo, routing, seconds, *, seed, out):
                 Arrival(next_id, hosts[src], hosts[dst], int(rng.integers(10_000, 1_000_000)))
             )
             next_id += 1
-        done = active[:2] if len(active) >= 8 else []
+        done = active[:2] if len(active) >= active_flows else []
         start = time.perf_counter()
         predictions = c.events(t, arrivals, done)
         latencies.append(time.perf_counter() - start)
@@ -54,13 +54,13 @@ def client_loop(url, topo, routing, seconds, *, seed, out):
     out.append((latencies, flows))
 
 
-def measure(url, topo, routing, n_clients, seconds):
+def measure(url, topo, routing, n_clients, seconds, *, active_flows=8):
     out: list = []
     threads = [
         threading.Thread(
             target=client_loop,
             args=(url, topo, routing, seconds),
-            kwargs={"seed": i, "out": out},
+            kwargs={"seed": i, "out": out, "active_flows": active_flows},
         )
         for i in range(n_clients)
     ]
@@ -78,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--active", type=int, default=8, help="active flows per session")
     args = parser.parse_args()
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -101,7 +102,9 @@ def main() -> None:
         measure(url, topo, routing, 2, 1.0)  # warm
         for n in args.clients:
             model.stats.remote(reset=True).result()
-            steps, flows, lat = measure(url, topo, routing, n, args.seconds)
+            steps, flows, lat = measure(
+                url, topo, routing, n, args.seconds, active_flows=args.active
+            )
             batches = model.stats.remote(reset=True).result()
             rows.append(
                 [
@@ -115,7 +118,7 @@ def main() -> None:
                     f"{np.mean([b[1] for b in batches]):.0f}" if batches else "-",
                 ]
             )
-            print(" ".join(rows[-1]), flush=True)
+            print(" ".join(map(str, rows[-1])), flush=True)
     header = [
         "app",
         "clients",
@@ -126,6 +129,7 @@ def main() -> None:
         "req/batch",
         "flows/batch",
     ]
+    print(f"{args.active} active flows per session, {args.seconds:g} s per point")
     print(format_table(header, rows))
     serve.shutdown()
     ray.shutdown()
