@@ -68,13 +68,19 @@ def scenario_walls() -> list[tuple[str, float, float]]:
         "workload": SimAIWorkloadSpec(path="microAllReduce", scale=0.02),
         "wire": WireFormat(mtu_bytes=8948, header_bytes=54),
     }
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.m4 import M4Config
     from m4ray.sim.ns3.backend import Ns3Config
 
     for name, backend in (
         ("ns3", Ns3Config()),
         ("emulation", EmulationConfig(rate_scale=1e-3, size_scale=1e-2)),
+        ("m4", M4Config()),
+        ("flowsim", FlowSimConfig()),
     ):
         row, _ = simulate(Scenario(backend=name, backend_config=backend, **base))
+        if row["status"] != "ok":
+            print(f"{name} failed: {row.get('error')}")
         rows.append((name, row.get("completion_time_s", float("nan")), row["wall_s"]))
     ray.shutdown()
     return rows

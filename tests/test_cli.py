@@ -94,6 +94,7 @@ def test_unknown_experiment_lists_choices(tmp_path):
     assert proc.returncode != 0 and "gray_failure" in proc.stderr
 
 
+@pytest.mark.slow  # ~30 s (its own Ray + Serve); the app itself is tested in tests/serve/
 def test_serve_experiment_starts_checks_and_stops(tmp_path):
     import socket
 
