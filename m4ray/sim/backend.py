@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from m4ray.errors import SimulationError
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
@@ -59,3 +60,19 @@ class EventQueue:
 
     def __len__(self) -> int:
         return len(self._heap)
+
+
+class QueueClock:
+    """``now``/``schedule`` of the protocol for backends that keep their own :class:`EventQueue`
+    in ``self.events`` and their time in ``self._now`` (flowSim, m4)."""
+
+    events: EventQueue
+    _now: float
+
+    def now(self) -> float:
+        return self._now
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> None:
+        if delay_s < 0:
+            raise SimulationError(f"cannot schedule {delay_s} s in the past")
+        self.events.push(self._now + delay_s, fn)

@@ -12,13 +12,12 @@ Units: seconds, bits, bits/s.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from m4ray.errors import SimulationError
-from m4ray.sim.backend import DoneCallback, EventQueue
+from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
@@ -77,7 +76,7 @@ class FlowSimConfig:
         return FlowSim(topology, routing, rate_cap_bps=self.rate_cap_bps)
 
 
-class FlowSim:
+class FlowSim(QueueClock):
     """Event-driven max-min fluid simulation implementing ``NetworkBackend``."""
 
     def __init__(self, topology: Topology, routing: Routing, *, rate_cap_bps: float | None = None):
@@ -98,14 +97,6 @@ class FlowSim:
         self.n_events = 0  # arrivals + completions processed (for benchmarks)
 
     # ------------------------------------------------------------ protocol
-    def now(self) -> float:
-        return self._now
-
-    def schedule(self, delay_s: float, fn: Callable[[], None]) -> None:
-        if delay_s < 0:
-            raise SimulationError(f"cannot schedule {delay_s} s in the past")
-        self.events.push(self._now + delay_s, fn)
-
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
         path = self.routing.path(flow.src, flow.dst, flow.id)
         self._ids.append(flow.id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-import pyarrow.csv as pacsv
 import pytest
 import torch
 
@@ -16,11 +15,8 @@ from m4ray.sim.m4.backend import checkpoint_dir, params13
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import RailClusterSpec
-from m4ray.sim.topology import write_topology
 from m4ray.sim.trace import run_trace
 from m4ray.train.model import PeriodSample, forward_period
-from tests.conftest import parking_lot, write
-from tests.sim.test_trace import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -185,25 +181,6 @@ def test_contention_slows_flows_down():
     )  # four senders into one receiver NIC
     # m4-small sees the contention (ns-3 would give ~4x here; the small model says ~1.3x)
     assert shared.column("fct_s").to_numpy().mean() > 1.1 * alone.column("fct_s")[0].as_py()
-
-
-def test_trace_cli_with_m4(tmp_path):
-    topo = write_topology(parking_lot([10, 10]), tmp_path / "topo.txt")
-    flows = write(
-        tmp_path / "flows.txt", "3\n0 0 2 3 100 10000 0\n1 0 1 3 100 10000 0\n2 1 2 3 100 5000 0\n"
-    )
-    out = tmp_path / "fct.csv"
-    proc = run_cli(
-        f"trace.topology={topo}",
-        f"trace.flows={flows}",
-        f"trace.output={out}",
-        "backend=m4",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
-    table = pacsv.read_csv(out)
-    assert table.column("flow_id").to_pylist() == [0, 1, 2]
-    assert min(table.column("slowdown").to_pylist()) >= 1.0
 
 
 def test_engine_rejects_bad_events(model):

@@ -24,7 +24,8 @@ def run_cli(*args, cwd):
     )
 
 
-def test_trace_cli_writes_one_row_per_flow(tmp_path):
+@pytest.mark.parametrize("backend", ["flowsim", "m4"])
+def test_trace_cli_writes_one_row_per_flow(tmp_path, backend):
     topo = write_topology(parking_lot([10, 10]), tmp_path / "topo.txt")
     flows = write(tmp_path / "flows.txt", FLOWS)
     out = tmp_path / "fct.csv"
@@ -32,7 +33,7 @@ def test_trace_cli_writes_one_row_per_flow(tmp_path):
         f"trace.topology={topo}",
         f"trace.flows={flows}",
         f"trace.output={out}",
-        "backend=flowsim",
+        f"backend={backend}",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,6 @@ completion is scheduled at its latest prediction and rescheduled whenever an upd
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,7 +23,7 @@ from typing import Protocol
 import torch
 
 from m4ray.errors import InputError, SimulationError
-from m4ray.sim.backend import DoneCallback, EventQueue
+from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.m4.step import LocalStepper
@@ -110,7 +109,7 @@ class M4Config:
         return M4Backend(engine, window_us=self.window_us)
 
 
-class M4Backend:
+class M4Backend(QueueClock):
     """Event-driven clock around an m4 engine, implementing ``NetworkBackend`` (seconds)."""
 
     def __init__(self, engine: Engine, *, window_us: float | None = 0.0) -> None:
@@ -124,14 +123,6 @@ class M4Backend:
         self.n_events = 0  # arrivals + completions
 
     # ------------------------------------------------------------ protocol
-    def now(self) -> float:
-        return self._now
-
-    def schedule(self, delay_s: float, fn: Callable[[], None]) -> None:
-        if delay_s < 0:
-            raise SimulationError(f"cannot schedule {delay_s} s in the past")
-        self.events.push(self._now + delay_s, fn)
-
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
         baseline = self.engine.arrive(
             Arrival(flow.id, flow.src, flow.dst, flow.size_bytes), self._now
