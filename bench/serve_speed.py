@@ -74,11 +74,33 @@ def measure(url, topo, routing, n_clients, seconds, *, active_flows=8):
     return len(lat) / wall, sum(x[1] for x in out) / wall, lat
 
 
+def paper_sized_checkpoint() -> str:
+    """A checkpoint with m4's sizes and random weights (costs, not answers), in a temp dir."""
+    import tempfile
+
+    import torch
+
+    from m4ray.train.checkpoint import export
+    from m4ray.train.model import M4Model, ModelConfig
+
+    torch.manual_seed(0)
+    model = M4Model(ModelConfig(hidden=200, gnn_hidden=300, dropout=0.0))
+    directory = tempfile.mkdtemp(prefix="m4-paper-random-")
+    export(model, directory, {"note": "random weights, benchmark only"}, "random weights\n")
+    return directory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--active", type=int, default=8, help="active flows per session")
+    parser.add_argument(
+        "--checkpoint",
+        default="m4-small",
+        help="a name under checkpoints/ or a directory; 'paper-random' = the paper's sizes "
+        "(hidden 200, GNN 300) with random weights, for the cost of a full-size model",
+    )
     args = parser.parse_args()
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -87,6 +109,9 @@ def main() -> None:
 
     from m4ray.serve.app import AppArgs, build
 
+    checkpoint = args.checkpoint
+    if checkpoint == "paper-random":
+        checkpoint = paper_sized_checkpoint()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,7 +122,8 @@ def main() -> None:
     routing = Routing(topo)
     rows = []
     for label, batch in (("batched (64)", 64), ("max_batch_size=1", 1)):
-        serve.run(build(AppArgs(max_batch_requests=batch)), name="m4", route_prefix="/m4")
+        app = build(AppArgs(checkpoint=checkpoint, max_batch_requests=batch))
+        serve.run(app, name="m4", route_prefix="/m4")
         model = serve.get_deployment_handle("M4Model", app_name="m4")
         measure(url, topo, routing, 2, 1.0)  # warm
         for n in args.clients:
@@ -129,7 +155,9 @@ def main() -> None:
         "req/batch",
         "flows/batch",
     ]
-    print(f"{args.active} active flows per session, {args.seconds:g} s per point")
+    print(
+        f"{args.checkpoint}, {args.active} active flows per session, {args.seconds:g} s per point"
+    )
     print(format_table(header, rows))
     serve.shutdown()
     ray.shutdown()
