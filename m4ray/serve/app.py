@@ -26,6 +26,7 @@ Run it with ``python -m m4ray.sweeps +experiment=serve`` or ``serve run m4ray.se
 import asyncio
 import dataclasses
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,16 @@ class _Session:
     engine: M4Engine
     lock: asyncio.Lock
     time_s: float = 0.0
+    used: float = dataclasses.field(default_factory=time.monotonic)  # last request (wall clock)
+
+
+def expire(sessions: dict, now: float, idle_s: float) -> list[str]:
+    """Drop sessions unused for more than ``idle_s`` wall-clock seconds (a simulator that died
+    without closing); returns their ids."""
+    gone = [sid for sid, s in sessions.items() if now - s.used > idle_s and not s.lock.locked()]
+    for sid in gone:
+        del sessions[sid]
+    return gone
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=512)
@@ -173,11 +184,12 @@ class _Session:
 class M4Sessions:
     """HTTP session API over an :class:`M4Model` deployment handle."""
 
-    def __init__(self, model, checkpoint: str = "m4-small") -> None:
+    def __init__(self, model, checkpoint: str = "m4-small", session_idle_s: float = 3600.0) -> None:
         from m4ray.train.model import ModelConfig
 
         self.model = model
         self.checkpoint = checkpoint
+        self.session_idle_s = session_idle_s
         self.sessions: dict[str, _Session] = {}
         self._model_cfg: ModelConfig | None = None
 
@@ -212,6 +224,7 @@ class M4Sessions:
         cfg = await self._cfg()
         engine = M4Engine(topo.bandwidth_bps, cfg, params13(ns3, wire), routing=routing)
         session_id = uuid.uuid4().hex
+        expire(self.sessions, time.monotonic(), self.session_idle_s)
         self.sessions[session_id] = _Session(engine, asyncio.Lock())
         return SessionInfo(
             session_id=session_id,
@@ -270,7 +283,10 @@ class M4Sessions:
     def _session(self, session_id: str) -> _Session:
         session = self.sessions.get(session_id)
         if session is None:
-            raise HTTPException(404, f"unknown session '{session_id}' (closed or never created)")
+            raise HTTPException(
+                404, f"unknown session '{session_id}' (closed, expired or never created)"
+            )
+        session.used = time.monotonic()
         return session
 
 
@@ -282,6 +298,7 @@ class AppArgs(BaseModel):
     batch_wait_s: float = Field(0.002, ge=0)
     max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")
     threads: int = Field(1, ge=1, description="torch threads of the model replica")
+    session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")
 
 
 def build(args: AppArgs):
@@ -293,7 +310,7 @@ def build(args: AppArgs):
         max_batch_flows=args.max_batch_flows,
         threads=args.threads,
     )
-    return M4Sessions.bind(model, checkpoint=args.checkpoint)
+    return M4Sessions.bind(model, checkpoint=args.checkpoint, session_idle_s=args.session_idle_s)
 
 
 app = build(AppArgs())

@@ -182,3 +182,15 @@ def test_topology_text_round_trips_into_a_session(url, rail):
     assert c.info["n_links"] == len(topo.bandwidth_bps)
     assert c.info["n_hosts"] == len(topo.hosts)
     c.close()
+
+
+def test_idle_sessions_expire_and_busy_ones_stay():
+    import asyncio
+
+    from m4ray.serve.app import _Session, expire
+
+    old, fresh, busy = (_Session(None, asyncio.Lock(), used=t) for t in (0.0, 95.0, 0.0))
+    asyncio.run(busy.lock.acquire())
+    sessions = {"old": old, "fresh": fresh, "busy": busy}
+    assert expire(sessions, now=100.0, idle_s=10.0) == ["old"]
+    assert set(sessions) == {"fresh", "busy"}
