@@ -24,6 +24,7 @@ class ServeSettings:
     batch_wait_s: float = 0.002
     max_batch_flows: int = 4096
     threads: int = 1
+    session_idle_s: float = 3600.0
     hold: bool = True
 
     @property
@@ -48,6 +49,7 @@ def start(settings: ServeSettings, ray_cfg) -> str:
         batch_wait_s=settings.batch_wait_s,
         max_batch_flows=settings.max_batch_flows,
         threads=settings.threads,
+        session_idle_s=settings.session_idle_s,
     )
     serve.run(build(args), name="m4", route_prefix=settings.route_prefix)
     return settings.url
