@@ -75,10 +75,27 @@ class FlowArrival(BaseModel):
     size_bytes: int = Field(gt=0)
 
 
-class Events(BaseModel):
-    """What happened at ``time_s`` (simulated seconds, non-decreasing across calls)."""
+class Completion(BaseModel):
+    id: int = Field(description="id of a flow the simulator completed")
+
+
+class TimedEvent(BaseModel):
+    """One arrival or one completion at its own time (for a window of events in order)."""
 
     time_s: float = Field(ge=0)
+    arrival: FlowArrival | None = None
+    completion: Completion | None = None
+
+
+class Events(BaseModel):
+    """What happened up to ``time_s`` (simulated seconds, non-decreasing across calls).
+
+    ``sequence``: events in the order they happened, each at its own time (<= ``time_s``) —
+    what a simulator batching a window of events sends; then ``completions`` and ``arrivals``
+    (the short form), all at ``time_s``. The model is updated once, at ``time_s``."""
+
+    time_s: float = Field(ge=0)
+    sequence: list[TimedEvent] = Field(default_factory=list)
     arrivals: list[FlowArrival] = Field(default_factory=list)
     completions: list[int] = Field(
         default_factory=list, description="ids of flows the simulator completed at time_s"
@@ -154,6 +171,31 @@ class M4Model:
 
 
 # ------------------------------------------------------------------ sessions
+def _ordered(events: Events, since: float) -> list:
+    """The request's events as ``(t, Arrival | flow id)`` in order; bad times raise."""
+    out: list = []
+    last = since
+    for i, e in enumerate(events.sequence):
+        if (e.arrival is None) == (e.completion is None):
+            raise InputError(
+                "needs exactly one of 'arrival' and 'completion'", field=f"sequence[{i}]"
+            )
+        if not last <= e.time_s <= events.time_s:
+            raise InputError(
+                f"time_s {e.time_s} is outside [{last}, {events.time_s}] (events go in order, "
+                "not before the session's time, not after the request's)",
+                field=f"sequence[{i}].time_s",
+            )
+        last = e.time_s
+        a = e.arrival
+        out.append(
+            (e.time_s, e.completion.id if a is None else Arrival(a.id, a.src, a.dst, a.size_bytes))
+        )
+    out += [(events.time_s, f) for f in events.completions]
+    out += [(events.time_s, Arrival(a.id, a.src, a.dst, a.size_bytes)) for a in events.arrivals]
+    return out
+
+
 api = FastAPI(
     title="m4ray m4 backend",
     version=API_VERSION,
@@ -243,20 +285,18 @@ class M4Sessions:
                     400, f"time_s {events.time_s} is before the session's time {session.time_s}"
                 )
             engine = session.engine
-            arrivals = [Arrival(a.id, a.src, a.dst, a.size_bytes) for a in events.arrivals]
             try:
-                engine.check(arrivals, events.completions)
+                ordered = _ordered(events, session.time_s)
+                engine.check(ordered)
             except InputError as err:
                 raise HTTPException(400, str(err)) from None
             session.time_s = events.time_s
-            for flow_id in events.completions:
-                engine.complete(flow_id, events.time_s)
-            baseline = {a.id: engine.arrive(a, events.time_s) for a in arrivals}
+            engine.apply(ordered)
             pending = engine.prepare(events.time_s)
-            predictions = dict(baseline)
+            predictions = {}
             if pending is not None:
                 outs = await self.model.step.remote(pending.graphs)
-                predictions.update(engine.finish(pending, outs))
+                predictions = engine.finish(pending, outs)
         return Predictions(
             time_s=events.time_s,
             predictions=[Prediction(id=f, finish_s=t) for f, t in predictions.items()],

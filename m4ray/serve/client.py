@@ -60,16 +60,25 @@ class SessionClient:
         self.info = info
 
     def events(
-        self, time_s: float, arrivals: list[Arrival], completions: list[int]
+        self,
+        time_s: float,
+        arrivals: list[Arrival] = (),
+        completions: list[int] = (),
+        sequence: list[tuple[float, Arrival | int]] = (),
     ) -> dict[int, float]:
-        """Post what happened at ``time_s``; predicted completion time per changed flow."""
+        """Post what happened up to ``time_s`` — ``sequence`` in order, each at its own time,
+        then ``completions`` and ``arrivals`` at ``time_s`` — and update the model at
+        ``time_s``; predicted completion time per changed flow."""
         body = {
             "time_s": time_s,
-            "arrivals": [
-                {"id": a.id, "src": a.src, "dst": a.dst, "size_bytes": a.size_bytes}
-                for a in arrivals
+            "sequence": [
+                {"time_s": t, "arrival": _arrival(e)}
+                if isinstance(e, Arrival)
+                else {"time_s": t, "completion": {"id": e}}
+                for t, e in sequence
             ],
-            "completions": completions,
+            "arrivals": [_arrival(a) for a in arrivals],
+            "completions": list(completions),
         }
         out = self.request("POST", f"/sessions/{self.session_id}/events", body)
         return {p["id"]: p["finish_s"] for p in out["predictions"]}
@@ -116,34 +125,36 @@ class SessionClient:
         return json.loads(text)
 
 
+def _arrival(a: Arrival) -> dict[str, int]:
+    return {"id": a.id, "src": a.src, "dst": a.dst, "size_bytes": a.size_bytes}
+
+
 class ServedEngine:
     """The engine side of :class:`M4Backend`, held by a server session."""
 
     def __init__(self, client: SessionClient, routing: Routing) -> None:
         self.client = client
         self.routing = routing
-        self._arrivals: list[Arrival] = []
-        self._completions: list[int] = []
+        self._events: list[tuple[float, Arrival | int]] = []  # in order, since the last update
 
     def arrive(self, flow: Arrival, t: float) -> float:
-        self._arrivals.append(flow)
+        self._events.append((t, flow))
         path = self.routing.path(flow.src, flow.dst, flow.id)
         return t + self.routing.ideal_fct(flow.size_bytes, path)
 
     def complete(self, flow_id: int, t: float) -> float:
-        self._completions.append(flow_id)
+        self._events.append((t, flow_id))
         return math.nan
 
     @property
     def pending(self) -> bool:
-        return bool(self._arrivals or self._completions)
+        return bool(self._events)
 
     def update(self, t: float) -> dict[int, float]:
-        if not self.pending:
+        if not self._events:
             return {}
-        arrivals, completions = self._arrivals, self._completions
-        self._arrivals, self._completions = [], []
-        return self.client.events(t, arrivals, completions)
+        events, self._events = self._events, []
+        return self.client.events(t, sequence=events)
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
         raise SimulationError("link-rate changes during a run are not supported by m4_served")

@@ -59,11 +59,13 @@ def _flows(hosts, n=8, offset=0):
     ]
 
 
-def test_served_backend_equals_in_process(url, rail):
+@pytest.mark.parametrize("window_us", [0.0, 10.0])
+def test_served_backend_equals_in_process(url, rail, window_us):
+    # 10 us windows: each request carries several arrivals and completions, each at its own time
     topo, routing, hosts = rail
     flows = _flows(hosts)
-    local = run_trace(topo, flows, M4Config(window_us=0.0), routing)
-    served = run_trace(topo, flows, M4ServedConfig(url=url, window_us=0.0), routing)
+    local = run_trace(topo, flows, M4Config(window_us=window_us), routing)
+    served = run_trace(topo, flows, M4ServedConfig(url=url, window_us=window_us), routing)
     np.testing.assert_allclose(
         served.column("fct_s").to_numpy(), local.column("fct_s").to_numpy(), rtol=1e-5
     )
@@ -161,6 +163,12 @@ def test_bad_requests_get_4xx_and_leave_sessions_alone(url, rail):
         assert r.status_code == 400 and "77" in r.json()["detail"]
         r = http.post(f"/sessions/{sid}/events", json={"time_s": -1.0})
         assert r.status_code == 422
+        late = {"time_s": 2e-6, "completion": {"id": 0}}
+        r = http.post(f"/sessions/{sid}/events", json={"time_s": 1e-6, "sequence": [late]})
+        assert r.status_code == 400 and "sequence[0].time_s" in r.json()["detail"]
+        both = {"time_s": 1e-6}
+        r = http.post(f"/sessions/{sid}/events", json={"time_s": 1e-6, "sequence": [both]})
+        assert r.status_code == 400 and "exactly one" in r.json()["detail"]
         r = http.post("/sessions", json={"topology": "3 1 0 1 1 A100\n2\n0 9 100Gbps 1us 0\n"})
         assert r.status_code == 400 and "topology" in r.json()["detail"]
         state = http.get(f"/sessions/{sid}").json()

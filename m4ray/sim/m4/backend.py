@@ -164,7 +164,8 @@ class M4Backend(QueueClock):
 
     def _apply(self, predictions: dict[int, float]) -> None:
         for flow_id, t in predictions.items():
-            self._at(flow_id, t)
+            if flow_id in self._version:  # not already completed
+                self._at(flow_id, t)
 
     def _at(self, flow_id: int, t: float) -> None:
         version = self._version[flow_id] = self._version[flow_id] + 1

@@ -139,27 +139,38 @@ class M4Engine:
         self._touched.add(comp)
         return t + ideal_s
 
-    def check(self, arrivals: list[Arrival], completions: list[int]) -> None:
-        """Raise :class:`InputError` if any of these events would be rejected (nothing changes):
-        the Serve API checks a whole request before applying any of it."""
-        done = set()
-        for flow_id in completions:
-            if flow_id not in self._flows or flow_id in done:
-                raise InputError(f"completion of flow {flow_id}, which is not active", field="id")
-            done.add(flow_id)
-        new = set()
-        for a in arrivals:
-            if (a.id in self._flows and a.id not in done) or a.id in new:
-                raise InputError(f"arrival of flow {a.id}, which is already active", field="id")
-            new.add(a.id)
-            if a.size_bytes <= 0:
-                raise InputError(f"flow {a.id}: size must be > 0", field="size_bytes")
-            if self.routing is None:
-                raise SimulationError("this engine has no routing")
-            try:
-                self.routing.path(a.src, a.dst, a.id)
-            except InputError as err:
-                raise InputError(f"flow {a.id}: {err.message}", field=err.field) from None
+    def check(self, events: list[tuple[float, Arrival | int]]) -> None:
+        """Raise :class:`InputError` if applying ``events`` — ``(t, Arrival)`` or
+        ``(t, flow id)`` for a completion, in order — would be rejected; nothing changes. The
+        Serve API checks a whole request before applying any of it."""
+        active = set(self._flows)
+        for _, event in events:
+            if isinstance(event, Arrival):
+                if event.id in active:
+                    raise InputError(
+                        f"arrival of flow {event.id}, which is already active", field="id"
+                    )
+                if event.size_bytes <= 0:
+                    raise InputError(f"flow {event.id}: size must be > 0", field="size_bytes")
+                if self.routing is None:
+                    raise SimulationError("this engine has no routing")
+                try:
+                    self.routing.path(event.src, event.dst, event.id)
+                except InputError as err:
+                    raise InputError(f"flow {event.id}: {err.message}", field=err.field) from None
+                active.add(event.id)
+            else:
+                if event not in active:
+                    raise InputError(f"completion of flow {event}, which is not active", field="id")
+                active.discard(event)
+
+    def apply(self, events: list[tuple[float, Arrival | int]]) -> None:
+        """Apply ``events`` (see :meth:`check`) in order."""
+        for t, event in events:
+            if isinstance(event, Arrival):
+                self.arrive(event, t)
+            else:
+                self.complete(event, t)
 
     def complete(self, flow_id: int, t: float) -> float:
         """Remove ``flow_id`` at ``t``; returns its last predicted slowdown."""
