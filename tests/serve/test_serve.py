@@ -202,3 +202,30 @@ def test_idle_sessions_expire_and_busy_ones_stay():
     sessions = {"old": old, "fresh": fresh, "busy": busy}
     assert expire(sessions, now=100.0, idle_s=10.0) == ["old"]
     assert set(sessions) == {"fresh", "busy"}
+
+
+def test_gray_failure_sweep_through_serve(url, tmp_path):
+    """`backends=[m4_served]`: the sweep's Ray tasks simulate through the Serve endpoint and get
+    what the in-process backend gets (both with 10 us update windows)."""
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    from m4ray.sweeps.__main__ import resolve
+    from m4ray.sweeps.gray_failure import run
+    from tests.test_config import sweep_cfg
+
+    cfg = sweep_cfg(
+        "+experiment=gray_failure",
+        "grid=smoke",
+        "workload.scale=0.005",
+        "backends=[m4,m4_served]",
+        "backend_options.m4.window_us=10",
+        f"backend_options.m4_served.url={url}",
+        f"paths.output_dir={tmp_path}",
+        "progress=false",
+    )
+    run_dir = run(resolve(cfg), OmegaConf.to_container(cfg, resolve=True))
+    results = pd.read_parquet(run_dir / "results.parquet")
+    assert len(results) == 8 and (results.status == "ok").all()
+    by = results.pivot(index="scenario_id", columns="backend", values="completion_time_s")
+    assert by.m4_served.to_numpy() == pytest.approx(by.m4.to_numpy(), rel=1e-6)
