@@ -28,27 +28,12 @@ from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
 from m4ray.sim.failures import degrade
-from m4ray.sim.ns3.backend import IP_TCP_HEADERS, Ns3Config
+from m4ray.sim.ns3.backend import IP_TCP_HEADERS, PARAMS13, Ns3Config, params13
 from m4ray.sim.routing import WireFormat
 from m4ray.sim.topologies import M4FabricSpec, RailClusterSpec
 from m4ray.sim.topology import Topology
 from m4ray.sim.workload import Collective, CollectiveKind, Workload
 
-PARAMS13 = (
-    "bfsz",
-    "fwin",
-    "dctcp",
-    "dcqcn",
-    "hpcc",
-    "timely",
-    "dctcp_k",
-    "dcqcn_k_min",
-    "dcqcn_k_max",
-    "hpcc_u_tgt",
-    "hpcc_ai",
-    "timely_t_low",
-    "timely_t_high",
-)
 ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec}
 LAYOUTS = ("all", "rails", "servers", "random")
 
@@ -228,20 +213,8 @@ class DatagenScenario:
         return out
 
     def params13(self) -> list[float]:
-        """m4's 13-float network/CC vector (``reference/m4.md`` §3.1): DCTCP one-hot, buffer
-        in units of 10 KB, initial window in KB for ``fwin``, marking threshold K in KB (raw)."""
-        return params13_of(self.ns3, self.wire)
-
-
-def params13_of(ns3: Ns3Config, wire: WireFormat) -> list[float]:
-    """m4's params13 for ns-3 settings (see :meth:`Scenario.params13`)."""
-    packet = wire.mtu_bytes + IP_TCP_HEADERS
-    vec = [0.0] * len(PARAMS13)
-    vec[0] = ns3.buffer_packets * packet / 1000 / 10
-    vec[1] = ns3.initial_cwnd * wire.mtu_bytes / 1000
-    vec[2] = 1.0
-    vec[6] = ns3.ecn_k_packets * packet / 1000
-    return vec
+        """m4's network/CC vector of this scenario (:func:`m4ray.sim.ns3.backend.params13`)."""
+        return params13(self.ns3, self.wire)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -36,10 +36,10 @@ from pydantic import BaseModel, Field
 from ray import serve
 
 from m4ray.errors import InputError
-from m4ray.sim.m4.backend import load_model, params13
+from m4ray.sim.m4.backend import load_model
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.m4.step import StepGraph, StepOut, chunks, step
-from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.ns3.backend import Ns3Config, params13
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import read_topology
 

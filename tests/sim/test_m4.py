@@ -11,8 +11,8 @@ import torch
 from m4ray.errors import InputError
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import Arrival, LocalStepper, M4Config, M4Engine, StepGraph, load_model, step
-from m4ray.sim.m4.backend import checkpoint_dir, params13
-from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.m4.backend import checkpoint_dir
+from m4ray.sim.ns3.backend import Ns3Config, params13
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import RailClusterSpec
 from m4ray.sim.trace import run_trace

@@ -27,8 +27,8 @@ from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.m4.step import LocalStepper
-from m4ray.sim.ns3.backend import Ns3Config
-from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.ns3.backend import Ns3Config, params13
+from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
 
 CHECKPOINTS = Path(__file__).resolve().parents[3] / "checkpoints"
@@ -54,13 +54,6 @@ def load_model(name: str):
 
     model, _ = load(checkpoint_dir(name))
     return model
-
-
-def params13(ns3: Ns3Config, wire: WireFormat) -> list[float]:
-    """m4's 13-float network/CC vector for an ns-3 configuration (``reference/m4.md`` §3.1)."""
-    from m4ray.datagen.families import params13_of
-
-    return params13_of(ns3, wire)
 
 
 class Engine(Protocol):
@@ -182,4 +175,4 @@ class M4Backend(QueueClock):
         on_done(flow_id, self._now)
 
 
-__all__ = ["CHECKPOINTS", "M4Backend", "M4Config", "checkpoint_dir", "load_model", "params13"]
+__all__ = ["CHECKPOINTS", "M4Backend", "M4Config", "checkpoint_dir", "load_model"]

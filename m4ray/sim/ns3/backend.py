@@ -26,7 +26,7 @@ from m4ray.sim.backend import DoneCallback
 from m4ray.sim.flows import Flow
 from m4ray.sim.ns3.loader import load
 from m4ray.sim.ns3.native import compiled
-from m4ray.sim.routing import Routing
+from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import Topology
 
 IP_TCP_HEADERS = 52  # IPv4 20 B + TCP 20 B + timestamp option 12 B
@@ -52,6 +52,36 @@ class Ns3Config:
 
     def build(self, topology: Topology, routing: Routing) -> Ns3Backend:
         return Ns3Backend(topology, routing, self)
+
+
+PARAMS13 = (  # the names of m4's network/CC vector, in order
+    "bfsz",
+    "fwin",
+    "dctcp",
+    "dcqcn",
+    "hpcc",
+    "timely",
+    "dctcp_k",
+    "dcqcn_k_min",
+    "dcqcn_k_max",
+    "hpcc_u_tgt",
+    "hpcc_ai",
+    "timely_t_low",
+    "timely_t_high",
+)
+
+
+def params13(ns3: Ns3Config, wire: WireFormat) -> list[float]:
+    """m4's 13-float network/CC vector for ns-3 settings (``reference/m4.md`` §3.1): DCTCP
+    one-hot, buffer in units of 10 KB, initial window in KB for ``fwin``, marking threshold K in
+    KB (raw)."""
+    packet = wire.mtu_bytes + IP_TCP_HEADERS
+    vec = [0.0] * len(PARAMS13)
+    vec[0] = ns3.buffer_packets * packet / 1000 / 10
+    vec[1] = ns3.initial_cwnd * wire.mtu_bytes / 1000
+    vec[2] = 1.0
+    vec[6] = ns3.ecn_k_packets * packet / 1000
+    return vec
 
 
 def _ps(seconds: float) -> int:
