@@ -25,10 +25,8 @@ Run it with ``python -m m4ray.sweeps +experiment=serve`` or ``serve run m4ray.se
 
 import asyncio
 import dataclasses
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
@@ -41,7 +39,7 @@ from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.m4.step import StepGraph, StepOut, chunks, step
 from m4ray.sim.ns3.backend import Ns3Config, params13
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.sim.topology import read_topology
+from m4ray.sim.topology import parse_topology
 
 API_VERSION = "1"
 
@@ -249,18 +247,14 @@ class M4Sessions:
 
     @api.post("/sessions", status_code=201)
     async def create(self, spec: NewSession) -> SessionInfo:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "topology.txt"
-            path.write_text(spec.topology)
-            try:
-                topo = read_topology(path)
-                ns3 = Ns3Config(**spec.network)
-            except InputError as err:
-                # the message without the temporary file's name (line and field stay)
-                where = str(err).replace(str(path), "topology")
-                raise HTTPException(400, f"topology: {where}") from None
-            except TypeError as err:
-                raise HTTPException(400, f"network: {err}") from None
+        try:
+            topo = parse_topology(spec.topology, "topology")  # errors: "topology:<line>: …"
+        except InputError as err:
+            raise HTTPException(400, str(err)) from None
+        try:
+            ns3 = Ns3Config(**spec.network)
+        except TypeError as err:
+            raise HTTPException(400, f"network: {err}") from None
         wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
         routing = Routing(topo, seed=spec.routing_seed, wire=wire)
         cfg = await self._cfg()

@@ -13,9 +13,15 @@ from m4ray.errors import InputError
 def read_rows(path: Path, kind: str) -> list[tuple[int, list[str]]]:
     """Whitespace-split non-empty lines of ``path`` with their 1-based line numbers."""
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
     except OSError as err:
         raise InputError(f"cannot read {kind} file: {err.strerror}", file=path) from None
+    return split_rows(text)
+
+
+def split_rows(text: str) -> list[tuple[int, list[str]]]:
+    """Whitespace-split non-empty lines of ``text`` with their 1-based line numbers."""
+    lines = text.splitlines()
     return [(no, line.split()) for no, line in enumerate(lines, start=1) if line.strip()]
 
 

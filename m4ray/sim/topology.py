@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from m4ray.errors import InputError
-from m4ray.sim.textio import atomic_write_text, parse_int, read_rows
+from m4ray.sim.textio import atomic_write_text, parse_int, read_rows, split_rows
 from m4ray.sim.units import format_rate_gbps, format_time_ms, parse_rate, parse_time
 
 GPU_TYPES = ("A100", "A800", "H100", "H800")
@@ -142,7 +142,15 @@ def _check_cable(cable: Cable, n_nodes: int) -> None:
 def read_topology(path: str | Path) -> Topology:
     """Read a SimAI or ns-3 topology text file; errors name the file, line and field."""
     path = Path(path)
-    rows = read_rows(path, "topology")
+    return _parse(read_rows(path, "topology"), path)
+
+
+def parse_topology(text: str, source: str = "topology") -> Topology:
+    """A topology from its text (as :func:`read_topology`); errors name ``source`` as the file."""
+    return _parse(split_rows(text), Path(source))
+
+
+def _parse(rows: list[tuple[int, list[str]]], path: Path) -> Topology:
     if len(rows) < 2:
         raise InputError("a topology needs a header line and a switch-id line", file=path)
     (header_no, header), (ids_no, id_fields) = rows[0], rows[1]

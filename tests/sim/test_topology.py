@@ -4,7 +4,14 @@ import pytest
 
 from m4ray.errors import InputError
 from m4ray.sim.topologies import fat_tree, rail_cluster
-from m4ray.sim.topology import Cable, Topology, format_topology, read_topology, write_topology
+from m4ray.sim.topology import (
+    Cable,
+    Topology,
+    format_topology,
+    parse_topology,
+    read_topology,
+    write_topology,
+)
 from tests.conftest import write
 
 
@@ -32,6 +39,7 @@ def test_round_trip_through_text(tmp_path):
     again = read_topology(path)
     assert again == topo
     assert format_topology(again) == path.read_text()
+    assert parse_topology(path.read_text()) == topo  # the same parser, from text
 
 
 def test_reads_ns3_format(tmp_path):
@@ -75,6 +83,9 @@ def test_bad_topology_names_file_line_field(tmp_path, text, line, field, message
     err = info.value
     assert err.file == str(path) and err.line == line and err.field == field
     assert message in str(err) and str(path) in str(err)
+    with pytest.raises(InputError) as info:
+        parse_topology(text, "request")
+    assert (info.value.file, info.value.line, info.value.field) == ("request", line, field)
 
 
 def test_missing_file_is_an_input_error(tmp_path):
