@@ -65,8 +65,7 @@ class Engine(Protocol):
 
     def update(self, t: float) -> dict[int, float]: ...
 
-    @property
-    def pending(self) -> bool: ...
+    def set_bandwidth(self, link: int, bandwidth_bps: float) -> None: ...
 
 
 @dataclass(kw_only=True, slots=True)
@@ -141,7 +140,7 @@ class M4Backend(QueueClock):
             raise SimulationError(f"{len(self._done)} flows never completed")
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
-        self.engine.set_bandwidth(link, bandwidth_bps)  # type: ignore[attr-defined]
+        self.engine.set_bandwidth(link, bandwidth_bps)
 
     # ------------------------------------------------------------ internals
     def _changed(self) -> None:
@@ -157,8 +156,7 @@ class M4Backend(QueueClock):
 
     def _apply(self, predictions: dict[int, float]) -> None:
         for flow_id, t in predictions.items():
-            if flow_id in self._version:  # not already completed
-                self._at(flow_id, t)
+            self._at(flow_id, t)
 
     def _at(self, flow_id: int, t: float) -> None:
         version = self._version[flow_id] = self._version[flow_id] + 1

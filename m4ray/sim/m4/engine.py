@@ -49,7 +49,6 @@ class _Flow:
     start_s: float
     ideal_s: float
     comp: int
-    t_last: float
     slowdown: float = 1.0
 
 
@@ -62,11 +61,13 @@ class _Component:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """What an update sends to the stepper: per graph its component, flows and links."""
+    """What an update sends to the stepper: per graph its component, flows, their state rows,
+    and links."""
 
     t: float
     comps: list[int]
     flows: list[list[int]]
+    rows: list[torch.Tensor]
     links: list[np.ndarray]
     graphs: list[StepGraph]
 
@@ -109,13 +110,7 @@ class M4Engine:
     # ------------------------------------------------------------ events
     def arrive(self, flow: Arrival, t: float) -> float:
         """Register ``flow`` at ``t`` on its routed path; returns its ideal completion time."""
-        if self.routing is None:
-            raise SimulationError("this engine has no routing; use arrive_path()")
-        if flow.size_bytes <= 0:
-            raise InputError(
-                f"flow {flow.id}: size must be > 0, got {flow.size_bytes}", field="size_bytes"
-            )
-        path = self.routing.path(flow.src, flow.dst, flow.id)
+        path = self._route(flow)
         ideal = self.routing.ideal_fct(flow.size_bytes, path)
         return self.arrive_path(flow.id, path.links, flow.size_bytes, ideal, t)
 
@@ -133,7 +128,7 @@ class M4Engine:
         self._h_flow[row] = initial_flow_state(
             self.cfg, torch.tensor([size_bytes]), torch.tensor([len(links)])
         )[0]
-        self._flows[flow_id] = _Flow(row, links, t, ideal_s, comp, t)
+        self._flows[flow_id] = _Flow(row, links, t, ideal_s, comp)
         self._comps[comp].flows[flow_id] = None
         self._users[links] += 1
         self._touched.add(comp)
@@ -150,14 +145,7 @@ class M4Engine:
                     raise InputError(
                         f"arrival of flow {event.id}, which is already active", field="id"
                     )
-                if event.size_bytes <= 0:
-                    raise InputError(f"flow {event.id}: size must be > 0", field="size_bytes")
-                if self.routing is None:
-                    raise SimulationError("this engine has no routing")
-                try:
-                    self.routing.path(event.src, event.dst, event.id)
-                except InputError as err:
-                    raise InputError(f"flow {event.id}: {err.message}", field=err.field) from None
+                self._route(event)
                 active.add(event.id)
             else:
                 if event not in active:
@@ -200,11 +188,6 @@ class M4Engine:
         if self._users[link] == 0:
             self._h_link[link] = row
 
-    @property
-    def pending(self) -> bool:
-        """True when some component changed since the last update."""
-        return bool(self._touched)
-
     def update(self, t: float) -> dict[int, float]:
         """Advance the touched components to ``t``; predicted completion time per flow in them."""
         if self.stepper is None:
@@ -220,20 +203,17 @@ class M4Engine:
             return None
         comps = sorted(self._touched)
         self._touched = set()
-        flows, links, graphs = [], [], []
+        flows, rows_of, links, graphs = [], [], [], []
         for c in comps:
             comp = self._comps[c]
             ids = list(comp.flows)
             link_ids = np.fromiter(sorted(comp.links), dtype=np.int64, count=len(comp.links))
-            local = np.full(len(self._users), -1, dtype=np.int64)
-            local[link_ids] = np.arange(len(link_ids))
-            paths = [self._flows[f].links for f in ids]
-            lengths = [len(p) for p in paths]
-            incidence = np.stack(
-                [np.repeat(np.arange(len(ids)), lengths), local[np.concatenate(paths)]]
-            )
-            if (incidence[1] < 0).any():
+            paths = np.concatenate([self._flows[f].links for f in ids])
+            lengths = [len(self._flows[f].links) for f in ids]
+            local = np.searchsorted(link_ids, paths)  # each path link's row in link_ids
+            if (local >= len(link_ids)).any() or (link_ids[local % len(link_ids)] != paths).any():
                 raise SimulationError(f"component {c}: a flow's link is not in the component")
+            incidence = np.stack([np.repeat(np.arange(len(ids)), lengths), local])
             rows = torch.tensor([self._flows[f].row for f in ids])
             graphs.append(
                 StepGraph(
@@ -246,32 +226,28 @@ class M4Engine:
                 )
             )
             flows.append(ids)
+            rows_of.append(rows)
             links.append(link_ids)
-        return Pending(t=t, comps=comps, flows=flows, links=links, graphs=graphs)
+        return Pending(t=t, comps=comps, flows=flows, rows=rows_of, links=links, graphs=graphs)
 
     def finish(self, pending: Pending, outs: list[StepOut]) -> dict[int, float]:
         """Write back the stepper's ``outs`` for ``pending``; predicted completion per flow."""
         if len(outs) != len(pending.graphs):
             raise SimulationError(f"{len(outs)} step outputs for {len(pending.graphs)} graphs")
         predictions: dict[int, float] = {}
-        for c, ids, link_ids, out in zip(
-            pending.comps, pending.flows, pending.links, outs, strict=True
+        for c, ids, rows, link_ids, out in zip(
+            pending.comps, pending.flows, pending.rows, pending.links, outs, strict=True
         ):
-            rows = torch.tensor([self._flows[f].row for f in ids])
             self._h_flow[rows] = out.h_flow
             self._h_link[torch.from_numpy(link_ids)] = out.h_link
             self._comps[c].t_last = pending.t
             for f, s in zip(ids, out.slowdown.tolist(), strict=True):
                 flow = self._flows[f]
                 flow.slowdown = s
-                flow.t_last = pending.t
                 predictions[f] = flow.start_s + s * flow.ideal_s
             self.n_updates += 1
             self.n_stepped_flows += len(ids)
         return predictions
-
-    def slowdown(self, flow_id: int) -> float:
-        return self._flows[flow_id].slowdown
 
     @property
     def n_active(self) -> int:
@@ -282,6 +258,19 @@ class M4Engine:
         return len(self._comps)
 
     # ------------------------------------------------------------ internals
+    def _route(self, flow: Arrival):
+        """``flow``'s path, or the :class:`InputError` that rejects the arrival."""
+        if self.routing is None:
+            raise SimulationError("this engine has no routing; use arrive_path()")
+        if flow.size_bytes <= 0:
+            raise InputError(
+                f"flow {flow.id}: size must be > 0, got {flow.size_bytes}", field="size_bytes"
+            )
+        try:
+            return self.routing.path(flow.src, flow.dst, flow.id)
+        except InputError as err:
+            raise InputError(f"flow {flow.id}: {err.message}", field=err.field) from None
+
     def _join(self, links: np.ndarray, t: float) -> int:
         owners = sorted({int(c) for c in self._owner[links] if c >= 0})
         if not owners:

@@ -102,10 +102,8 @@ class LocalStepper:
     def __init__(self, model: M4Model, *, max_flows: int = 4096) -> None:
         self.model = model.eval()
         self.max_flows = max_flows
-        self.calls = 0
 
     def __call__(self, graphs: list[StepGraph]) -> list[StepOut]:
-        self.calls += 1
         out: list[StepOut] = []
         for chunk in chunks(graphs, self.max_flows):
             out += step(self.model, chunk)
