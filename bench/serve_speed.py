@@ -131,7 +131,8 @@ def main() -> None:
             steps, flows, lat = measure(
                 url, topo, routing, n, args.seconds, active_flows=args.active
             )
-            batches = model.stats.remote(reset=True).result()
+            totals = model.stats.remote(reset=True).result()
+            n_batches = max(totals["batches"], 1)
             rows.append(
                 [
                     label,
@@ -140,8 +141,8 @@ def main() -> None:
                     f"{flows:.0f}",
                     f"{np.percentile(lat, 50) * 1e3:.1f}",
                     f"{np.percentile(lat, 99) * 1e3:.1f}",
-                    f"{np.mean([b[0] for b in batches]):.1f}" if batches else "-",
-                    f"{np.mean([b[1] for b in batches]):.0f}" if batches else "-",
+                    f"{totals['requests'] / n_batches:.1f}",
+                    f"{totals['flows'] / n_batches:.0f}",
                 ]
             )
             print(" ".join(map(str, rows[-1])), flush=True)

@@ -30,7 +30,7 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from m4ray.errors import InputError
@@ -119,33 +119,41 @@ class SessionState(BaseModel):
     updates: int
 
 
+class AppArgs(BaseModel):
+    """Application arguments (``serve run m4ray.serve.app:build checkpoint=m4-small``)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt argument is an error
+
+    checkpoint: str = "m4-small"
+    max_batch_requests: int = Field(64, ge=1, description="1 disables batching")
+    batch_wait_s: float = Field(0.002, ge=0)
+    max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")
+    threads: int = Field(1, ge=1, description="torch threads of the model replica")
+    session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")
+
+
 # ------------------------------------------------------------------ model
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=256)
 class M4Model:
     """The neural step, batched across requests (one forward pass per batch)."""
 
-    def __init__(
-        self,
-        checkpoint: str = "m4-small",
-        max_batch_requests: int = 64,
-        batch_wait_s: float = 0.002,
-        max_batch_flows: int = 4096,
-        threads: int = 1,
-    ) -> None:
+    def __init__(self, args: AppArgs) -> None:
         import torch
 
-        torch.set_num_threads(threads)
-        self.model = load_model(checkpoint)
-        self.checkpoint = checkpoint
-        self.max_batch_flows = max_batch_flows
-        self.step_batch.set_max_batch_size(max_batch_requests)
-        self.step_batch.set_batch_wait_timeout_s(batch_wait_s)
-        self.batches: list[tuple[int, int]] = []  # (requests, flows) per batch
+        torch.set_num_threads(args.threads)
+        self.model = load_model(args.checkpoint)
+        self.checkpoint = args.checkpoint
+        self.max_batch_flows = args.max_batch_flows
+        self.step_batch.set_max_batch_size(args.max_batch_requests)
+        self.step_batch.set_batch_wait_timeout_s(args.batch_wait_s)
+        self._totals = {"batches": 0, "requests": 0, "flows": 0}
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.002)
     async def step_batch(self, requests: list[list[StepGraph]]) -> list[list[StepOut]]:
         graphs = [g for r in requests for g in r]
-        self.batches.append((len(requests), sum(g.n_flows for g in graphs)))
+        self._totals["batches"] += 1
+        self._totals["requests"] += len(requests)
+        self._totals["flows"] += sum(g.n_flows for g in graphs)
         outs: list[StepOut] = []
         for chunk in chunks(graphs, self.max_batch_flows):
             outs += step(self.model, chunk)
@@ -161,10 +169,11 @@ class M4Model:
     def config(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "model": dataclasses.asdict(self.model.cfg)}
 
-    def stats(self, reset: bool = False) -> list[tuple[int, int]]:
-        out = list(self.batches)
+    def stats(self, reset: bool = False) -> dict[str, int]:
+        """Batches, requests and flows stepped so far (since the last reset)."""
+        out = dict(self._totals)
         if reset:
-            self.batches.clear()
+            self._totals = dict.fromkeys(out, 0)
         return out
 
 
@@ -224,12 +233,12 @@ def expire(sessions: dict, now: float, idle_s: float) -> list[str]:
 class M4Sessions:
     """HTTP session API over an :class:`M4Model` deployment handle."""
 
-    def __init__(self, model, checkpoint: str = "m4-small", session_idle_s: float = 3600.0) -> None:
+    def __init__(self, model, args: AppArgs) -> None:
         from m4ray.train.model import ModelConfig
 
         self.model = model
-        self.checkpoint = checkpoint
-        self.session_idle_s = session_idle_s
+        self.checkpoint = args.checkpoint
+        self.session_idle_s = args.session_idle_s
         self.sessions: dict[str, _Session] = {}
         self._model_cfg: ModelConfig | None = None
 
@@ -324,27 +333,9 @@ class M4Sessions:
         return session
 
 
-class AppArgs(BaseModel):
-    """Application arguments (``serve run m4ray.serve.app:build checkpoint=m4-small``)."""
-
-    checkpoint: str = "m4-small"
-    max_batch_requests: int = Field(64, ge=1, description="1 disables batching")
-    batch_wait_s: float = Field(0.002, ge=0)
-    max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")
-    threads: int = Field(1, ge=1, description="torch threads of the model replica")
-    session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")
-
-
 def build(args: AppArgs):
     """The Serve application: the model deployment behind the session ingress."""
-    model = M4Model.bind(
-        checkpoint=args.checkpoint,
-        max_batch_requests=args.max_batch_requests,
-        batch_wait_s=args.batch_wait_s,
-        max_batch_flows=args.max_batch_flows,
-        threads=args.threads,
-    )
-    return M4Sessions.bind(model, checkpoint=args.checkpoint, session_idle_s=args.session_idle_s)
+    return M4Sessions.bind(M4Model.bind(args), args)
 
 
 app = build(AppArgs())

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from m4ray.errors import InputError, SimulationError
+from m4ray.errors import InputError, M4rayError, SimulationError
 from m4ray.sim.m4.backend import M4Backend
 from m4ray.sim.m4.engine import Arrival
 from m4ray.sim.ns3.backend import Ns3Config
@@ -43,7 +43,6 @@ class SessionClient:
         self._prefix = parts.path.rstrip("/")
         self._timeout = timeout_s
         self._conn: http.client.HTTPConnection | None = None
-        self.calls = 0
         body = {
             "topology": format_topology(topology),
             "routing_seed": routing.seed,
@@ -86,8 +85,8 @@ class SessionClient:
     def close(self) -> None:
         try:
             self.request("DELETE", f"/sessions/{self.session_id}")
-        except (OSError, SimulationError):
-            pass  # the server is gone or already forgot the session
+        except (OSError, M4rayError):
+            pass  # the server is gone or already forgot (expired) the session
         finally:
             if self._conn is not None:
                 self._conn.close()
@@ -114,7 +113,6 @@ class SessionClient:
                         f"m4 server at {self._host}:{self._port}: {err}"
                     ) from None
         text = data.decode(errors="replace")
-        self.calls += 1
         if response.status >= 400:
             try:
                 detail = json.loads(text).get("detail", text)
@@ -145,10 +143,6 @@ class ServedEngine:
     def complete(self, flow_id: int, t: float) -> float:
         self._events.append((t, flow_id))
         return math.nan
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._events)
 
     def update(self, t: float) -> dict[int, float]:
         if not self._events:

@@ -8,7 +8,7 @@ prints the URLs, and keeps serving until interrupted (``serve.hold=false``: stop
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from m4ray.errors import InputError
@@ -16,15 +16,14 @@ from m4ray.errors import InputError
 
 @dataclass(kw_only=True, slots=True)
 class ServeSettings:
+    """Where to serve (``host``, ``port``, ``route_prefix``), whether to keep serving after the
+    self-check (``hold``), and the application's arguments (``app``: the fields of
+    :class:`m4ray.serve.app.AppArgs`, e.g. ``checkpoint``, ``max_batch_requests``)."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     route_prefix: str = "/m4"
-    checkpoint: str = "m4-small"
-    max_batch_requests: int = 64
-    batch_wait_s: float = 0.002
-    max_batch_flows: int = 4096
-    threads: int = 1
-    session_idle_s: float = 3600.0
+    app: dict[str, Any] = field(default_factory=dict)
     hold: bool = True
 
     @property
@@ -32,25 +31,32 @@ class ServeSettings:
         return f"http://{self.host}:{self.port}{self.route_prefix}"
 
 
+def app_args(settings: ServeSettings):
+    """``settings.app`` as :class:`~m4ray.serve.app.AppArgs`; a bad value names its key."""
+    from pydantic import ValidationError
+
+    from m4ray.serve.app import AppArgs
+
+    try:
+        return AppArgs(**settings.app)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise InputError(first["msg"], field=f"serve.app.{key}") from None
+
+
 def start(settings: ServeSettings, ray_cfg) -> str:
     """Deploy the application; returns its base URL."""
     from ray import serve
 
-    from m4ray.serve.app import AppArgs, build
+    from m4ray.serve.app import build
     from m4ray.sim.m4.backend import checkpoint_dir
     from m4ray.sweeps.cluster import start_ray
 
-    checkpoint_dir(settings.checkpoint)  # a bad name fails before anything starts
+    args = app_args(settings)
+    checkpoint_dir(args.checkpoint)  # a bad name fails before anything starts
     start_ray(ray_cfg)
     serve.start(http_options={"host": settings.host, "port": settings.port})
-    args = AppArgs(
-        checkpoint=settings.checkpoint,
-        max_batch_requests=settings.max_batch_requests,
-        batch_wait_s=settings.batch_wait_s,
-        max_batch_flows=settings.max_batch_flows,
-        threads=settings.threads,
-        session_idle_s=settings.session_idle_s,
-    )
     serve.run(build(args), name="m4", route_prefix=settings.route_prefix)
     return settings.url
 
@@ -81,7 +87,7 @@ def run(sweep, raw_config: dict[str, Any]) -> str:
     url = start(settings, sweep.ray)
     predictions = self_check(url)
     print(
-        f"m4 backend serving at {url} (checkpoint {settings.checkpoint}), "
+        f"m4 backend serving at {url} (checkpoint {app_args(settings).checkpoint}), "
         f"ready in {time.perf_counter() - t0:.1f} s"
     )
     print(f"  API docs: {url}/docs   schema: {url}/openapi.json")

@@ -182,6 +182,7 @@ def test_bad_requests_get_4xx_and_leave_sessions_alone(url, rail):
     other.close()
     with pytest.raises(InputError, match="unknown session"):
         good.events(0.0, [], [])
+    good.close()  # closing a closed session is harmless
 
 
 def test_topology_text_round_trips_into_a_session(url, rail):
@@ -229,3 +230,13 @@ def test_gray_failure_sweep_through_serve(url, tmp_path):
     assert len(results) == 8 and (results.status == "ok").all()
     by = results.pivot(index="scenario_id", columns="backend", values="completion_time_s")
     assert by.m4_served.to_numpy() == pytest.approx(by.m4.to_numpy(), rel=1e-6)
+
+
+def test_serve_settings_check_the_app_arguments():
+    from m4ray.serve.job import ServeSettings, app_args
+
+    assert app_args(ServeSettings(app={"max_batch_requests": 1})).max_batch_requests == 1
+    with pytest.raises(InputError, match=r"serve\.app\.max_batch_requests"):
+        app_args(ServeSettings(app={"max_batch_requests": 0}))
+    with pytest.raises(InputError, match=r"serve\.app\.nope"):
+        app_args(ServeSettings(app={"nope": 1}))
