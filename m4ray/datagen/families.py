@@ -10,7 +10,7 @@ record alone reproduces the run). Two families:
   hosts, not the evaluation sweep's server-aligned sets) and reduction factors, running phases of
   collectives of random kinds, sizes and group layouts.
 
-Both sample the ns-3 network parameters (buffer, DCTCP marking threshold K, initial window) and
+Both sample the ns-3 RDMA network parameters (switch buffer, DCTCP marking threshold K, window) and
 encode them as m4's ``params13`` vector.
 """
 
@@ -28,8 +28,9 @@ from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
 from m4ray.sim.failures import degrade
-from m4ray.sim.ns3.backend import IP_TCP_HEADERS, PARAMS13, Ns3Config, params13
-from m4ray.sim.routing import WireFormat
+from m4ray.sim.ns3.backend import PARAMS13, Ns3Config, params13
+from m4ray.sim.ns3.transports import RdmaConfig
+from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import M4FabricSpec, RailClusterSpec
 from m4ray.sim.topology import Topology
 from m4ray.sim.workload import Collective, CollectiveKind, Workload
@@ -66,40 +67,42 @@ def _log_uniform(rng: np.random.Generator, bounds) -> float:
 
 @dataclass(kw_only=True, slots=True)
 class NetworkRanges:
-    """Ranges of the ns-3 parameters sampled per scenario (KB = 1000 bytes).
+    """Ranges of the ns-3 RDMA parameters sampled per scenario (KB = 1000 bytes).
 
-    Sizes in KB are turned into whole packets of the scenario's MTU (segment + 52 B of headers);
-    the effective (rounded) values are what ``params13`` records.
+    ``buffer_kb`` is the shared buffer per switch (PFC pauses an ingress port holding an eighth
+    of it, HPCC's dynamic-threshold share of an idle switch); ``ecn_k_kb`` is one marking
+    threshold for every link rate; ``window_kb`` the fixed window (``null``: the topology's
+    largest BDP). The values drawn are what ``params13`` records.
     """
 
-    buffer_kb: list[float] = field(default_factory=lambda: [100.0, 160.0])
+    buffer_kb: list[float] = field(default_factory=lambda: [1000.0, 4000.0])
     ecn_k_kb: list[float] = field(default_factory=lambda: [10.0, 30.0])
-    initial_cwnd: list[int] = field(default_factory=lambda: [5, 15])
+    window_kb: list[float] | None = field(default_factory=lambda: [5.0, 15.0])
     dctcp_gain: list[float] = field(default_factory=lambda: [0.0625, 0.0625])
-    # SYN retransmission timeout: at ns-3's 10 ms a lost SYN (incast into a small buffer)
-    # makes one flow a 500x outlier; 1 ms matches the minimum RTO of data segments
-    conn_timeout_s: float = 1e-3
 
     def __post_init__(self) -> None:
-        if self.conn_timeout_s <= 0:
-            raise InputError("must be > 0", field="network.conn_timeout_s")
-        _range(self.buffer_kb, "network.buffer_kb", lo=0, open_=False)
-        _range(self.ecn_k_kb, "network.ecn_k_kb", lo=0)
-        _range(self.initial_cwnd, "network.initial_cwnd", lo=1)
+        _range(self.buffer_kb, "network.buffer_kb", lo=0, open_=True)
+        _range(self.ecn_k_kb, "network.ecn_k_kb", lo=0, open_=True)
+        if self.window_kb is not None:
+            _range(self.window_kb, "network.window_kb", lo=0, open_=True)
         _range(self.dctcp_gain, "network.dctcp_gain", lo=0, hi=1)
-        if self.ecn_k_kb[1] >= self.buffer_kb[0]:
-            raise InputError("the marking threshold must stay below the buffer", field="ecn_k_kb")
+        if self.ecn_k_kb[1] >= self.buffer_kb[0] / 8:
+            raise InputError(
+                "the marking threshold must stay below the PFC threshold (buffer / 8)",
+                field="network.ecn_k_kb",
+            )
 
-    def sample(self, rng: np.random.Generator, wire: WireFormat, wall_limit_s: float) -> Ns3Config:
-        packet = wire.mtu_bytes + IP_TCP_HEADERS
-        k = max(1, round(_uniform(rng, self.ecn_k_kb) * 1000 / packet))
-        buffer = max(k + 1, round(_uniform(rng, self.buffer_kb) * 1000 / packet))
+    def sample(self, rng: np.random.Generator, wall_limit_s: float) -> Ns3Config:
+        buffer = round(_uniform(rng, self.buffer_kb) * 1000)
+        window = None if self.window_kb is None else round(_uniform(rng, self.window_kb) * 1000)
         return Ns3Config(
-            ecn_k_packets=k,
-            buffer_packets=buffer,
-            initial_cwnd=_integer(rng, self.initial_cwnd),
-            dctcp_gain=_uniform(rng, self.dctcp_gain),
-            conn_timeout_s=self.conn_timeout_s,
+            rdma=RdmaConfig(
+                buffer_bytes=buffer,
+                pfc_threshold_bytes=buffer // 8,
+                ecn_k_bytes=[[10e9, float(round(_uniform(rng, self.ecn_k_kb) * 1000))]],
+                window_bytes=window,
+                dctcp_gain=_uniform(rng, self.dctcp_gain),
+            ),
             wall_limit_s=wall_limit_s,
         )
 
@@ -181,13 +184,14 @@ class DatagenScenario:
 
     def params(self) -> dict[str, Any]:
         """Every sampled parameter, flat (for the scenarios table)."""
-        packet = self.wire.mtu_bytes + IP_TCP_HEADERS
+        rdma = self.ns3.rdma
         out = {
+            "transport": self.ns3.transport,
             "mtu_bytes": self.wire.mtu_bytes,
-            "buffer_bytes": self.ns3.buffer_packets * packet,
-            "ecn_k_bytes": self.ns3.ecn_k_packets * packet,
-            "initial_cwnd": self.ns3.initial_cwnd,
-            "dctcp_gain": self.ns3.dctcp_gain,
+            "buffer_bytes": rdma.buffer_bytes,
+            "ecn_k_bytes": min(rdma.ecn_k_bytes)[1],
+            "window_bytes": rdma.window(Routing(self.build_topology(), wire=self.wire)),
+            "dctcp_gain": rdma.dctcp_gain,
             "n_degraded": len(self.degraded),
             "reduction": self.reduction,
             "traffic": self.traffic.kind,
@@ -214,7 +218,7 @@ class DatagenScenario:
 
     def params13(self) -> list[float]:
         """m4's network/CC vector of this scenario (:func:`m4ray.sim.ns3.backend.params13`)."""
-        return params13(self.ns3, self.wire)
+        return params13(self.ns3, Routing(self.build_topology(), wire=self.wire))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -262,7 +266,7 @@ class OpenLoopFamily:
             seed=seed,
             topology=self.topology,
             traffic=traffic,
-            ns3=self.network.sample(rng, self.wire, wall_limit_s),
+            ns3=self.network.sample(rng, wall_limit_s),
             wire=self.wire,
         )
 
@@ -294,7 +298,7 @@ class CollectiveFamily:
     wire: WireFormat = field(default_factory=lambda: WireFormat(mtu_bytes=8948, header_bytes=54))
     network: NetworkRanges = field(
         default_factory=lambda: NetworkRanges(
-            buffer_kb=[1800.0, 5400.0], ecn_k_kb=[90.0, 360.0], initial_cwnd=[10, 10]
+            buffer_kb=[4000.0, 16000.0], ecn_k_kb=[90.0, 360.0], window_kb=None
         )
     )
 
@@ -344,7 +348,7 @@ class CollectiveFamily:
             traffic=CollectiveTraffic(
                 phases=phases, algorithm=algorithm, send_latency_s=self.send_latency_s
             ),
-            ns3=self.network.sample(rng, self.wire, wall_limit_s),
+            ns3=self.network.sample(rng, wall_limit_s),
             wire=self.wire,
         )
 

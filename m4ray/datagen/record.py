@@ -100,7 +100,7 @@ def tables(topo: Topology, routing: Routing, done: list[tuple[Flow, float]], rec
             "start_s": start,
             "fct_s": fct,
             "ideal_fct_s": ideal,
-            "slowdown": np.maximum(fct / ideal, 1.0),
+            "slowdown": fct / ideal,
             "flowsim_fct_s": flowsim,
             "n_links": [len(p) for p in links],
             "path": [list(p) for p in links],

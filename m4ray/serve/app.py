@@ -52,9 +52,9 @@ class NewSession(BaseModel):
     routing_seed: int = Field(0, description="ECMP seed: the same seed gives the same paths")
     mtu_bytes: int = Field(1000, gt=0, description="payload bytes per packet (ideal FCTs)")
     header_bytes: int = Field(48, ge=0, description="header bytes per packet")
-    network: dict[str, float] = Field(
+    network: dict[str, Any] = Field(
         default_factory=dict,
-        description="ns-3 settings the model imitates (Ns3Config fields, e.g. ecn_k_packets)",
+        description="ns-3 settings the model imitates (Ns3Config fields: transport, rdma, tcp)",
     )
 
 
@@ -262,12 +262,14 @@ class M4Sessions:
             raise HTTPException(400, str(err)) from None
         try:
             ns3 = Ns3Config(**spec.network)
+        except InputError as err:
+            raise HTTPException(400, f"network: {err}") from None
         except TypeError as err:
             raise HTTPException(400, f"network: {err}") from None
         wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
         routing = Routing(topo, seed=spec.routing_seed, wire=wire)
         cfg = await self._cfg()
-        engine = M4Engine(topo.bandwidth_bps, cfg, params13(ns3, wire), routing=routing)
+        engine = M4Engine(topo.bandwidth_bps, cfg, params13(ns3, routing), routing=routing)
         session_id = uuid.uuid4().hex
         expire(self.sessions, time.monotonic(), self.session_idle_s)
         self.sessions[session_id] = _Session(engine, asyncio.Lock())

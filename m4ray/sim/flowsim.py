@@ -3,8 +3,10 @@
 Every active flow drains at its max-min fair rate, found by progressive filling over the directed
 links it crosses and recomputed at every arrival and completion (``reference/flowsim_m3.md`` A.1,
 A.2). A flow of ``S`` bytes carries ``wire_bytes(S) * 8`` bits; when its last bit has drained it is
-delivered ``base_rtt`` later, so a flow that never shares a link has FCT = ideal FCT (slowdown 1),
-as in m3's ``sldn_flowsim = (fct + base_delay) / ideal``. Simultaneous events are processed
+delivered :meth:`~m4ray.sim.routing.Routing.delivery_delay` later (one-way propagation plus the
+first packet's store-and-forward beyond the bottleneck), so a flow that never shares a link has
+FCT = ideal FCT (slowdown 1) under the one FCT convention of ``m4ray.sim.routing``, as in m3's
+``sldn_flowsim = (fct + base_delay) / ideal``. Simultaneous events are processed
 together before one rate computation; completion wins ties with arrivals.
 
 Units: seconds, bits, bits/s.
@@ -101,7 +103,7 @@ class FlowSim(QueueClock):
         path = self.routing.path(flow.src, flow.dst, flow.id)
         self._ids.append(flow.id)
         self._links.append(np.asarray(path.links, dtype=np.int64))
-        self._delay.append(path.base_rtt_s)
+        self._delay.append(self.routing.delivery_delay(flow.size_bytes, path))
         self._done_cb.append(on_done)
         bits = self.routing.wire.wire_bytes(flow.size_bytes) * 8.0
         self._remaining = np.append(self._remaining, bits)

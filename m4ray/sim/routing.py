@@ -5,11 +5,20 @@ on different servers go out through their NICs. Where several next hops are equa
 64-bit hash of ``(seed, src, dst, flow key, node)`` picks one, so a flow always takes the same
 path (no reordering), different flows spread, and the choice is reproducible from the seed.
 
-Ideal FCT (``reference/m4.md`` §9, ``reference/gray_failure.md`` §1.2)::
+**The FCT convention** of every backend (ns-3, flowSim, m4, datagen, trace output): a flow's FCT
+runs from its start to the moment its last byte is delivered at the receiver (one way, no ACK).
+Its *ideal* FCT is what the transport achieves for that flow alone on an idle path — the HPCC
+ns-3 ``standalone_fct`` that m4 and m3 use (``reference/flowsim_m3.md`` B.9)::
 
-    wire_bytes(S) = S + ceil(S / mtu) * header
-    base_rtt      = 2 * sum(link latency) + sum(mtu * 8 / link bandwidth)
-    ideal_fct     = base_rtt + wire_bytes(S) * 8 / min(link bandwidth)
+    first       = wire_bytes(min(S, mtu))               # the first packet, headers included
+    ideal_fct   = sum(latency)                          # one-way propagation
+                + sum(first * 8 / bandwidth)            # store-and-forward of the first packet
+                + (wire_bytes(S) - first) * 8 / min(bandwidth)   # the rest at the bottleneck
+
+with ``wire_bytes(S) = S + ceil(S / mtu) * header`` (the wire format's MTU and per-packet
+headers). Slowdown = FCT / ideal FCT, kept raw (a value below 1 is a measurement, not an error;
+anything that clamps says so). :meth:`Routing.delivery_delay` is the part of the ideal that does
+not drain at the bottleneck: fluid models deliver a flow that long after its last bit drained.
 
 Units: bytes, bits/s, seconds.
 """
@@ -41,10 +50,12 @@ class WireFormat:
 
 @dataclass(frozen=True, slots=True)
 class Path:
-    """A routed flow: directed link ids in order, base RTT (s) and bottleneck bandwidth (bits/s)."""
+    """A routed flow: directed link ids in order, one-way propagation latency (s), the sum of
+    ``1 / bandwidth`` over its links (s/bit) and the bottleneck bandwidth (bits/s)."""
 
     links: tuple[int, ...]
-    base_rtt_s: float
+    latency_s: float
+    inverse_bw_sum: float
     bottleneck_bps: float
 
 
@@ -125,10 +136,21 @@ class Routing:
 
     def _describe(self, links: tuple[int, ...]) -> Path:
         bw = [self._bw[link] for link in links]
-        base_rtt = 2 * sum(self._lat[link] for link in links)
-        base_rtt += sum(self.wire.mtu_bytes * 8 / b for b in bw)
-        return Path(links=links, base_rtt_s=base_rtt, bottleneck_bps=min(bw))
+        return Path(
+            links=links,
+            latency_s=sum(self._lat[link] for link in links),
+            inverse_bw_sum=sum(1.0 / b for b in bw),
+            bottleneck_bps=min(bw),
+        )
 
     def ideal_fct(self, size_bytes: int, path: Path) -> float:
-        """Seconds a flow of ``size_bytes`` needs alone on ``path``."""
-        return path.base_rtt_s + self.wire.wire_bytes(size_bytes) * 8 / path.bottleneck_bps
+        """Seconds a flow of ``size_bytes`` needs alone on ``path`` (the convention above)."""
+        first = self.wire.wire_bytes(min(size_bytes, self.wire.mtu_bytes))
+        rest = self.wire.wire_bytes(size_bytes) - first
+        return path.latency_s + first * 8 * path.inverse_bw_sum + rest * 8 / path.bottleneck_bps
+
+    def delivery_delay(self, size_bytes: int, path: Path) -> float:
+        """Ideal FCT minus the time all wire bytes take at the bottleneck (seconds): a fluid
+        model that drains a lone flow at the bottleneck rate delivers it this much later."""
+        first = self.wire.wire_bytes(min(size_bytes, self.wire.mtu_bytes))
+        return path.latency_s + first * 8 * (path.inverse_bw_sum - 1 / path.bottleneck_bps)

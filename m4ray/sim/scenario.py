@@ -175,6 +175,6 @@ def flow_table(log: FlowLog) -> pa.Table:
             "finish_s": finish,
             "fct_s": fct,
             "ideal_fct_s": ideal,
-            "slowdown": np.maximum(fct / ideal, 1.0) if len(fct) else fct,
+            "slowdown": fct / ideal,
         }
     )

@@ -58,7 +58,7 @@ def run_trace(
             "start_s": start,
             "fct_s": fct,
             "ideal_fct_s": ideal,
-            "slowdown": np.maximum(fct / ideal, 1.0),
+            "slowdown": fct / ideal,
         }
     )
 

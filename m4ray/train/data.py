@@ -165,7 +165,9 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth
         incidence=torch.tensor(np.stack([inc_flow, inc_link])),
         link_bandwidth=torch.tensor(bandwidth.loc[links].to_numpy(), dtype=torch.float32),
         params=params,
-        slowdown=torch.tensor(flows.slowdown.to_numpy(), dtype=torch.float32),
+        # m4's head predicts slowdowns >= 1 (reference/m4.md): raw targets below 1 are clamped
+        # here and only here (the datagen summary counts them)
+        slowdown=torch.tensor(np.maximum(flows.slowdown.to_numpy(), 1.0), dtype=torch.float32),
         remain=torch.tensor(remain, dtype=torch.float32),
         queue=torch.tensor(queue, dtype=torch.float32),
     )

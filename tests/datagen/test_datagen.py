@@ -60,15 +60,15 @@ def test_flows_are_physical(first):
     flows = read(run_dir, "flows")
     links = read(run_dir, "links")
     assert (flows.size_bytes >= 50).all() and (flows.start_s >= 0).all()
-    # ns-3 never beats the ideal FCT by more than the bottleneck serialisation of one packet,
-    # which m4's ideal-FCT formula counts twice (base RTT and transmission): reference/m4.md §9
+    # ns-3 never beats the ideal FCT (one way, what a lone flow achieves) beyond picosecond
+    # rounding; slowdowns are stored raw
     for scenario_id, group in flows.groupby("scenario_id"):
         bw = links[links.scenario_id == scenario_id].set_index("link").bandwidth_bps
-        mtu = 8948 + 54 if group.size_bytes.max() and bw.max() > 100e9 else 1000 + 54
-        bottleneck = np.array([bw.loc[list(p)].min() for p in group.path])
-        assert (group.fct_s >= group.ideal_fct_s - mtu * 8 / bottleneck).all()
+        assert set(bw.index) >= {link for p in group.path for link in p}
+        assert (group.fct_s >= group.ideal_fct_s * (1 - 1e-6)).all()
         assert (group.n_links == group.path.map(len)).all()
-    assert (flows.slowdown >= 1).all() and (flows.flowsim_fct_s > 0).all()
+    assert np.allclose(flows.slowdown, flows.fct_s / flows.ideal_fct_s)
+    assert (flows.flowsim_fct_s >= flows.ideal_fct_s * (1 - 1e-9)).all()
     assert flows.fct_s.max() < 1.0
 
 

@@ -131,8 +131,10 @@ def test_sampling_is_seeded_and_records_params13():
     assert family.sample("fabric", 0, 7, 1.0).scenario_id == a.scenario_id  # guard is not content
     p = a.params13()
     assert len(p) == 13 and p[2] == 1.0 and p[3:6] == [0, 0, 0] and p[7:] == [0] * 6
-    assert 10 <= p[0] <= 16.5 and 5 <= p[1] <= 15 and 10 <= p[6] <= 31
-    assert a.ns3.ecn_k_packets < a.ns3.buffer_packets
+    assert 100 <= p[0] <= 400 and 5 <= p[1] <= 15 and 10 <= p[6] <= 30  # 10 KB, KB, KB
+    rdma = a.ns3.rdma
+    assert a.ns3.transport == "rdma" and rdma.ecn_k_bytes[0][1] < rdma.pfc_threshold_bytes
+    assert p[1] == rdma.window_bytes / 1000 and p[0] == rdma.buffer_bytes / 10_000
 
 
 def test_collective_family_draws_random_degraded_gpus_and_valid_groups():
@@ -185,7 +187,8 @@ def test_weights_split_the_scenarios():
             lambda: OpenLoopFamily(sizes={"e": {"kind": "empirical", "cdf": [[0, 0], [5, 0.5]]}}),
             "cdf",
         ),
-        (lambda: NetworkRanges(ecn_k_kb=[10, 200]), "ecn_k_kb"),
+        (lambda: NetworkRanges(ecn_k_kb=[10, 200]), "network.ecn_k_kb"),
+        (lambda: NetworkRanges(window_kb=[0, 10]), "network.window_kb"),
         (lambda: CollectiveFamily(kinds=["broadcast"]), None),
         (
             lambda: DatagenConfig(families={"a": OpenLoopFamily()}, weights={"b": 1.0}),
@@ -203,15 +206,18 @@ def test_bad_ranges_are_rejected_with_the_field(make, field):
 
 
 def test_a_failing_scenario_is_recorded_and_writes_no_partitions(tmp_path):
+    import copy
     import dataclasses
     import json
 
     from m4ray.datagen.job import load_done, run_scenario
 
     scenario = OpenLoopFamily().sample("fabric", 0, 5, 60.0)
-    broken = dataclasses.replace(scenario, ns3=dataclasses.replace(scenario.ns3, ecn_k_packets=0))
+    ns3 = copy.deepcopy(scenario.ns3)
+    ns3.rdma.pfc_threshold_bytes = 2 * ns3.rdma.buffer_bytes  # (validated again by the backend)
+    broken = dataclasses.replace(scenario, ns3=ns3)
     row = run_scenario(broken, str(tmp_path))  # fails before ns-3 is even loaded
-    assert row["status"] == "failed" and "ecn_k_packets" in row["error"]
+    assert row["status"] == "failed" and "pfc_threshold_bytes" in row["error"]
     stored = json.loads((tmp_path / "runs" / f"{broken.run_id}.json").read_text())
     assert stored["status"] == "failed" and stored["params13"] == broken.params13()
     assert not (tmp_path / "dataset").exists()

@@ -99,4 +99,5 @@ def test_mid_run_rate_drop_in_flowsim():
     backend.run()
     bits = routing.wire.wire_bytes(10_000_000) * 8
     fluid = 100e-6 + (bits - 400e9 * 100e-6) / 100e9  # 400 Gbps until the onset, then 100
-    assert done[0] == pytest.approx(fluid + routing.path(0, 8).base_rtt_s, rel=1e-9)
+    delay = routing.delivery_delay(10_000_000, routing.path(0, 8))
+    assert done[0] == pytest.approx(fluid + delay, rel=1e-9)

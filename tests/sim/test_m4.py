@@ -12,8 +12,8 @@ from m4ray.errors import InputError
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import Arrival, LocalStepper, M4Config, M4Engine, StepGraph, load_model, step
 from m4ray.sim.m4.backend import checkpoint_dir
-from m4ray.sim.ns3.backend import Ns3Config, params13
-from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.ns3.backend import params13
+from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import RailClusterSpec
 from m4ray.sim.trace import run_trace
 from m4ray.train.model import PeriodSample, forward_period
@@ -75,7 +75,7 @@ def _chain_period() -> PeriodSample:
         dt_us=torch.tensor([0.0, 1.5, 0.0, 3.0, 2.0, 0.5, 4.0, 1.0, 2.5, 0.0, 6.0, 3.0]),
         incidence=torch.tensor([flows, links]),
         link_bandwidth=torch.tensor([100e9, 400e9, 25e9, 100e9, 100e9, 400e9, 100e9]),
-        params=torch.tensor(params13(Ns3Config(), WireFormat())),
+        params=torch.tensor(params13(M4Config().network, Routing(RailClusterSpec().build()))),
         slowdown=torch.ones(n),
         remain=torch.zeros(0, 3),
         queue=torch.zeros(0, 3),
@@ -174,7 +174,7 @@ def test_trace_mode_update_policies():
     engine = M4Engine(
         topo.bandwidth_bps,
         model.cfg,
-        params13(Ns3Config(), routing.wire),
+        params13(M4Config().network, routing),
         LocalStepper(model),
         routing,
     )
@@ -199,7 +199,7 @@ def test_engine_rejects_bad_events(model):
     engine = M4Engine(
         topo.bandwidth_bps,
         model.cfg,
-        params13(Ns3Config(), WireFormat()),
+        params13(M4Config().network, routing),
         LocalStepper(model),
         routing,
     )

@@ -17,7 +17,8 @@ def test_same_server_uses_the_nvswitch():
     path = Routing(topo).path(0, 5)
     assert nodes_of(topo, path) == [0, 32, 5]
     assert path.bottleneck_bps == 2400e9
-    assert path.base_rtt_s == pytest.approx(2 * 50e-9 + 2 * 8000 / 2400e9, rel=1e-12)
+    assert path.latency_s == pytest.approx(2 * 25e-9, rel=1e-12)
+    assert path.inverse_bw_sum == pytest.approx(2 / 2400e9, rel=1e-12)
 
 
 def test_cross_server_paths_use_rails_and_never_transit_hosts():
@@ -33,8 +34,34 @@ def test_cross_server_paths_use_rails_and_never_transit_hosts():
 def test_ideal_fct_by_hand():
     routing = Routing(rail_cluster(), wire=WireFormat(mtu_bytes=1000, header_bytes=48))
     path = routing.path(0, 8)
-    # base RTT 2*(500+500) ns + 2 * 8000 bit / 400 Gbps; payload (10000 + 10*48) B * 8 / 400 Gbps
-    assert routing.ideal_fct(10_000, path) == pytest.approx(2040e-9 + 209.6e-9, rel=1e-12)
+    # one way 2 * 500 ns; first packet 1048 B stored and forwarded twice at 400 Gbps; the other
+    # 9 packets (9432 B) at the bottleneck
+    expected = 1000e-9 + 2 * 1048 * 8 / 400e9 + 9432 * 8 / 400e9
+    assert routing.ideal_fct(10_000, path) == pytest.approx(expected, rel=1e-12)
+    assert routing.delivery_delay(10_000, path) == pytest.approx(1000e-9 + 1048 * 8 / 400e9)
+
+
+@pytest.mark.parametrize("size", [1, 50, 999, 1000, 1001, 64_000, 1_234_567])
+def test_ideal_fct_is_m3s_standalone_fct(size):
+    """m3's ns-3 ideal (reference/flowsim_m3.md B.9): base_rtt/2 + sum over links of
+    (min(size, 1000) + 48) * 8 / bw + (size - head) * 8 / b + ((size - 1) // 1000) * 48 * 8 / b,
+    on a 10G / 40G / 40G / 10G path with 1 us links."""
+    topo = Topology(
+        n_nodes=5,
+        switches=(1, 2, 3),
+        cables=(
+            Cable(0, 1, 10e9, 1e-6),
+            Cable(1, 2, 40e9, 1e-6),
+            Cable(2, 3, 40e9, 1e-6),
+            Cable(3, 4, 10e9, 1e-6),
+        ),
+    )
+    routing = Routing(topo, wire=WireFormat(mtu_bytes=1000, header_bytes=48))
+    bws = (10e9, 40e9, 40e9, 10e9)
+    head = min(size, 1000)
+    m3 = 8e-6 / 2 + sum((head + 48) * 8 / bw for bw in bws)
+    m3 += (size - head) * 8 / 10e9 + ((size - 1) // 1000) * 48 * 8 / 10e9
+    assert routing.ideal_fct(size, routing.path(0, 4)) == pytest.approx(m3, rel=1e-12)
 
 
 def test_ecmp_is_deterministic_and_spreads_flows():

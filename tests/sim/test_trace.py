@@ -49,7 +49,7 @@ def test_trace_cli_writes_one_row_per_flow(tmp_path, backend):
         "slowdown",
     ]
     assert table.column("flow_id").to_pylist() == [0, 1, 2]
-    assert min(table.column("slowdown").to_pylist()) >= 1.0
+    assert min(table.column("slowdown").to_pylist()) >= 1 - 1e-6  # raw: ideal up to rounding
     assert max(table.column("slowdown").to_pylist()) > 1.0  # flows 0 and 1 share a link
     assert "3 flows" in proc.stdout
 

@@ -27,7 +27,7 @@ from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.m4.step import LocalStepper
-from m4ray.sim.ns3.backend import Ns3Config, params13
+from m4ray.sim.ns3.backend import IMITATED, Ns3Config, params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
 
@@ -79,7 +79,7 @@ class M4Config:
 
     checkpoint: str = "m4-small"
     window_us: float | None = 0.0
-    network: Ns3Config = field(default_factory=Ns3Config)
+    network: Ns3Config = field(default_factory=lambda: Ns3Config(transport=IMITATED))
     threads: int = 1
     max_flows_per_step: int = 4096
 
@@ -94,7 +94,7 @@ class M4Config:
         engine = M4Engine(
             topology.bandwidth_bps,
             model.cfg,
-            params13(self.network, routing.wire),
+            params13(self.network, routing),
             LocalStepper(model, max_flows=self.max_flows_per_step),
             routing,
         )

@@ -1,12 +1,12 @@
 """``backend=ns3``: the packet-level ground truth behind the ``NetworkBackend`` protocol.
 
-Hosts and switches are ns-3 nodes; every cable is a point-to-point link with its rate and delay, a
-1-packet NIC queue and a RED queue disc marking ECN at a step threshold (``Gentle=false``, ``QW=1``:
-deterministic DCTCP marking); hosts run DCTCP with datacenter timers (``reference/ns3.md`` §4).
-A flow is a BulkSend → PacketSink pair created when it starts, routed over exactly the path that
-m4ray's :class:`~m4ray.sim.routing.Routing` gives it; it completes when its last byte reaches the
-sink. The TCP segment size is the wire format's ``mtu_bytes`` (device MTU = segment + 52 B of
-IP/TCP headers), so ideal FCTs and flowSim use the same packetisation as ns-3.
+Hosts and switches are ns-3 nodes; every cable is a pair of ns-3 point-to-point devices with its
+rate and delay. The transport is a config choice (``transports.py``): by default RDMA NIC queue
+pairs with DCTCP rate control over a PFC-lossless fabric (``rdma.py``), as GPU fabrics and the
+field's reference simulator run; ``transport=tcp`` gives ns-3's TCP DCTCP with RED/ECN
+(``native.py``). Either way a flow takes exactly the path m4ray's
+:class:`~m4ray.sim.routing.Routing` gives it (ACKs the reverse path) and completes when its last
+byte is delivered at the receiver (the FCT convention of ``m4ray.sim.routing``).
 
 One simulation per process at a time (ns-3 keeps global state); an ns-3 assertion kills the
 process, so sweeps run it inside Ray worker processes. A wall-clock guard stops a run that takes too
@@ -16,107 +16,83 @@ long and raises :class:`SimulationError`, keeping what completed.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from m4ray.errors import InputError, SimulationError
+from m4ray.errors import SimulationError, choice_error
 from m4ray.sim.backend import DoneCallback
 from m4ray.sim.flows import Flow
 from m4ray.sim.ns3.loader import load
-from m4ray.sim.ns3.native import compiled
-from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.ns3.transports import PARAMS13, RdmaConfig, TcpConfig, to_ps
+from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
 
-IP_TCP_HEADERS = 52  # IPv4 20 B + TCP 20 B + timestamp option 12 B
-FIRST_PORT, LAST_PORT = 1000, 49151  # sink ports; ns-3's ephemeral ports start at 49152
+__all__ = ["IMITATED", "PARAMS13", "Ns3Backend", "Ns3Config", "Recording", "params13"]
 
 
 @dataclass(kw_only=True, slots=True)
 class Ns3Config:
-    """ns-3 settings (seconds, bytes, packets). Packetisation comes from the wire format."""
+    """ns-3 settings: the transport (``rdma`` or ``tcp``) and its settings, and the run guard
+    (seconds). Packetisation comes from the wire format."""
 
-    ecn_k_packets: int = 20  # RED MinTh = MaxTh: DCTCP step-marking threshold
-    buffer_packets: int = 400  # RED queue limit per port
-    dctcp_gain: float = 0.0625
-    initial_cwnd: int = 10
-    min_rto_s: float = 1e-3
-    initial_rtt_s: float = 100e-6
-    clock_granularity_s: float = 1e-6
-    delack_timeout_s: float = 50e-6
-    conn_timeout_s: float = 10e-3
-    socket_buffer_bytes: int = 16 << 20
+    transport: str = "rdma"
+    rdma: RdmaConfig = field(default_factory=RdmaConfig)
+    tcp: TcpConfig = field(default_factory=TcpConfig)
     wall_limit_s: float = 3600.0  # graceful stop after this much wall-clock time
     guard_interval_s: float = 20e-6  # simulated time between wall-clock checks
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rdma, RdmaConfig):  # nested YAML arrives as a mapping
+            self.rdma = RdmaConfig(**_plain(self.rdma))
+        if not isinstance(self.tcp, TcpConfig):
+            self.tcp = TcpConfig(**_plain(self.tcp))
+        if self.transport not in TRANSPORTS:
+            raise choice_error("ns-3 transport", self.transport, TRANSPORTS)
+
+    @property
+    def settings(self) -> RdmaConfig | TcpConfig:
+        """The selected transport's settings."""
+        return getattr(self, self.transport)
 
     def build(self, topology: Topology, routing: Routing) -> Ns3Backend:
         return Ns3Backend(topology, routing, self)
 
 
-PARAMS13 = (  # the names of m4's network/CC vector, in order
-    "bfsz",
-    "fwin",
-    "dctcp",
-    "dcqcn",
-    "hpcc",
-    "timely",
-    "dctcp_k",
-    "dcqcn_k_min",
-    "dcqcn_k_max",
-    "hpcc_u_tgt",
-    "hpcc_ai",
-    "timely_t_low",
-    "timely_t_high",
-)
+TRANSPORTS = ("rdma", "tcp")
+# the transport whose settings the shipped m4 checkpoints learned (m4-small: ns-3 TCP DCTCP runs);
+# the m4 backends describe the network to the model as this one by default
+IMITATED = "tcp"
 
 
-def params13(ns3: Ns3Config, wire: WireFormat) -> list[float]:
-    """m4's 13-float network/CC vector for ns-3 settings (``reference/m4.md`` §3.1): DCTCP
-    one-hot, buffer in units of 10 KB, initial window in KB for ``fwin``, marking threshold K in
-    KB (raw)."""
-    packet = wire.mtu_bytes + IP_TCP_HEADERS
-    vec = [0.0] * len(PARAMS13)
-    vec[0] = ns3.buffer_packets * packet / 1000 / 10
-    vec[1] = ns3.initial_cwnd * wire.mtu_bytes / 1000
-    vec[2] = 1.0
-    vec[6] = ns3.ecn_k_packets * packet / 1000
-    return vec
+def _plain(value):
+    """Plain dicts and lists from any mapping/sequence (OmegaConf containers included)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_plain(v) for v in value]
+    return value
 
 
-def _ps(seconds: float) -> int:
-    return round(seconds * 1e12)
+def params13(ns3: Ns3Config, routing: Routing) -> list[float]:
+    """m4's 13-float network/CC vector for these ns-3 settings (``reference/m4.md`` §3.1)."""
+    return ns3.settings.params13(routing)
 
 
 class Ns3Backend:
     """One ns-3 simulation implementing ``NetworkBackend``."""
 
     def __init__(self, topology: Topology, routing: Routing, cfg: Ns3Config) -> None:
-        if cfg.ecn_k_packets < 1 or cfg.buffer_packets <= cfg.ecn_k_packets:
-            raise InputError("need 1 <= ecn_k_packets < buffer_packets", field="ecn_k_packets")
+        cfg.settings.validate()
         self.ns = ns = load()
-        native = compiled()
         ns.Simulator.Destroy()  # drop any previous simulation of this process
         self.cfg, self.routing = cfg, routing
-        self.segment = routing.wire.mtu_bytes
-        _set_defaults(ns, cfg, self.segment)
-        self.net = native.Network(topology.n_nodes)
-        for cable in topology.cables:
-            self.net.AddLink(
-                cable.a,
-                cable.b,
-                cable.bandwidth_bps,
-                _ps(cable.latency_s),
-                self.segment + IP_TCP_HEADERS,
-                cfg.ecn_k_packets,
-                cfg.buffer_packets,
-                cable.error_rate,
-            )
-        self._vector = ns.cppyy.gbl.std.vector["unsigned int"]
+        self.fabric = cfg.settings.fabric(ns, topology, routing)
+        self.net = self.fabric.net
         self._timers: dict[int, Callable[[], None]] = {}
         self._done: dict[int, DoneCallback] = {}
         self._tokens = itertools.count()
-        self._next_port: dict[int, int] = {}
         self._error: BaseException | None = None
         self._guarded = False
         self.net.on_flow_done = self._flow_done
@@ -131,24 +107,21 @@ class Ns3Backend:
             raise SimulationError(f"cannot schedule {delay_s} s in the past")
         token = next(self._tokens)
         self._timers[token] = fn
-        self.net.Schedule(_ps(delay_s), token)
+        self.net.Schedule(to_ps(delay_s), token)
 
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
         path = self.routing.path(flow.src, flow.dst, flow.id)
         back = self.routing.path(flow.dst, flow.src, flow.id)
-        port = self._port(flow.dst)
-        links = self._vector(path.links)
-        self.net.Route(port, links, self._vector(back.links))
         self._done[flow.id] = on_done
-        self.net.StartFlow(flow.id, port, flow.size_bytes, links, 8 * self.segment)
+        self.fabric.start(flow, path, back)
 
     def run(self, until: float | None = None) -> None:
         if not self._timers and not self._done:
             return
         if until is not None:
-            self.ns.Simulator.Stop(self.ns.PicoSeconds(_ps(max(0.0, until - self.now()))))
+            self.ns.Simulator.Stop(self.ns.PicoSeconds(to_ps(max(0.0, until - self.now()))))
         if not self._guarded:
-            self.net.Guard(self.cfg.wall_limit_s, _ps(self.cfg.guard_interval_s))
+            self.net.Guard(self.cfg.wall_limit_s, to_ps(self.cfg.guard_interval_s))
             self._guarded = True
         self.ns.Simulator.Run()
         if self._error is not None:
@@ -203,12 +176,10 @@ class Ns3Backend:
         if not self._timers and not self._done:
             self.ns.Simulator.Stop()  # nothing left but idle TCP timers
 
-    def _port(self, host: int) -> int:
-        port = self._next_port.get(host, FIRST_PORT)
-        if port > LAST_PORT:
-            raise SimulationError(f"more than {LAST_PORT - FIRST_PORT + 1} flows to host {host}")
-        self._next_port[host] = port + 1
-        return port
+    def counters(self) -> dict[str, int]:
+        """Transport counters of the run so far (RDMA: drops, timeouts, pauses, marks,
+        retransmits; TCP: none)."""
+        return self.fabric.counters()
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,29 +204,3 @@ class Recording:
 def _array(vector, dtype) -> np.ndarray:
     """A numpy copy of a C++ std::vector (numpy reads its buffer, not element by element)."""
     return np.array(vector, dtype=dtype) if vector.size() else np.zeros(0, dtype)
-
-
-def _set_defaults(ns, cfg: Ns3Config, segment: int) -> None:
-    """Config defaults must be set before any node, socket or queue disc exists."""
-    string, uint, double = ns.StringValue, ns.UintegerValue, ns.DoubleValue
-    time, boolean = ns.TimeValue, ns.BooleanValue
-    settings = {
-        "ns3::TcpL4Protocol::SocketType": string("ns3::TcpDctcp"),
-        "ns3::TcpSocket::SegmentSize": uint(segment),
-        "ns3::TcpSocket::InitialCwnd": uint(cfg.initial_cwnd),
-        "ns3::TcpSocket::SndBufSize": uint(cfg.socket_buffer_bytes),
-        "ns3::TcpSocket::RcvBufSize": uint(cfg.socket_buffer_bytes),
-        "ns3::TcpSocket::ConnTimeout": time(ns.PicoSeconds(_ps(cfg.conn_timeout_s))),
-        "ns3::TcpSocket::DelAckTimeout": time(ns.PicoSeconds(_ps(cfg.delack_timeout_s))),
-        "ns3::TcpSocket::DelAckCount": uint(2),
-        "ns3::TcpSocketBase::MinRto": time(ns.PicoSeconds(_ps(cfg.min_rto_s))),
-        "ns3::TcpSocketBase::ClockGranularity": time(ns.PicoSeconds(_ps(cfg.clock_granularity_s))),
-        "ns3::RttEstimator::InitialEstimation": time(ns.PicoSeconds(_ps(cfg.initial_rtt_s))),
-        "ns3::TcpDctcp::DctcpShiftG": double(cfg.dctcp_gain),
-        "ns3::RedQueueDisc::UseEcn": boolean(True),
-        "ns3::RedQueueDisc::UseHardDrop": boolean(False),
-        "ns3::RedQueueDisc::QW": double(1.0),
-        "ns3::RedQueueDisc::Gentle": boolean(False),
-    }
-    for name, value in settings.items():
-        ns.Config.SetDefault(name, value)

@@ -100,11 +100,12 @@ def test_agrees_with_flowsim_when_light_and_is_slower_under_congestion(ray_local
     ns3, _ = run(remote, ray_local, topo, light)
     fluid, _ = run(remote, ray_local, topo, light, FlowSimConfig())
     assert ns3 == pytest.approx(fluid, rel=0.05)
-    # short flows behind a long one on the same access link: ns-3 queues them (ECN keeps ~K
-    # packets standing), the fluid model gives them their fair share at once
+    # short flows behind a long one on the same access link: ns-3 TCP queues them (ECN keeps ~K
+    # packets standing), the fluid model gives them their fair share at once (the RDMA window
+    # keeps the standing queue under one BDP: test_rdma.py covers its congestion)
     congested = [Flow(0, 0, 15, 20 * MB, 0.0)]
     congested += [Flow(i, 1 + i % 7, 15, 20_000, 2e-3 + i * 1e-3) for i in range(1, 9)]
-    ns3, _ = run(remote, ray_local, topo, congested)
+    ns3, _ = run(remote, ray_local, topo, congested, Ns3Config(transport="tcp"))
     fluid, _ = run(remote, ray_local, topo, congested, FlowSimConfig())
     assert fluid[1:].mean() < 0.8 * ns3[1:].mean()
 
@@ -147,9 +148,11 @@ def test_ring_all_reduce_steps_wait_for_their_predecessors(ray_local):
 def test_failures_become_rows_and_other_scenarios_finish(ray_local, tmp_path):
     template = Scenario(workload=SimAIWorkloadSpec(path="microAllReduce", scale=0.001), wire=JUMBO)
     grid = GridConfig(n=[8], r=[4])
+    broken = Ns3Config()
+    broken.rdma.pfc_threshold_bytes = 2 * broken.rdma.buffer_bytes  # checked again at build
     options = {
         "flowsim": FlowSimConfig(),
-        "ns3": Ns3Config(ecn_k_packets=0),
+        "ns3": broken,
         "ns3_slow": Ns3Config(wall_limit_s=1.0),
     }
     bad, ok = expand(grid, template, ["ns3", "flowsim"], options, 0)
@@ -162,7 +165,7 @@ def test_failures_become_rows_and_other_scenarios_finish(ray_local, tmp_path):
     )[0]
     rows = run_many([bad, slow, ok], tmp_path, RayConfig(), progress=False)
     assert [r["status"] for r in rows] == ["failed", "failed", "ok"]
-    assert "ecn_k_packets" in rows[0]["error"]
+    assert "pfc_threshold_bytes" in rows[0]["error"]
     assert "wall-clock limit of 1 s" in rows[1]["error"]
     assert flows_path(tmp_path, slow).exists()  # what completed before the stop is kept
 
@@ -233,4 +236,4 @@ def test_trace_mode_cli_with_ns3(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = pacsv.read_csv(out)
     slowdown = table.column("slowdown").to_numpy()
-    assert table.num_rows == 2 and (slowdown >= 1).all() and (slowdown > 1.5).any()
+    assert table.num_rows == 2 and (slowdown >= 1 - 1e-6).all() and (slowdown > 1.5).any()

@@ -1,0 +1,569 @@
+"""The RDMA NIC fabric of the ns-3 backend: C++ compiled at run time by cppyy (once per process).
+
+GPU fabrics run RDMA (RoCE): a NIC queue pair starts a flow at line rate with no handshake, bounded
+by a window of about one BDP, and DCTCP-style rate control reacts to ECN echoes over a fabric that
+PFC keeps lossless (``reference/ns3.md``, transport note). ns-3 has no RDMA module, so this one is
+written here, on ns-3's own parts: nodes, ``PointToPointNetDevice``/``PointToPointChannel`` links
+(serialisation and propagation, mid-run rate changes), ``Packet`` objects with an m4ray header,
+and the ns-3 scheduler. The NIC and switch logic, like the HPCC simulator's, is our own:
+
+* **links** — every directed link is an egress *port*: a high-priority queue (ACK/NACK/PFC
+  frames, never paused), a data FIFO (switches) or the queue pairs of a host, and the device's
+  one-packet transmit slot, refilled when the device starts sending (no event of our own).
+* **switches** forward by source route (the packet's flow and hop index into m4ray's
+  :class:`~m4ray.sim.routing.Routing` path), share one buffer per switch, mark ECN (CE) at
+  dequeue when the egress FIFO holds more than K bytes (step marking, K per link rate), and send
+  PFC PAUSE upstream when an ingress port holds more than the PFC threshold (RESUME two packets
+  below it). A data packet that would overflow the shared buffer is dropped and counted.
+* **hosts** serve their queue pairs round-robin per port, each paced at its own rate and held to
+  its window (optionally scaled by rate/line rate, HPCC's ``VAR_WIN``). The receiver ACKs every
+  packet with the CE bit echoed, NACKs the first out-of-order packet (go-back-N), and reports the
+  flow done when its last byte arrives in order. DCTCP as rate control: α ← (1−g)α + g·F once per
+  window of data, rate ← max(min, rate·(1−α/2)) on an echo outside CWR (once per window), additive
+  increase once per window otherwise. A retransmission timer goes back to the last ACK when a
+  window sees no progress (needed only when packets are lost).
+* **loss** (``error_rate`` of a cable) drops data and ACK packets at the receiving end with a
+  seeded ns-3 random stream; PFC frames are never dropped (a lost RESUME would stall a port).
+
+Recording (training data) keeps the same vectors as the TCP fabric (``native.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from m4ray.sim.ns3.loader import load
+
+SOURCE = r"""
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <vector>
+
+namespace m4ray {
+using namespace ns3;
+
+enum : uint8_t { kData = 0, kAck = 1, kNack = 2, kPause = 3, kResume = 4 };
+enum : uint8_t { kCe = 1 };
+
+// 20 bytes on the wire; the rest of the wire format's per-packet header is padding.
+class RdmaHeader : public Header {
+  public:
+    uint32_t flow = 0;     // fabric slot of the flow
+    uint64_t seq = 0;      // data: first payload byte; ACK/NACK: next byte expected
+    uint32_t in_link = 0;  // switch: the link the packet came in on (for buffer accounting)
+    uint8_t type = kData, flags = 0, hop = 0;
+
+    static TypeId GetTypeId() {
+        static TypeId tid = TypeId("m4ray::RdmaHeader")
+                                .SetParent<Header>()
+                                .SetGroupName("Network")
+                                .AddConstructor<RdmaHeader>();
+        return tid;
+    }
+    TypeId GetInstanceTypeId() const override { return GetTypeId(); }
+    uint32_t GetSerializedSize() const override { return 20; }
+    void Serialize(Buffer::Iterator it) const override {
+        it.WriteU32(flow);
+        it.WriteU64(seq);
+        it.WriteU32(in_link);
+        it.WriteU8(type);
+        it.WriteU8(flags);
+        it.WriteU8(hop);
+        it.WriteU8(0);
+    }
+    uint32_t Deserialize(Buffer::Iterator it) override {
+        flow = it.ReadU32();
+        seq = it.ReadU64();
+        in_link = it.ReadU32();
+        type = it.ReadU8();
+        flags = it.ReadU8();
+        hop = it.ReadU8();
+        it.ReadU8();
+        return 20;
+    }
+    void Print(std::ostream& os) const override { os << "flow=" << flow << " seq=" << seq; }
+};
+
+struct RdmaParams {
+    uint32_t mtu = 1000;          // payload bytes per data packet
+    uint32_t header = 48;         // wire bytes per packet besides payload (incl. 2 B PPP)
+    uint32_t ack_bytes = 64;      // wire bytes of an ACK/NACK/PFC frame
+    double gain = 1.0 / 16;       // DCTCP g
+    double rate_ai = 615e6;       // bits/s added once per window
+    double min_rate = 1e9;        // bits/s
+    bool var_window = true;       // window scales with rate / line rate
+    uint64_t buffer = 4000000;    // shared buffer per switch, bytes
+    bool pfc = true;
+    uint64_t pfc_threshold = 500000;  // bytes held from one ingress port before PAUSE
+    int64_t rto_ps = 1000000000;  // retransmission timeout
+};
+
+struct Qp {  // sender state of one flow
+    uint64_t size = 0, snd_nxt = 0, snd_una = 0, high_tx = 0, window = 0;
+    uint32_t port = 0;
+    double line_rate = 0, rate = 0;
+    int64_t next_ps = 0;          // pacing: earliest time of the next packet
+    // DCTCP
+    double alpha = 1.0;
+    uint64_t batch_end = 0, high_seq = 0;
+    uint32_t batch_acks = 0, batch_marks = 0;
+    bool cwr = false, first_batch = true;
+    // retransmission timer
+    bool timer = false;
+    uint64_t una_at_arm = 0;
+    bool active = true;           // still in its port's round-robin list
+};
+
+struct Rx {  // receiver state of one flow
+    uint64_t expected = 0;
+    bool nacked = false, done = false;
+};
+
+struct Port {  // one directed link's sending end
+    uint32_t node = 0, peer = 0;
+    Ptr<PointToPointNetDevice> device;
+    Ptr<UniformRandomVariable> loss_rng;  // on the receiving end
+    double loss = 0, rate = 0;  // receiving-end loss probability; bits/s
+    uint64_t ecn_k = 0;
+    std::deque<Ptr<Packet>> hi, data;
+    uint64_t hi_bytes = 0, data_bytes = 0;
+    std::vector<uint32_t> qps;    // hosts: flows sending on this port
+    size_t rr = 0;
+    bool paused = false;          // PAUSE received from the peer
+    bool pause_sent = false;      // we paused the peer (ingress accounting of this link at peer)
+    uint64_t ingress = 0;         // bytes that came in over this link and sit in peer's buffer
+    int64_t wake_ps = std::numeric_limits<int64_t>::max();
+};
+
+class RdmaNetwork {
+  public:
+    std::function<void(uint32_t, double)> on_flow_done;  // (flow id, delivery time s)
+    std::function<void(uint64_t)> on_timer;             // scheduled Python callback token
+    // counters (whole run)
+    uint64_t drops = 0, timeouts = 0, pauses = 0, marks = 0, retransmits = 0;
+
+    RdmaNetwork(uint32_t n_nodes, const std::vector<uint8_t>& is_switch, RdmaParams params)
+        : m_p(params), m_switch(is_switch), m_used(n_nodes, 0) {
+        m_nodes.Create(n_nodes);
+    }
+
+    // A full-duplex cable a<->b; links 2*i (a->b) and 2*i+1 (b->a).
+    void AddLink(uint32_t a, uint32_t b, double rate_bps, int64_t delay_ps, uint64_t ecn_k,
+                 double error_rate) {
+        PointToPointHelper p2p;
+        p2p.SetDeviceAttribute("DataRate", DataRateValue(DataRate(uint64_t(rate_bps))));
+        p2p.SetDeviceAttribute("Mtu", UintegerValue(65000));
+        p2p.SetChannelAttribute("Delay", TimeValue(PicoSeconds(delay_ps)));
+        p2p.SetQueue("ns3::DropTailQueue<Packet>", "MaxSize", StringValue("1p"));
+        NetDeviceContainer devs = p2p.Install(m_nodes.Get(a), m_nodes.Get(b));
+        for (int side = 0; side < 2; ++side) {
+            uint32_t link = m_ports.size();
+            Port port;
+            port.node = side == 0 ? a : b;
+            port.peer = side == 0 ? b : a;
+            port.device = DynamicCast<PointToPointNetDevice>(devs.Get(side));
+            port.ecn_k = ecn_k;
+            port.rate = rate_bps;
+            port.loss = error_rate;
+            port.loss_rng = CreateObject<UniformRandomVariable>();
+            port.loss_rng->SetStream(1000 + link);
+            m_ports.push_back(port);
+            port.device->TraceConnectWithoutContext(
+                "PhyTxBegin",
+                Callback<void, Ptr<const Packet>>([this, link](Ptr<const Packet>) { Feed(link); }));
+            // the device at the other end receives this link's packets
+            Ptr<NetDevice> rx = devs.Get(1 - side);
+            rx->SetReceiveCallback(Callback<bool, Ptr<NetDevice>, Ptr<const Packet>, uint16_t,
+                                            const Address&>(
+                [this, link](Ptr<NetDevice>, Ptr<const Packet> p, uint16_t, const Address&) {
+                    Receive(link, p);
+                    return true;
+                }));
+        }
+    }
+
+    void SetRate(uint32_t link, double rate_bps) {
+        m_ports[link].device->SetDataRate(DataRate(uint64_t(rate_bps)));
+        m_ports[link].rate = rate_bps;
+    }
+    void SetLoss(uint32_t link, double rate) { m_ports[link].loss = rate; }
+
+    // Start flow `id` now over `path` (data) and `back` (ACKs) with a window of `window` bytes.
+    void StartFlow(uint32_t id, uint64_t size, const std::vector<uint32_t>& path,
+                   const std::vector<uint32_t>& back, uint64_t window) {
+        uint32_t slot = m_ids.size();
+        m_ids.push_back(id);
+        m_path.push_back(path);
+        m_back.push_back(back);
+        m_rx.emplace_back();
+        Qp q;
+        q.size = size;
+        q.port = path.front();
+        q.window = window;
+        q.line_rate = m_ports[q.port].rate;
+        q.rate = q.line_rate;
+        m_qp.push_back(q);
+        ++m_active;
+        if (m_record) RecordArrival(slot, path);
+        if (size == 0) {  // nothing to send: delivered at once
+            m_qp[slot].active = false;
+            Deliver(slot);
+            return;
+        }
+        m_ports[q.port].qps.push_back(slot);
+        Feed(q.port);
+    }
+
+    void Schedule(int64_t delay_ps, uint64_t token) {
+        Simulator::Schedule(PicoSeconds(delay_ps), [this, token]() { on_timer(token); });
+    }
+    void Guard(double limit_s, int64_t every_ps) {
+        m_limit = limit_s;
+        m_every = every_ps;
+        m_start = std::chrono::steady_clock::now();
+        Simulator::Schedule(PicoSeconds(every_ps), &RdmaNetwork::Check, this);
+    }
+    bool Expired() const { return m_expired; }
+    uint32_t Active() const { return m_active; }
+
+    // ---- recording (off by default); same layout as the TCP fabric
+    void Record(bool on) { m_record = on; }
+    std::vector<double> ev_time;
+    std::vector<uint32_t> ev_flow;
+    std::vector<uint8_t> ev_kind;
+    std::vector<uint32_t> rx_event, rx_flow;
+    std::vector<uint64_t> rx_bytes;
+    std::vector<uint32_t> q_flow, q_hop, q_link;
+    std::vector<uint64_t> q_bytes;
+    uint64_t Backlog(uint32_t link) const {
+        const Port& port = m_ports[link];
+        return port.hi_bytes + port.data_bytes + port.device->GetQueue()->GetNBytes();
+    }
+
+  private:
+    // ---------------------------------------------------------------- transmit side
+    Ptr<Packet> Make(uint32_t wire_bytes, const RdmaHeader& h) const {
+        Ptr<Packet> p = Create<Packet>(wire_bytes - 2 - h.GetSerializedSize());
+        p->AddHeader(h);
+        return p;
+    }
+    void Control(uint32_t link, uint8_t type, uint32_t slot, uint64_t seq, uint8_t flags,
+                 uint8_t hop) {
+        RdmaHeader h;
+        h.type = type;
+        h.flow = slot;
+        h.seq = seq;
+        h.flags = flags;
+        h.hop = hop;
+        Port& port = m_ports[link];
+        Ptr<Packet> p = Make(m_p.ack_bytes, h);
+        port.hi.push_back(p);
+        port.hi_bytes += p->GetSize() + 2;
+        Feed(link);
+    }
+
+    // Fill the device's transmit slot: control frames first, then data unless paused.
+    void Feed(uint32_t link) {
+        Port& port = m_ports[link];
+        if (!port.device->GetQueue()->IsEmpty()) return;
+        Ptr<Packet> p;
+        if (!port.hi.empty()) {
+            p = port.hi.front();
+            port.hi.pop_front();
+            port.hi_bytes -= p->GetSize() + 2;
+        } else if (!port.paused) {
+            p = m_switch[port.node] ? Dequeue(link) : NextQp(link);
+        }
+        if (p) port.device->Send(p, port.device->GetBroadcast(), 0x0800);
+    }
+
+    Ptr<Packet> Dequeue(uint32_t link) {
+        Port& port = m_ports[link];
+        if (port.data.empty()) return nullptr;
+        Ptr<Packet> p = port.data.front();
+        port.data.pop_front();
+        uint64_t wire = p->GetSize() + 2;
+        bool mark = port.data_bytes > port.ecn_k;
+        port.data_bytes -= wire;
+        RdmaHeader h;
+        p->RemoveHeader(h);
+        if (mark) {
+            h.flags |= kCe;
+            ++marks;
+        }
+        uint32_t in = h.in_link;
+        p->AddHeader(h);
+        m_used[port.node] -= wire;
+        Port& ingress = m_ports[in];
+        ingress.ingress -= wire;
+        uint64_t resume_below = m_p.pfc_threshold - 2 * (m_p.mtu + m_p.header);
+        if (ingress.pause_sent && ingress.ingress <= resume_below) {
+            ingress.pause_sent = false;
+            Control(in ^ 1u, kResume, 0, 0, 0, 0);
+        }
+        return p;
+    }
+
+    // Round-robin over the port's queue pairs: the next one allowed by window and pacing.
+    Ptr<Packet> NextQp(uint32_t link) {
+        Port& port = m_ports[link];
+        int64_t now = Simulator::Now().GetPicoSeconds();
+        int64_t earliest = std::numeric_limits<int64_t>::max();
+        size_t n = port.qps.size();
+        for (size_t i = 0; i < n; ++i) {
+            size_t at = (port.rr + i) % n;
+            uint32_t slot = port.qps[at];
+            Qp& q = m_qp[slot];
+            if (q.snd_nxt >= q.size || q.snd_nxt - q.snd_una >= Window(q)) continue;
+            if (q.next_ps > now) {
+                earliest = std::min(earliest, q.next_ps);
+                continue;
+            }
+            port.rr = at + 1;
+            return DataPacket(slot, now);
+        }
+        if (earliest != std::numeric_limits<int64_t>::max() && earliest < port.wake_ps) {
+            port.wake_ps = earliest;
+            Simulator::Schedule(PicoSeconds(earliest - now), &RdmaNetwork::Wake, this, link);
+        }
+        return nullptr;
+    }
+    void Wake(uint32_t link) {
+        Port& port = m_ports[link];
+        if (Simulator::Now().GetPicoSeconds() < port.wake_ps) return;  // superseded
+        port.wake_ps = std::numeric_limits<int64_t>::max();
+        Feed(link);
+    }
+    uint64_t Window(const Qp& q) const {
+        if (q.window == 0) return std::numeric_limits<uint64_t>::max();
+        if (!m_p.var_window) return q.window;
+        return std::max<uint64_t>(1, uint64_t(q.window * (q.rate / q.line_rate)));
+    }
+
+    Ptr<Packet> DataPacket(uint32_t slot, int64_t now) {
+        Qp& q = m_qp[slot];
+        uint64_t payload = std::min<uint64_t>(m_p.mtu, q.size - q.snd_nxt);
+        RdmaHeader h;
+        h.type = kData;
+        h.flow = slot;
+        h.seq = q.snd_nxt;
+        if (q.snd_nxt < q.high_tx) ++retransmits;
+        q.snd_nxt += payload;
+        q.high_tx = std::max(q.high_tx, q.snd_nxt);
+        uint32_t wire = payload + m_p.header;
+        q.next_ps = now + int64_t(wire * 8.0 / q.rate * 1e12);
+        if (!q.timer) Arm(slot);
+        return Make(wire, h);
+    }
+
+    // ---------------------------------------------------------------- receive side
+    void Receive(uint32_t link, Ptr<const Packet> in) {
+        Port& port = m_ports[link];
+        RdmaHeader h;
+        in->PeekHeader(h);
+        if (h.type == kPause || h.type == kResume) {  // peer tells us about our port to it
+            Port& mine = m_ports[link ^ 1u];
+            mine.paused = h.type == kPause;
+            if (h.type == kPause) ++pauses;
+            else Feed(link ^ 1u);
+            return;
+        }
+        if (port.loss > 0 && port.loss_rng->GetValue() < port.loss) return;  // lost on the wire
+        const std::vector<uint32_t>& route = h.type == kData ? m_path[h.flow] : m_back[h.flow];
+        if (h.hop + 1u == route.size()) {
+            if (h.type == kData) OnData(h, in->GetSize() + 2);
+            else OnAck(h);
+            return;
+        }
+        Ptr<Packet> p = in->Copy();
+        p->RemoveHeader(h);
+        ++h.hop;
+        uint32_t out = route[h.hop];
+        Port& next = m_ports[out];
+        uint64_t wire = p->GetSize() + h.GetSerializedSize() + 2;
+        if (h.type != kData) {
+            p->AddHeader(h);
+            next.hi.push_back(p);
+            next.hi_bytes += wire;
+            Feed(out);
+            return;
+        }
+        uint32_t node = port.peer;
+        if (m_used[node] + wire > m_p.buffer) {
+            ++drops;
+            return;
+        }
+        h.in_link = link;
+        p->AddHeader(h);
+        m_used[node] += wire;
+        port.ingress += wire;
+        if (m_p.pfc && !port.pause_sent && port.ingress > m_p.pfc_threshold) {
+            port.pause_sent = true;
+            Control(link ^ 1u, kPause, 0, 0, 0, 0);
+        }
+        next.data.push_back(p);
+        next.data_bytes += wire;
+        Feed(out);
+    }
+
+    void OnData(const RdmaHeader& h, uint64_t wire) {
+        uint32_t slot = h.flow;
+        Rx& r = m_rx[slot];
+        uint32_t back = m_back[slot].front();
+        uint64_t payload = wire - m_p.header;
+        if (h.seq == r.expected) {
+            r.expected += payload;
+            r.nacked = false;
+            Control(back, kAck, slot, r.expected, h.flags & kCe, 0);
+            if (!r.done && r.expected >= m_qp[slot].size) Deliver(slot);
+        } else if (h.seq > r.expected) {
+            if (!r.nacked) {
+                r.nacked = true;
+                Control(back, kNack, slot, r.expected, h.flags & kCe, 0);
+            }
+        } else {
+            Control(back, kAck, slot, r.expected, h.flags & kCe, 0);
+        }
+    }
+    void Deliver(uint32_t slot) {
+        m_rx[slot].done = true;
+        --m_active;
+        if (m_record) RecordCompletion(slot);
+        on_flow_done(m_ids[slot], Simulator::Now().GetSeconds());
+    }
+
+    void OnAck(const RdmaHeader& h) {
+        uint32_t slot = h.flow;
+        Qp& q = m_qp[slot];
+        if (!q.active) return;
+        if (h.seq > q.snd_una) q.snd_una = h.seq;
+        if (h.type == kNack && q.snd_nxt > h.seq) q.snd_nxt = std::max(h.seq, q.snd_una);
+        Dctcp(q, h.seq, h.flags & kCe);
+        if (q.snd_una >= q.size) {
+            q.active = false;
+            Port& port = m_ports[q.port];
+            auto it = std::find(port.qps.begin(), port.qps.end(), slot);
+            size_t at = it - port.qps.begin();
+            port.qps.erase(it);
+            if (port.rr > at) --port.rr;
+        }
+        Feed(q.port);
+    }
+
+    void Dctcp(Qp& q, uint64_t ack, bool ce) {
+        ++q.batch_acks;
+        if (ce) ++q.batch_marks;
+        bool new_batch = false;
+        if (ack >= q.batch_end) {  // a window of data has been acknowledged since the last one
+            if (!q.first_batch) {
+                double f = double(q.batch_marks) / q.batch_acks;
+                q.alpha = (1 - m_p.gain) * q.alpha + m_p.gain * f;
+            }
+            q.first_batch = false;
+            q.batch_acks = q.batch_marks = 0;
+            q.batch_end = q.snd_nxt;
+            new_batch = true;
+        }
+        if (q.cwr && ack > q.high_seq) q.cwr = false;
+        if (ce && !q.cwr) {
+            q.rate = std::max(m_p.min_rate, q.rate * (1 - q.alpha / 2));
+            q.cwr = true;
+            q.high_seq = q.snd_nxt;
+        } else if (new_batch && !q.cwr) {
+            q.rate = std::min(q.line_rate, q.rate + m_p.rate_ai);
+        }
+    }
+
+    void Arm(uint32_t slot) {
+        Qp& q = m_qp[slot];
+        q.timer = true;
+        q.una_at_arm = q.snd_una;
+        Simulator::Schedule(PicoSeconds(m_p.rto_ps), &RdmaNetwork::Timeout, this, slot);
+    }
+    void Timeout(uint32_t slot) {
+        Qp& q = m_qp[slot];
+        q.timer = false;
+        if (!q.active || q.snd_una >= q.size) return;
+        if (q.snd_una == q.una_at_arm && q.snd_nxt > q.snd_una) {  // a whole RTO, no progress
+            ++timeouts;
+            q.snd_nxt = q.snd_una;
+            q.next_ps = 0;
+            Feed(q.port);
+        }
+        if (q.snd_nxt > q.snd_una || q.snd_nxt < q.size) Arm(slot);
+    }
+
+    // ---------------------------------------------------------------- recording
+    void RecordArrival(uint32_t slot, const std::vector<uint32_t>& path) {
+        for (uint32_t hop = 0; hop < path.size(); ++hop) {
+            q_flow.push_back(m_ids[slot]);
+            q_hop.push_back(hop);
+            q_link.push_back(path[hop]);
+            q_bytes.push_back(Backlog(path[hop]));
+        }
+        m_pos.resize(m_ids.size(), 0);
+        m_pos[slot] = m_live.size();
+        m_live.push_back(slot);
+        Snapshot(slot, 0);
+    }
+    void RecordCompletion(uint32_t slot) {
+        Snapshot(slot, 1);
+        size_t at = m_pos[slot], last = m_live.back();
+        m_live[at] = last;
+        m_pos[last] = at;
+        m_live.pop_back();
+    }
+    void Snapshot(uint32_t slot, uint8_t kind) {
+        uint32_t event = ev_time.size();
+        ev_time.push_back(Simulator::Now().GetSeconds());
+        ev_flow.push_back(m_ids[slot]);
+        ev_kind.push_back(kind);
+        for (uint32_t live : m_live) {
+            rx_event.push_back(event);
+            rx_flow.push_back(m_ids[live]);
+            rx_bytes.push_back(std::min(m_rx[live].expected, m_qp[live].size));
+        }
+    }
+
+    void Check() {
+        std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - m_start;
+        if (elapsed.count() > m_limit) {
+            m_expired = true;
+            Simulator::Stop();
+            return;
+        }
+        Simulator::Schedule(PicoSeconds(m_every), &RdmaNetwork::Check, this);
+    }
+
+    RdmaParams m_p;
+    std::vector<uint8_t> m_switch;
+    std::vector<uint64_t> m_used;  // shared buffer in use per node (switches), bytes
+    NodeContainer m_nodes;
+    std::vector<Port> m_ports;
+    std::vector<uint32_t> m_ids;
+    std::vector<std::vector<uint32_t>> m_path, m_back;
+    std::vector<Qp> m_qp;
+    std::vector<Rx> m_rx;
+    uint32_t m_active = 0;
+    bool m_record = false;
+    std::vector<uint32_t> m_live;
+    std::vector<size_t> m_pos;
+    double m_limit = 0;
+    int64_t m_every = 0;
+    bool m_expired = false;
+    std::chrono::steady_clock::time_point m_start;
+};
+
+}  // namespace m4ray
+"""
+
+
+@functools.cache
+def compiled():
+    """The ``m4ray`` C++ namespace with the RDMA fabric (ns-3 loaded, compiled once)."""
+    ns = load()
+    ns.cppyy.cppdef(SOURCE)
+    return ns.cppyy.gbl.m4ray

@@ -1,0 +1,320 @@
+"""The two transports of the ns-3 backend, each a config dataclass and the fabric it builds.
+
+* :class:`RdmaConfig` (default) — RDMA NIC queue pairs over a PFC-lossless fabric with DCTCP rate
+  control (``rdma.py``), as the field's reference simulator (HPCC's ns-3) models GPU fabrics.
+  Defaults are the DCTCP settings of the m4 example scenario (``CC_MODE 8``): K per link rate
+  (30 KB at 10 Gbps, 120 KB at 40 Gbps, interpolated between and held beyond), g = 1/16, rate AI
+  615 Mbit/s, minimum rate 1 Gbit/s, window scaled with rate (``VAR_WIN``).
+* :class:`TcpConfig` — ns-3's own TCP DCTCP (BulkSend → PacketSink per flow, RED/ECN queue discs,
+  ``native.py``), kept for comparison with real TCP stacks (the emulation backend).
+
+A fabric wraps the C++ network object (``net``: the same clock, timer, guard and recording
+interface for both) and knows how to start one routed flow. Units: bytes, bits/s, seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from m4ray.errors import InputError, SimulationError
+from m4ray.sim.flows import Flow
+from m4ray.sim.routing import Path, Routing
+from m4ray.sim.topology import Topology
+
+IP_TCP_HEADERS = 52  # IPv4 20 B + TCP 20 B + timestamp option 12 B
+FIRST_PORT, LAST_PORT = 1000, 49151  # TCP sink ports; ns-3's ephemeral ports start at 49152
+RDMA_HEADER_BYTES = 22  # m4ray's RDMA header (20 B) + PPP (2 B): the least a wire header can be
+
+
+def to_ps(seconds: float) -> int:
+    """Seconds as whole picoseconds (ns-3 runs at picosecond resolution here)."""
+    return round(seconds * 1e12)
+
+
+@dataclass(kw_only=True, slots=True)
+class RdmaConfig:
+    """RDMA transport settings. ``window_bytes=None``: one window for every flow, the largest
+    bandwidth-delay product of the topology's host pairs plus one packet (HPCC's ``FIXED_WIN``
+    rule), so a lone flow is never window-bound; 0 disables the window. ``ecn_k_bytes``: marking
+    threshold K as ``[[rate_bps, bytes], ...]``, linear in rate between points, held beyond the
+    ends. ``buffer_bytes`` is shared per switch; ``pfc_threshold_bytes`` is what one ingress port
+    may hold before the switch pauses its upstream."""
+
+    window_bytes: int | None = None
+    var_window: bool = True
+    ecn_k_bytes: list[list[float]] = field(
+        default_factory=lambda: [[10e9, 30_000.0], [40e9, 120_000.0]]
+    )
+    dctcp_gain: float = 0.0625
+    rate_ai_bps: float = 615e6
+    min_rate_bps: float = 1e9
+    buffer_bytes: int = 4_000_000
+    pfc: bool = True
+    pfc_threshold_bytes: int = 500_000
+    ack_bytes: int = 64
+    rto_s: float = 1e-3
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Reject impossible settings, naming the field (``ns3.rdma.<field>``)."""
+        checks = [
+            (self.window_bytes is None or self.window_bytes >= 0, "window_bytes", ">= 0 or null"),
+            (0 < self.dctcp_gain <= 1, "dctcp_gain", "in (0, 1]"),
+            (self.rate_ai_bps >= 0, "rate_ai_bps", ">= 0"),
+            (self.min_rate_bps > 0, "min_rate_bps", "> 0"),
+            (self.buffer_bytes > 0, "buffer_bytes", "> 0"),
+            (self.ack_bytes >= RDMA_HEADER_BYTES, "ack_bytes", f">= {RDMA_HEADER_BYTES}"),
+            (self.rto_s > 0, "rto_s", "> 0"),
+            (
+                0 < self.pfc_threshold_bytes < self.buffer_bytes,
+                "pfc_threshold_bytes",
+                f"in (0, buffer_bytes = {self.buffer_bytes})",
+            ),
+        ]
+        for ok, name, rule in checks:
+            if not ok:
+                raise InputError(f"must be {rule}", field=f"ns3.rdma.{name}")
+        points = self.ecn_k_bytes
+        if not points or any(len(p) != 2 or p[0] <= 0 or p[1] <= 0 for p in points):
+            raise InputError(
+                "expected [[rate_bps, K_bytes], ...] with positive values",
+                field="ns3.rdma.ecn_k_bytes",
+            )
+        if max(p[1] for p in points) >= self.buffer_bytes:
+            raise InputError(
+                f"K {max(p[1] for p in points):g} B is not below the buffer "
+                f"({self.buffer_bytes} B): nothing would ever be marked",
+                field="ns3.rdma.ecn_k_bytes",
+            )
+
+    def ecn_k(self, rate_bps: float) -> int:
+        """Marking threshold (bytes) of a port sending at ``rate_bps``."""
+        points = sorted(self.ecn_k_bytes)
+        rates = [p[0] for p in points]
+        return round(float(np.interp(rate_bps, rates, [p[1] for p in points])))
+
+    def window(self, routing: Routing) -> int:
+        """The window every flow gets (bytes; 0 = none)."""
+        if self.window_bytes is not None:
+            return self.window_bytes
+        wire = routing.wire
+        return (
+            math.ceil(max_bdp_bytes(routing, self.ack_bytes)) + wire.mtu_bytes + wire.header_bytes
+        )
+
+    def params13(self, routing: Routing) -> list[float]:
+        """m4's vector: DCTCP one-hot, buffer in 10 KB, window in KB, K (KB) at the lowest rate."""
+        vec = [0.0] * len(PARAMS13)
+        vec[0] = self.buffer_bytes / 1000 / 10
+        vec[1] = self.window(routing) / 1000
+        vec[2] = 1.0
+        vec[6] = min(self.ecn_k_bytes)[1] / 1000
+        return vec
+
+    def fabric(self, ns, topology: Topology, routing: Routing) -> RdmaFabric:
+        return RdmaFabric(ns, topology, routing, self)
+
+
+def max_bdp_bytes(routing: Routing, ack_bytes: int) -> float:
+    """Largest bottleneck bandwidth × round trip (first data packet out, an ACK back) over host
+    pairs, in bytes. Paths from up to 16 evenly spaced source hosts to every host: all pairs on
+    small topologies, the symmetric classes of large regular ones."""
+    hosts = routing.topo.hosts
+    step = max(1, len(hosts) // 16)
+    packet = routing.wire.mtu_bytes + routing.wire.header_bytes
+    best = 0.0
+    for src in hosts[::step]:
+        for dst in hosts:
+            if dst == src:
+                continue
+            path = routing.path(src, dst)
+            rtt = 2 * path.latency_s + (packet + ack_bytes) * 8 * path.inverse_bw_sum
+            best = max(best, path.bottleneck_bps * rtt / 8)
+    return best
+
+
+class RdmaFabric:
+    """The RDMA C++ network for one topology; flows start with the configured window."""
+
+    def __init__(self, ns, topology: Topology, routing: Routing, cfg: RdmaConfig) -> None:
+        from m4ray.sim.ns3.rdma import compiled
+
+        native = compiled()
+        wire = routing.wire
+        if wire.header_bytes < RDMA_HEADER_BYTES:
+            raise InputError(
+                f"the RDMA transport needs >= {RDMA_HEADER_BYTES} header bytes per packet",
+                field="wire.header_bytes",
+            )
+        p = native.RdmaParams()
+        p.mtu, p.header, p.ack_bytes = wire.mtu_bytes, wire.header_bytes, cfg.ack_bytes
+        p.gain, p.rate_ai, p.min_rate = cfg.dctcp_gain, cfg.rate_ai_bps, cfg.min_rate_bps
+        p.var_window, p.buffer, p.pfc = cfg.var_window, cfg.buffer_bytes, cfg.pfc
+        p.pfc_threshold, p.rto_ps = cfg.pfc_threshold_bytes, to_ps(cfg.rto_s)
+        is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
+        is_switch[list(topology.hosts)] = 0
+        self.net = native.RdmaNetwork(
+            topology.n_nodes, ns.cppyy.gbl.std.vector["unsigned char"](is_switch.tolist()), p
+        )
+        for cable in topology.cables:
+            self.net.AddLink(
+                cable.a,
+                cable.b,
+                cable.bandwidth_bps,
+                to_ps(cable.latency_s),
+                cfg.ecn_k(cable.bandwidth_bps),
+                cable.error_rate,
+            )
+        self._window = cfg.window(routing)
+        self._vector = ns.cppyy.gbl.std.vector["unsigned int"]
+
+    def start(self, flow: Flow, path: Path, back: Path) -> None:
+        self.net.StartFlow(
+            flow.id,
+            flow.size_bytes,
+            self._vector(path.links),
+            self._vector(back.links),
+            self._window,
+        )
+
+    def counters(self) -> dict[str, int]:
+        """Drops, retransmission timeouts, PFC pauses, ECN marks and retransmitted packets."""
+        net = self.net
+        return {
+            "drops": int(net.drops),
+            "timeouts": int(net.timeouts),
+            "pauses": int(net.pauses),
+            "marks": int(net.marks),
+            "retransmits": int(net.retransmits),
+        }
+
+
+@dataclass(kw_only=True, slots=True)
+class TcpConfig:
+    """ns-3 TCP DCTCP settings (seconds, bytes, packets); segment = the wire's ``mtu_bytes``."""
+
+    ecn_k_packets: int = 20  # RED MinTh = MaxTh: DCTCP step-marking threshold
+    buffer_packets: int = 400  # RED queue limit per port
+    dctcp_gain: float = 0.0625
+    initial_cwnd: int = 10
+    min_rto_s: float = 1e-3
+    initial_rtt_s: float = 100e-6
+    clock_granularity_s: float = 1e-6
+    delack_timeout_s: float = 50e-6
+    conn_timeout_s: float = 10e-3
+    socket_buffer_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.ecn_k_packets < 1 or self.buffer_packets <= self.ecn_k_packets:
+            raise InputError(
+                "need 1 <= ecn_k_packets < buffer_packets", field="ns3.tcp.ecn_k_packets"
+            )
+
+    def params13(self, routing: Routing) -> list[float]:
+        """m4's vector: DCTCP one-hot, buffer in 10 KB, initial window in KB, K in KB."""
+        packet = routing.wire.mtu_bytes + IP_TCP_HEADERS
+        vec = [0.0] * len(PARAMS13)
+        vec[0] = self.buffer_packets * packet / 1000 / 10
+        vec[1] = self.initial_cwnd * routing.wire.mtu_bytes / 1000
+        vec[2] = 1.0
+        vec[6] = self.ecn_k_packets * packet / 1000
+        return vec
+
+    def fabric(self, ns, topology: Topology, routing: Routing) -> TcpFabric:
+        return TcpFabric(ns, topology, routing, self)
+
+
+class TcpFabric:
+    """The TCP C++ network: one sink port per flow at its receiver."""
+
+    def __init__(self, ns, topology: Topology, routing: Routing, cfg: TcpConfig) -> None:
+        from m4ray.sim.ns3.native import compiled
+
+        native = compiled()
+        self.segment = routing.wire.mtu_bytes
+        _set_tcp_defaults(ns, cfg, self.segment)
+        self.net = native.Network(topology.n_nodes)
+        for cable in topology.cables:
+            self.net.AddLink(
+                cable.a,
+                cable.b,
+                cable.bandwidth_bps,
+                to_ps(cable.latency_s),
+                self.segment + IP_TCP_HEADERS,
+                cfg.ecn_k_packets,
+                cfg.buffer_packets,
+                cable.error_rate,
+            )
+        self._vector = ns.cppyy.gbl.std.vector["unsigned int"]
+        self._next_port: dict[int, int] = {}
+
+    def start(self, flow: Flow, path: Path, back: Path) -> None:
+        port = self._port(flow.dst)
+        links = self._vector(path.links)
+        self.net.Route(port, links, self._vector(back.links))
+        self.net.StartFlow(flow.id, port, flow.size_bytes, links, 8 * self.segment)
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+    def _port(self, host: int) -> int:
+        port = self._next_port.get(host, FIRST_PORT)
+        if port > LAST_PORT:
+            raise SimulationError(f"more than {LAST_PORT - FIRST_PORT + 1} flows to host {host}")
+        self._next_port[host] = port + 1
+        return port
+
+
+def _set_tcp_defaults(ns, cfg: TcpConfig, segment: int) -> None:
+    """Config defaults must be set before any node, socket or queue disc exists."""
+    string, uint, double = ns.StringValue, ns.UintegerValue, ns.DoubleValue
+    boolean = ns.BooleanValue
+
+    def time(seconds: float):
+        return ns.TimeValue(ns.PicoSeconds(to_ps(seconds)))
+
+    settings = {
+        "ns3::TcpL4Protocol::SocketType": string("ns3::TcpDctcp"),
+        "ns3::TcpSocket::SegmentSize": uint(segment),
+        "ns3::TcpSocket::InitialCwnd": uint(cfg.initial_cwnd),
+        "ns3::TcpSocket::SndBufSize": uint(cfg.socket_buffer_bytes),
+        "ns3::TcpSocket::RcvBufSize": uint(cfg.socket_buffer_bytes),
+        "ns3::TcpSocket::ConnTimeout": time(cfg.conn_timeout_s),
+        "ns3::TcpSocket::DelAckTimeout": time(cfg.delack_timeout_s),
+        "ns3::TcpSocket::DelAckCount": uint(2),
+        "ns3::TcpSocketBase::MinRto": time(cfg.min_rto_s),
+        "ns3::TcpSocketBase::ClockGranularity": time(cfg.clock_granularity_s),
+        "ns3::RttEstimator::InitialEstimation": time(cfg.initial_rtt_s),
+        "ns3::TcpDctcp::DctcpShiftG": double(cfg.dctcp_gain),
+        "ns3::RedQueueDisc::UseEcn": boolean(True),
+        "ns3::RedQueueDisc::UseHardDrop": boolean(False),
+        "ns3::RedQueueDisc::QW": double(1.0),
+        "ns3::RedQueueDisc::Gentle": boolean(False),
+    }
+    for name, value in settings.items():
+        ns.Config.SetDefault(name, value)
+
+
+PARAMS13 = (  # the names of m4's network/CC vector, in order (reference/m4.md §3.1)
+    "bfsz",
+    "fwin",
+    "dctcp",
+    "dcqcn",
+    "hpcc",
+    "timely",
+    "dctcp_k",
+    "dcqcn_k_min",
+    "dcqcn_k_max",
+    "hpcc_u_tgt",
+    "hpcc_ai",
+    "timely_t_low",
+    "timely_t_high",
+)
