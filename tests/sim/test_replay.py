@@ -38,9 +38,10 @@ def test_two_layer_simai_workload_by_hand(tmp_path):
     )
     result = replay(SimAIWorkloadSpec(path=str(path)).build())
     # ring all-reduce over 2 ranks = 2 steps of D/2; each step: 3 us send latency + FCT, where
-    # FCT(m) = base RTT (2*2 us + 2*8000 bit/100 Gbps = 4.16 us) + (m + ceil(m/1000)*48)*8/100 Gbps
-    fct_half_mb = 4.16 + 524_000 * 8 / 100e3  # 46.08 us
-    fct_one_mb = 4.16 + 1_048_000 * 8 / 100e3  # 88.00 us
+    # FCT(m) = one way 2 us + one more store-and-forward of the first 1048-B packet (0.08384 us)
+    # + (m + ceil(m/1000)*48)*8/100 Gbps
+    fct_half_mb = 2.08384 + 524_000 * 8 / 100e3  # 44.00384 us
+    fct_one_mb = 2.08384 + 1_048_000 * 8 / 100e3  # 85.92384 us
     expected_us = 10 + 2 * (3 + fct_half_mb) + 5 + 2 * (3 + fct_one_mb) + 4 * 0.001
     assert result.completion_time_s == pytest.approx(expected_us * 1e-6, rel=1e-12)
     assert result.exposed_comm_s == pytest.approx((expected_us - 15.004) * 1e-6, rel=1e-12)
@@ -49,7 +50,8 @@ def test_two_layer_simai_workload_by_hand(tmp_path):
 
 
 def test_send_recv_matching_and_late_posting():
-    for recv_after_us, expected_recv_us in ((100.0, 100.0), (50.0, 91.0)):
+    delivery_us = 3 + 2.08384 + 1_048_000 * 8 / 100e3  # 88.92384 us
+    for recv_after_us, expected_recv_us in ((100.0, 100.0), (50.0, delivery_us)):
         workload = Workload(
             n_ranks=2,
             nodes=[
@@ -59,7 +61,6 @@ def test_send_recv_matching_and_late_posting():
             ],
         )
         result = replay(workload)
-        delivery_us = 3 + 4.16 + 1_048_000 * 8 / 100e3  # 91.0 us
         assert result.node_end_s[0] == pytest.approx(delivery_us * 1e-6, rel=1e-12)
         assert result.node_end_s[2] == pytest.approx(expected_recv_us * 1e-6, rel=1e-12)
 

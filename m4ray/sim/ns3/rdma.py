@@ -143,7 +143,7 @@ class RdmaNetwork {
     std::function<void(uint32_t, double)> on_flow_done;  // (flow id, delivery time s)
     std::function<void(uint64_t)> on_timer;             // scheduled Python callback token
     // counters (whole run)
-    uint64_t drops = 0, timeouts = 0, pauses = 0, marks = 0, retransmits = 0;
+    uint64_t drops = 0, timeouts = 0, pauses = 0, marks = 0, retransmits = 0, nacks = 0;
 
     RdmaNetwork(uint32_t n_nodes, const std::vector<uint8_t>& is_switch, RdmaParams params)
         : m_p(params), m_switch(is_switch), m_used(n_nodes, 0) {
@@ -422,6 +422,7 @@ class RdmaNetwork {
         } else if (h.seq > r.expected) {
             if (!r.nacked) {
                 r.nacked = true;
+                ++nacks;
                 Control(back, kNack, slot, r.expected, h.flags & kCe, 0);
             }
         } else {

@@ -191,6 +191,7 @@ class RdmaFabric:
             "pauses": int(net.pauses),
             "marks": int(net.marks),
             "retransmits": int(net.retransmits),
+            "nacks": int(net.nacks),
         }
 
 

@@ -1,0 +1,157 @@
+"""The RDMA transport of the ns-3 backend (real ns-3 in Ray worker processes): a lone flow reaches
+the one-way ideal FCT, flows share fairly, PFC keeps an incast lossless, loss is recovered, and
+impossible settings are refused with the field named."""
+
+from __future__ import annotations
+
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.sim.flows import Flow
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.ns3.transports import RdmaConfig
+from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.topology import Cable, Topology
+from m4ray.sim.trace import run_trace
+
+DEFAULT = WireFormat()  # 1000 B payload + 48 B headers
+JUMBO = WireFormat(mtu_bytes=8948, header_bytes=54)
+
+
+def chain(bw: float, delay: float = 1e-6) -> Topology:
+    """host 0 - s2 - s3 - s4 - s5 - host 1: a 5-hop path."""
+    switches = (2, 3, 4, 5)
+    cables = [Cable(0, 2, bw, delay), Cable(5, 1, bw, delay)]
+    cables += [Cable(a, a + 1, bw, delay) for a in (2, 3, 4)]
+    return Topology(n_nodes=6, switches=switches, cables=tuple(cables))
+
+
+def star(n_hosts: int, bw: float, delay: float = 1e-6) -> Topology:
+    """Hosts 0..n-1 on one switch n."""
+    cables = tuple(Cable(h, n_hosts, bw, delay) for h in range(n_hosts))
+    return Topology(n_nodes=n_hosts + 1, switches=(n_hosts,), cables=cables)
+
+
+def _simulate(topo, flows, wire, cfg):
+    """Trace table columns and the transport's counters, in a worker process."""
+    routing = Routing(topo, wire=wire)
+    backend = cfg.build(topo, routing)
+    done: dict[int, float] = {}
+    for flow in flows:
+        backend.schedule(flow.start_s, lambda f=flow: backend.send(f, done.__setitem__))
+    backend.run()
+    ideal = {f.id: routing.ideal_fct(f.size_bytes, routing.path(f.src, f.dst, f.id)) for f in flows}
+    return {f.id: (done.get(f.id), ideal[f.id]) for f in flows}, backend.counters()
+
+
+@pytest.fixture(scope="module")
+def simulate(ray_local):
+    remote = ray_local.remote(_simulate)
+    return lambda *args: ray_local.get(remote.remote(*args))
+
+
+@pytest.mark.parametrize(
+    ("bw", "wire"), [(10e9, DEFAULT), (266e9, JUMBO), (2.4e12, JUMBO)], ids=["10G", "266G", "2.4T"]
+)
+def test_a_lone_flow_is_ideal(simulate, bw, wire):
+    flows = [Flow(i, 0, 1, size, i * 10e-3) for i, size in enumerate((1000, 64_000, 10_000_000))]
+    result, counters = simulate(chain(bw), flows, wire, Ns3Config())
+    for fct_end, ideal in result.values():
+        assert fct_end is not None
+    for flow in flows:
+        finish, ideal = result[flow.id]
+        assert (finish - flow.start_s) / ideal == pytest.approx(1.0, abs=0.01)
+    assert counters["drops"] == counters["timeouts"] == counters["pauses"] == 0
+
+
+def test_the_trace_ideal_column_is_routing_ideal_fct(ray_local):
+    topo = chain(10e9)
+    routing = Routing(topo, wire=DEFAULT)
+    flows = [Flow(0, 0, 1, 123_456, 0.0)]
+    table = ray_local.get(ray_local.remote(run_trace).remote(topo, flows, Ns3Config(), routing))
+    expected = routing.ideal_fct(123_456, routing.path(0, 1, 0))
+    assert table.column("ideal_fct_s")[0].as_py() == expected
+    assert table.column("slowdown")[0].as_py() == pytest.approx(1.0, abs=0.01)
+
+
+def test_two_flows_into_one_receiver_share_fairly(simulate):
+    flows = [Flow(i, i, 2, 10_000_000, 0.0) for i in range(2)]
+    result, _ = simulate(star(3, 100e9), flows, JUMBO, Ns3Config())
+    for finish, ideal in result.values():
+        assert finish / ideal == pytest.approx(2.0, rel=0.1)
+
+
+def test_an_incast_with_pfc_loses_nothing(simulate):
+    """8:1 incast with no window and a small PFC threshold: the switch pauses its upstreams
+    instead of dropping (the buffer holds 8 thresholds plus each port's in-flight headroom);
+    every byte arrives without a retransmission timeout."""
+    cfg = Ns3Config(
+        rdma=RdmaConfig(window_bytes=0, buffer_bytes=1_000_000, pfc_threshold_bytes=40_000)
+    )
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    result, counters = simulate(star(9, 100e9), flows, JUMBO, cfg)
+    assert all(finish is not None for finish, _ in result.values())
+    assert counters["pauses"] > 0
+    assert counters["drops"] == 0 and counters["timeouts"] == 0
+    assert counters["retransmits"] == 0 and counters["nacks"] == 0
+    # nobody beats the shared receiver link
+    assert max(finish / ideal for finish, ideal in result.values()) >= 8 * 0.98
+    # with the default window (one BDP) the link stays busy: the last flow ends near 8x
+    result, counters = simulate(star(9, 100e9), flows, JUMBO, Ns3Config())
+    last = max(finish / ideal for finish, ideal in result.values())
+    assert last == pytest.approx(8.0, rel=0.05)
+    assert counters["drops"] == counters["pauses"] == 0  # the window alone bounds the queue
+    # without PFC the same incast overflows the buffer and recovers by go-back-N
+    lossy = Ns3Config(
+        rdma=RdmaConfig(
+            window_bytes=0, buffer_bytes=1_000_000, pfc_threshold_bytes=40_000, pfc=False
+        )
+    )
+    result, counters = simulate(star(9, 100e9), flows, JUMBO, lossy)
+    assert all(finish is not None for finish, _ in result.values())
+    assert counters["drops"] > 0 and counters["retransmits"] > 0
+
+
+def test_packet_loss_is_recovered(simulate):
+    topo = chain(10e9)
+    lossy = topo.replace_cables(
+        tuple(c.__class__(c.a, c.b, c.bandwidth_bps, c.latency_s, 0.01) for c in topo.cables)
+    )
+    flows = [Flow(0, 0, 1, 1_000_000, 0.0)]
+    clean, _ = simulate(topo, flows, DEFAULT, Ns3Config())
+    result, counters = simulate(lossy, flows, DEFAULT, Ns3Config())
+    assert result[0][0] > clean[0][0]  # delivered, later
+    assert counters["retransmits"] > 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"window_bytes": -1}, "ns3.rdma.window_bytes"),
+        ({"buffer_bytes": 0}, "ns3.rdma.buffer_bytes"),
+        ({"pfc_threshold_bytes": 5_000_000}, "ns3.rdma.pfc_threshold_bytes"),
+        ({"ecn_k_bytes": [[10e9, 5_000_000]]}, "ns3.rdma.ecn_k_bytes"),
+        ({"ecn_k_bytes": [[10e9]]}, "ns3.rdma.ecn_k_bytes"),
+        ({"dctcp_gain": 0}, "ns3.rdma.dctcp_gain"),
+    ],
+)
+def test_impossible_settings_name_the_field(settings, field):
+    with pytest.raises(InputError) as err:
+        RdmaConfig(**settings)
+    assert err.value.field == field
+
+
+def test_an_unknown_transport_lists_the_choices():
+    with pytest.raises(InputError, match="rdma, tcp"):
+        Ns3Config(transport="roce")
+
+
+def test_default_window_covers_the_longest_path():
+    topo = chain(10e9)
+    routing = Routing(topo, wire=DEFAULT)
+    cfg = RdmaConfig()
+    # one way 5 us, a 1048-B packet out and a 64-B ACK back over 5 hops
+    rtt = 10e-6 + 5 * (1048 + 64) * 8 / 10e9
+    assert cfg.window(routing) == pytest.approx(10e9 * rtt / 8 + 1048, abs=1)
+    assert cfg.params13(routing)[1] == cfg.window(routing) / 1000
+    assert RdmaConfig(window_bytes=18_000).window(routing) == 18_000
