@@ -1,12 +1,14 @@
-"""ns-3 backend speed and a full-scale gray-failure scenario, ns-3 next to flowSim.
+"""ns-3 backend speed per transport (RDMA, TCP) and a full-scale gray-failure scenario, ns-3 next
+to flowSim.
 
     .venv/bin/python bench/ns3_speed.py            # all cases (~10 min on 2 cores)
     .venv/bin/python bench/ns3_speed.py --quick    # skip the full-scale scenario
 
 Each case runs in a fresh subprocess so its CPU time and peak memory are its own. Prints one table:
-payload MB per CPU-second, ns-3 events per second and peak RSS for a 100-flow trace on the 32-GPU
-rail cluster at MTU 1500 and 9000, then the wall time of the full-size microAllReduce with N=8,
-R=4 on ns-3 and on flowSim with the ratio.
+payload MB per CPU-second (the cost per payload byte), ns-3 events per second, median slowdown and
+peak RSS for a 100-flow trace on the 32-GPU rail cluster at MTU 1500 and 9000, for each transport
+side by side with the RDMA/TCP speed ratio; then the wall time of the full-size microAllReduce
+with N=8, R=4 on ns-3 (both transports) and on flowSim with the ratios.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import numpy as np
 
 
-def trace_case(mtu_payload: int) -> dict:
+def trace_case(mtu_payload: int, transport: str) -> dict:
     from m4ray.sim.flows import Flow
     from m4ray.sim.ns3.backend import Ns3Config
     from m4ray.sim.ns3.loader import load
@@ -41,11 +43,11 @@ def trace_case(mtu_payload: int) -> dict:
     routing = Routing(topo, wire=WireFormat(mtu_bytes=mtu_payload, header_bytes=54))
     ns = load()
     cpu0 = time.process_time()
-    table = run_trace(topo, flows, Ns3Config(), routing)
+    table = run_trace(topo, flows, Ns3Config(transport=transport), routing)
     cpu = time.process_time() - cpu0
     payload_mb = sum(f.size_bytes for f in flows) / 1e6
     return {
-        "case": f"100-flow trace, rail32, MTU {mtu_payload + 52}",
+        "case": f"100-flow trace, rail32, MTU {mtu_payload + 52}, {transport}",
         "cpu_s": cpu,
         "events": int(ns.Simulator.GetEventCount()),
         "mb_per_cpu_s": payload_mb / cpu,
@@ -61,10 +63,14 @@ def scenario_case(backend: str) -> dict:
     from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
 
-    config = {"ns3": Ns3Config(), "flowsim": FlowSimConfig()}[backend]
+    config = {
+        "ns3": Ns3Config(),
+        "ns3-tcp": Ns3Config(transport="tcp"),
+        "flowsim": FlowSimConfig(),
+    }[backend]
     scenario = Scenario(
         failure=GrayFailure(n_degraded=8, reduction=4),
-        backend=backend,
+        backend=backend.split("-", maxsplit=1)[0],
         backend_config=config,
         wire=WireFormat(mtu_bytes=8948, header_bytes=54),
     )
@@ -93,34 +99,38 @@ def main() -> None:
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
-        kind, value = args.case.split(":")
-        result = trace_case(int(value)) if kind == "trace" else scenario_case(value)
+        kind, *values = args.case.split(":")
+        if kind == "trace":
+            result = trace_case(int(values[0]), values[1])
+        else:
+            result = scenario_case(values[0])
         print(json.dumps(result))
         return
     from m4ray.sweeps.report import format_table
 
     rows = []
     for payload in (1448, 8948):
-        r = run_isolated(["--case", f"trace:{payload}"])
-        rows.append(
-            [
-                r["case"],
-                f"{r['cpu_s']:.1f}",
-                f"{r['events']:,}",
-                f"{r['events'] / r['cpu_s']:,.0f}",
-                f"{r['mb_per_cpu_s']:.1f}",
-                f"{r['rss_mb']:.0f}",
-            ]
-        )
-    print(
-        format_table(
-            ["ns-3 case", "CPU s", "events", "events/CPU-s", "payload MB/CPU-s", "peak RSS MB"],
-            rows,
-        )
-    )
+        speed = {}
+        for transport in ("rdma", "tcp"):
+            r = run_isolated(["--case", f"trace:{payload}:{transport}"])
+            speed[transport] = r["mb_per_cpu_s"]
+            rows.append(
+                [
+                    r["case"],
+                    f"{r['cpu_s']:.1f}",
+                    f"{r['events']:,}",
+                    f"{r['events'] / r['cpu_s']:,.0f}",
+                    f"{r['mb_per_cpu_s']:.1f}",
+                    f"{r['slowdown_p50']:.2f}",
+                    f"{r['rss_mb']:.0f}",
+                    f"{speed['rdma'] / speed['tcp']:.1f}x" if transport == "tcp" else "",
+                ]
+            )
+    head = ["ns-3 case", "CPU s", "events", "events/CPU-s", "payload MB/CPU-s", "p50 sldn"]
+    print(format_table([*head, "peak RSS MB", "rdma speed / tcp"], rows))
     if args.quick:
         return
-    results = {b: run_isolated(["--case", f"scenario:{b}"]) for b in ("ns3", "flowsim")}
+    results = {b: run_isolated(["--case", f"scenario:{b}"]) for b in ("ns3", "ns3-tcp", "flowsim")}
     rows = [
         [
             r["case"],
@@ -137,8 +147,9 @@ def main() -> None:
             ["full-scale scenario", "status", "completion ms", "wall s", "peak RSS MB"], rows
         )
     )
-    ratio = results["ns3"]["wall_s"] / results["flowsim"]["wall_s"]
-    print(f"flowSim is {ratio:,.0f}x faster than ns-3 on this scenario")
+    for name in ("ns3", "ns3-tcp"):
+        ratio = results[name]["wall_s"] / results["flowsim"]["wall_s"]
+        print(f"flowSim is {ratio:,.0f}x faster than {name} on this scenario")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,15 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
             "/no/topo.txt",
         ),
         (["+experiment=gray_failure", "grid.n=[40]"], "n_degraded"),
+        (
+            ["+experiment=gray_failure", "backend_options.ns3.rdma.pfc_threshold_bytes=9000000"],
+            "field 'ns3.rdma.pfc_threshold_bytes'",
+        ),
+        (
+            ["+experiment=gray_failure", "backend_options.ns3.rdma.window_bytes=-5"],
+            "field 'ns3.rdma.window_bytes'",
+        ),
+        (["+experiment=gray_failure", "backend_options.ns3.transport=roce"], "rdma, tcp"),
     ],
 )
 def test_user_mistakes_exit_2_without_traceback(tmp_path, overrides, message):
