@@ -8,24 +8,21 @@ scheduled callback, never per packet (``reference/ns3.md`` §6):
   packets carry them as destination, ACKs as source), filled from m4ray's own ``Routing``, so
   ns-3 and every other backend use exactly the same paths (per-flow ECMP, hosts never forward).
   Packets without a flow entry (TCP's connect-time route lookup) use a per-destination table.
-* ``m4ray::Network`` — builds nodes, links (p2p device + 1-packet NIC queue + RED/ECN queue disc),
+* ``m4ray::Network`` (a ``m4ray::Fabric``, ``fabric.py``: Python hooks, wall-clock guard,
+  recording) — builds nodes, links (p2p device + 1-packet NIC queue + RED/ECN queue disc),
   addresses and routers; starts flows (PacketSink + BulkSend created at the moment they start);
-  counts received bytes and reports ``(flow_id, t)`` when the last byte arrives; dispatches
-  scheduled Python callbacks by token; and enforces a wall-clock limit from a periodic event.
-  With recording on (training data, ``reference/m4.md`` §10.5) it also keeps, in C++ vectors, one
-  row per flow arrival/completion event, the bytes every active flow has received at that event,
-  and the queue backlog (queue disc + NIC, bytes) of every hop of a flow's path at its arrival.
+  counts received bytes and reports ``(flow_id, t)`` when the last byte arrives. A link's
+  recorded backlog is its queue disc + NIC queue.
 """
 
 from __future__ import annotations
 
 import functools
 
-from m4ray.sim.ns3.loader import load
+from m4ray.sim.ns3 import fabric
 
 SOURCE = r"""
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <functional>
 #include <unordered_map>
@@ -127,11 +124,8 @@ struct LinkEnd {  // one directed link: sending node, its interface, receiver's 
     Ptr<QueueDisc> qdisc;
 };
 
-class Network {
+class Network : public Fabric {
   public:
-    std::function<void(uint32_t, double)> on_flow_done;  // (flow id, delivery time s)
-    std::function<void(uint64_t)> on_timer;             // scheduled Python callback token
-
     explicit Network(uint32_t n_nodes) {
         m_nodes.Create(n_nodes);
         InternetStackHelper().Install(m_nodes);
@@ -213,12 +207,11 @@ class Network {
         uint32_t src = m_links[path.front()].node;
         uint32_t dst = m_links[path.back() ^ 1u].node;
         Ipv4Address dst_addr = m_links[path.back()].peer;  // receiver's address on the last link
-        size_t slot = m_rx.size();
+        uint32_t slot = m_rx.size();
         m_rx.push_back(0);
         m_size.push_back(size);
         m_ids.push_back(id);
-        ++m_active;
-        if (m_record) RecordArrival(slot, path);
+        Arrived(slot, path);
         Ptr<PacketSink> sink = CreateObject<PacketSink>();
         sink->SetAttribute("Protocol", TypeIdValue(TcpSocketFactory::GetTypeId()));
         sink->SetAttribute("Local", AddressValue(InetSocketAddress(Ipv4Address::GetAny(), port)));
@@ -234,88 +227,21 @@ class Network {
         m_nodes.Get(src)->AddApplication(app);
     }
 
-    void Schedule(int64_t delay_ps, uint64_t token) {
-        Simulator::Schedule(PicoSeconds(delay_ps), [this, token]() { on_timer(token); });
-    }
-
-    // Stop the run when the wall clock passes `limit_s`; checked every `every_ps` of sim time.
-    void Guard(double limit_s, int64_t every_ps) {
-        m_limit = limit_s;
-        m_every = every_ps;
-        m_start = std::chrono::steady_clock::now();
-        Simulator::Schedule(PicoSeconds(every_ps), &Network::Check, this);
-    }
-    bool Expired() const { return m_expired; }
-    uint32_t Active() const { return m_active; }
-
-    // ---- recording (off by default)
-    void Record(bool on) { m_record = on; }
-    // one row per event: time (s), flow id, kind (0 arrival, 1 completion)
-    std::vector<double> ev_time;
-    std::vector<uint32_t> ev_flow;
-    std::vector<uint8_t> ev_kind;
-    // one row per (event, active flow): bytes received so far (the event's own flow included)
-    std::vector<uint32_t> rx_event, rx_flow;
-    std::vector<uint64_t> rx_bytes;
-    // one row per hop of an arriving flow: backlog of the hop's port (queue disc + NIC), bytes
-    std::vector<uint32_t> q_flow, q_hop, q_link;
-    std::vector<uint64_t> q_bytes;
-    uint64_t Backlog(uint32_t link) const {
+    // queue disc + NIC queue of the link's sending port, bytes
+    uint64_t Backlog(uint32_t link) const override {
         const LinkEnd& end = m_links[link];
         return end.qdisc->GetNBytes() + end.device->GetQueue()->GetNBytes();
     }
 
   private:
-    void RecordArrival(size_t slot, const std::vector<uint32_t>& path) {
-        for (uint32_t hop = 0; hop < path.size(); ++hop) {
-            q_flow.push_back(m_ids[slot]);
-            q_hop.push_back(hop);
-            q_link.push_back(path[hop]);
-            q_bytes.push_back(Backlog(path[hop]));
-        }
-        m_pos.resize(m_rx.size(), 0);
-        m_pos[slot] = m_live.size();
-        m_live.push_back(slot);
-        Snapshot(slot, 0);
-    }
-    void RecordCompletion(size_t slot) {
-        Snapshot(slot, 1);
-        size_t at = m_pos[slot], last = m_live.back();  // swap-remove from the live set
-        m_live[at] = last;
-        m_pos[last] = at;
-        m_live.pop_back();
-    }
-    void Snapshot(size_t slot, uint8_t kind) {
-        uint32_t event = ev_time.size();
-        ev_time.push_back(Simulator::Now().GetSeconds());
-        ev_flow.push_back(m_ids[slot]);
-        ev_kind.push_back(kind);
-        for (size_t live : m_live) {
-            rx_event.push_back(event);
-            rx_flow.push_back(m_ids[live]);
-            rx_bytes.push_back(std::min(m_rx[live], m_size[live]));
-        }
-    }
+    uint32_t FlowId(uint32_t slot) const override { return m_ids[slot]; }
+    uint64_t Received(uint32_t slot) const override { return std::min(m_rx[slot], m_size[slot]); }
 
     void OnRx(size_t slot, uint32_t bytes) {
         uint64_t before = m_rx[slot];
         m_rx[slot] += bytes;
-        if (before < m_size[slot] && m_rx[slot] >= m_size[slot]) {
-            --m_active;
-            if (m_record) RecordCompletion(slot);
-            on_flow_done(m_ids[slot], Simulator::Now().GetSeconds());
-        }
+        if (before < m_size[slot] && m_rx[slot] >= m_size[slot]) Delivered(slot);
     }
-    void Check() {
-        std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - m_start;
-        if (elapsed.count() > m_limit) {
-            m_expired = true;
-            Simulator::Stop();
-            return;
-        }
-        Simulator::Schedule(PicoSeconds(m_every), &Network::Check, this);
-    }
-
     NodeContainer m_nodes;
     Ipv4AddressHelper m_addresses;
     std::vector<Ptr<FlowRouting>> m_routers;
@@ -323,13 +249,6 @@ class Network {
     std::vector<Ipv4Address> m_local;
     std::vector<uint64_t> m_rx, m_size;
     std::vector<uint32_t> m_ids;
-    uint32_t m_active = 0;
-    bool m_record = false;
-    std::vector<size_t> m_live, m_pos;  // recording: active slots, and each slot's index in it
-    double m_limit = 0;
-    int64_t m_every = 0;
-    bool m_expired = false;
-    std::chrono::steady_clock::time_point m_start;
 };
 
 }  // namespace m4ray
@@ -339,6 +258,6 @@ class Network {
 @functools.cache
 def compiled():
     """The ``m4ray`` C++ namespace (ns-3 loaded and the source above compiled, once)."""
-    ns = load()
+    ns = fabric.compiled()
     ns.cppyy.cppdef(SOURCE)
     return ns.cppyy.gbl.m4ray

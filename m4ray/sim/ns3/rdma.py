@@ -25,18 +25,18 @@ and the ns-3 scheduler. The NIC and switch logic, like the HPCC simulator's, is 
 * **loss** (``error_rate`` of a cable) drops data and ACK packets at the receiving end with a
   seeded ns-3 random stream; PFC frames are never dropped (a lost RESUME would stall a port).
 
-Recording (training data) keeps the same vectors as the TCP fabric (``native.py``).
+Python hooks, the wall-clock guard and recording (training data) come from ``m4ray::Fabric``
+(``fabric.py``); a link's recorded backlog is its control and data queues plus the device slot.
 """
 
 from __future__ import annotations
 
 import functools
 
-from m4ray.sim.ns3.loader import load
+from m4ray.sim.ns3 import fabric
 
 SOURCE = r"""
 #include <algorithm>
-#include <chrono>
 #include <deque>
 #include <functional>
 #include <limits>
@@ -138,10 +138,8 @@ struct Port {  // one directed link's sending end
     int64_t wake_ps = std::numeric_limits<int64_t>::max();
 };
 
-class RdmaNetwork {
+class RdmaNetwork : public Fabric {
   public:
-    std::function<void(uint32_t, double)> on_flow_done;  // (flow id, delivery time s)
-    std::function<void(uint64_t)> on_timer;             // scheduled Python callback token
     // counters (whole run)
     uint64_t drops = 0, timeouts = 0, pauses = 0, marks = 0, retransmits = 0, nacks = 0;
 
@@ -206,8 +204,7 @@ class RdmaNetwork {
         q.line_rate = m_ports[q.port].rate;
         q.rate = q.line_rate;
         m_qp.push_back(q);
-        ++m_active;
-        if (m_record) RecordArrival(slot, path);
+        Arrived(slot, path);
         if (size == 0) {  // nothing to send: delivered at once
             m_qp[slot].active = false;
             Deliver(slot);
@@ -217,33 +214,18 @@ class RdmaNetwork {
         Feed(q.port);
     }
 
-    void Schedule(int64_t delay_ps, uint64_t token) {
-        Simulator::Schedule(PicoSeconds(delay_ps), [this, token]() { on_timer(token); });
-    }
-    void Guard(double limit_s, int64_t every_ps) {
-        m_limit = limit_s;
-        m_every = every_ps;
-        m_start = std::chrono::steady_clock::now();
-        Simulator::Schedule(PicoSeconds(every_ps), &RdmaNetwork::Check, this);
-    }
-    bool Expired() const { return m_expired; }
-    uint32_t Active() const { return m_active; }
-
-    // ---- recording (off by default); same layout as the TCP fabric
-    void Record(bool on) { m_record = on; }
-    std::vector<double> ev_time;
-    std::vector<uint32_t> ev_flow;
-    std::vector<uint8_t> ev_kind;
-    std::vector<uint32_t> rx_event, rx_flow;
-    std::vector<uint64_t> rx_bytes;
-    std::vector<uint32_t> q_flow, q_hop, q_link;
-    std::vector<uint64_t> q_bytes;
-    uint64_t Backlog(uint32_t link) const {
+    // control + data queues and the device's transmit slot of the link's sending port, bytes
+    uint64_t Backlog(uint32_t link) const override {
         const Port& port = m_ports[link];
         return port.hi_bytes + port.data_bytes + port.device->GetQueue()->GetNBytes();
     }
 
   private:
+    uint32_t FlowId(uint32_t slot) const override { return m_ids[slot]; }
+    uint64_t Received(uint32_t slot) const override {
+        return std::min(m_rx[slot].expected, m_qp[slot].size);
+    }
+
     // ---------------------------------------------------------------- transmit side
     Ptr<Packet> Make(uint32_t wire_bytes, const RdmaHeader& h) const {
         Ptr<Packet> p = Create<Packet>(wire_bytes - 2 - h.GetSerializedSize());
@@ -431,9 +413,7 @@ class RdmaNetwork {
     }
     void Deliver(uint32_t slot) {
         m_rx[slot].done = true;
-        --m_active;
-        if (m_record) RecordCompletion(slot);
-        on_flow_done(m_ids[slot], Simulator::Now().GetSeconds());
+        Delivered(slot);
     }
 
     void OnAck(const RdmaHeader& h) {
@@ -497,48 +477,6 @@ class RdmaNetwork {
         if (q.snd_nxt > q.snd_una || q.snd_nxt < q.size) Arm(slot);
     }
 
-    // ---------------------------------------------------------------- recording
-    void RecordArrival(uint32_t slot, const std::vector<uint32_t>& path) {
-        for (uint32_t hop = 0; hop < path.size(); ++hop) {
-            q_flow.push_back(m_ids[slot]);
-            q_hop.push_back(hop);
-            q_link.push_back(path[hop]);
-            q_bytes.push_back(Backlog(path[hop]));
-        }
-        m_pos.resize(m_ids.size(), 0);
-        m_pos[slot] = m_live.size();
-        m_live.push_back(slot);
-        Snapshot(slot, 0);
-    }
-    void RecordCompletion(uint32_t slot) {
-        Snapshot(slot, 1);
-        size_t at = m_pos[slot], last = m_live.back();
-        m_live[at] = last;
-        m_pos[last] = at;
-        m_live.pop_back();
-    }
-    void Snapshot(uint32_t slot, uint8_t kind) {
-        uint32_t event = ev_time.size();
-        ev_time.push_back(Simulator::Now().GetSeconds());
-        ev_flow.push_back(m_ids[slot]);
-        ev_kind.push_back(kind);
-        for (uint32_t live : m_live) {
-            rx_event.push_back(event);
-            rx_flow.push_back(m_ids[live]);
-            rx_bytes.push_back(std::min(m_rx[live].expected, m_qp[live].size));
-        }
-    }
-
-    void Check() {
-        std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - m_start;
-        if (elapsed.count() > m_limit) {
-            m_expired = true;
-            Simulator::Stop();
-            return;
-        }
-        Simulator::Schedule(PicoSeconds(m_every), &RdmaNetwork::Check, this);
-    }
-
     RdmaParams m_p;
     std::vector<uint8_t> m_switch;
     std::vector<uint64_t> m_used;  // shared buffer in use per node (switches), bytes
@@ -548,14 +486,6 @@ class RdmaNetwork {
     std::vector<std::vector<uint32_t>> m_path, m_back;
     std::vector<Qp> m_qp;
     std::vector<Rx> m_rx;
-    uint32_t m_active = 0;
-    bool m_record = false;
-    std::vector<uint32_t> m_live;
-    std::vector<size_t> m_pos;
-    double m_limit = 0;
-    int64_t m_every = 0;
-    bool m_expired = false;
-    std::chrono::steady_clock::time_point m_start;
 };
 
 }  // namespace m4ray
@@ -565,6 +495,6 @@ class RdmaNetwork {
 @functools.cache
 def compiled():
     """The ``m4ray`` C++ namespace with the RDMA fabric (ns-3 loaded, compiled once)."""
-    ns = load()
+    ns = fabric.compiled()
     ns.cppyy.cppdef(SOURCE)
     return ns.cppyy.gbl.m4ray

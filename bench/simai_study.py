@@ -1,0 +1,100 @@
+"""The published SimAI gray-failure study's own inputs, replayed on m4ray's backends and compared
+with SimAI's packet-level result (its UNISON ns-3).
+
+    .venv/bin/python bench/simai_study.py ../shared/data                 # ns-3 (rdma) + flowSim
+    .venv/bin/python bench/simai_study.py ../shared/data --backends ns3 ns3-tcp flowsim m4
+    .venv/bin/python bench/simai_study.py ../shared/data --wire jumbo    # 9x fewer packets
+
+Inputs are SimAI's own files under ``<data>/simai/``: the degraded topologies
+``topologies/gray_topo_N{n}_R{r}.txt`` and the study's workload
+``workload/microAllReduce.txt@52ed9ea.txt`` (TP group 16), at full size. ns-3 uses the study's
+DCTCP settings (``sweep_SimAI.conf``: K = 100 KB at every rate, g = 1/16, rate AI 2 Gbit/s,
+minimum rate 1 Gbit/s, 1000 B payload). SimAI's totals (µs) for three scenarios are quoted from
+``reference/gray_failure.md`` §7 (``results_gray_failures/`` at commit 0c441e75); N=2 R=4 has no
+published number and is printed for the trend. Each backend runs each scenario in this process,
+one at a time; wall times are this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+UNISON_US = {
+    (8, 4): 12124.0,
+    (8, 10): 24480.8,
+    (16, 4): 11865.5,
+}  # SimAI's ns-3, gray_failure.md §7
+SCENARIOS = ((2, 4), (8, 4), (8, 10), (16, 4))
+
+
+def backends(names: list[str]) -> dict:
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.m4.backend import M4Config
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    rdma = Ns3Config(
+        rdma=RdmaConfig(
+            ecn_k_bytes=[[25e9, 100_000.0]],
+            dctcp_gain=0.0625,
+            rate_ai_bps=2e9,
+            min_rate_bps=1e9,
+            buffer_bytes=32_000_000,
+            pfc_threshold_bytes=4_000_000,
+        )
+    )
+    every = {
+        "ns3": ("ns3", rdma),
+        "ns3-tcp": ("ns3", dataclasses.replace(rdma, transport="tcp")),
+        "flowsim": ("flowsim", FlowSimConfig()),
+        "m4": ("m4", M4Config()),
+    }
+    return {name: every[name] for name in names}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", type=Path, help="the shared data folder (holding simai/)")
+    parser.add_argument("--backends", nargs="+", default=["ns3", "flowsim"])
+    parser.add_argument("--wire", choices=["default", "jumbo"], default="default")
+    args = parser.parse_args()
+
+    from m4ray.sim.routing import WireFormat
+    from m4ray.sim.scenario import Scenario, simulate
+    from m4ray.sim.simai import SimAIWorkloadSpec
+    from m4ray.sim.topologies import TopologyFileSpec
+    from m4ray.sweeps.report import format_table
+
+    simai = args.data / "simai"
+    workload = SimAIWorkloadSpec(path=str(simai / "workload" / "microAllReduce.txt@52ed9ea.txt"))
+    wire = WireFormat() if args.wire == "default" else WireFormat(mtu_bytes=8948, header_bytes=54)
+    chosen = backends(args.backends)
+    rows = []
+    for n, r in SCENARIOS:
+        topo = TopologyFileSpec(path=str(simai / "topologies" / f"gray_topo_N{n}_R{r}.txt"))
+        ref = UNISON_US.get((n, r))
+        row = [f"N={n} R={r}", f"{ref:,.1f}" if ref else "—"]
+        for name, (backend, config) in chosen.items():
+            scenario = Scenario(
+                topology=topo, workload=workload, backend=backend, backend_config=config, wire=wire
+            )
+            t0 = time.perf_counter()
+            result, _ = simulate(scenario)
+            wall = time.perf_counter() - t0
+            if result["status"] != "ok":
+                row.append(f"failed: {result['error'].strip().splitlines()[-1][:60]}")
+                continue
+            us = result["completion_time_s"] * 1e6
+            err = f" ({us / ref - 1:+.1%})" if ref else ""
+            row.append(f"{us:,.1f}{err} in {wall:.1f} s")
+            print(f"  {n=} {r=} {name}: {us:,.1f} us, {wall:.1f} s wall", flush=True)
+        rows.append(row)
+    print()
+    print(format_table(["scenario", "SimAI ns-3 (us)", *chosen], rows))
+
+
+if __name__ == "__main__":
+    main()
