@@ -17,7 +17,11 @@ all-reduce      2(n-1)            ceil(D/n)
 reduce-scatter  n-1               ceil(D/n)
 all-gather      n-1               ceil(D/n)
 all-to-all      1 (direct)        ceil(D/n) to each peer
+broadcast       2n-2 (pipeline)   ceil(D/n)
 ==============  ================  ==============
+
+A broadcast pipelines ``n`` chunks down the chain of ranks from the group's first rank: chunk c
+crosses hop h once it crossed hop h-1 and chunk c-1 left on hop h (NCCL's ring broadcast).
 
 The hierarchical variant runs the intra-server part over the NVSwitch and the inter-server part
 among GPUs with the same local index (one rail each): all-reduce = local reduce-scatter, then
@@ -85,6 +89,27 @@ def direct_all_to_all(order: Sequence[int], msg: int, start: Deps, out: list[Tra
     return {rank: tuple(v) for rank, v in ends.items()}
 
 
+def pipeline_broadcast(order: Sequence[int], size: int, start: Deps, out: list[Transfer]) -> Deps:
+    n = len(order)
+    if n < 2:
+        return dict(start)
+    chunks, hops, base = n, n - 1, len(out)
+    msg = max(1, math.ceil(size / chunks))
+    for c in range(chunks):
+        for h in range(hops):
+            deps = start.get(order[h], ()) if c == 0 else ()
+            if h:
+                deps = (*deps, base + c * hops + h - 1)  # the chunk arrived at this rank
+            if c:
+                deps = (*deps, base + (c - 1) * hops + h)  # the previous chunk left on this hop
+            out.append(Transfer(order[h], order[h + 1], msg, deps))
+    last = base + (chunks - 1) * hops
+    ends: Deps = {order[0]: (last,)}
+    for h in range(1, n):
+        ends[order[h]] = (last + h - 1,) + ((last + h,) if h < hops else ())
+    return ends
+
+
 def _ring_collective(
     kind: CollectiveKind, order: Sequence[int], size: int, start: Deps, out: list[Transfer]
 ) -> Deps:
@@ -92,6 +117,8 @@ def _ring_collective(
     msg = max(1, math.ceil(size / n))
     if kind is CollectiveKind.ALL_TO_ALL:
         return direct_all_to_all(order, msg, start, out)
+    if kind is CollectiveKind.BROADCAST:
+        return pipeline_broadcast(order, size, start, out)
     steps = 2 * (n - 1) if kind is CollectiveKind.ALL_REDUCE else n - 1
     return ring_phase(order, steps, msg, start, out)
 
@@ -120,7 +147,8 @@ class Hierarchical:
         kind = CollectiveKind(kind)
         local, cross = self._split(group)
         out: list[Transfer] = []
-        if kind is CollectiveKind.ALL_TO_ALL or len(local) == 1 or len(cross) == 1:
+        flat = (CollectiveKind.ALL_TO_ALL, CollectiveKind.BROADCAST)
+        if kind in flat or len(local) == 1 or len(cross) == 1:
             _ring_collective(kind, list(group), size_bytes, {}, out)
             return out
         m = len(cross)

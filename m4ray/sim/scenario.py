@@ -83,7 +83,7 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
         base = scenario.topology.build()
         topo = scenario.failure.apply(base)
         routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
-        workload = scenario.workload.build()
+        workload = scenario.workload.build(n_hosts=len(base.hosts))
         algorithm = scenario.collective.build(topo)
         if hasattr(scenario.backend_config, "run_workload"):
             # a backend that runs whole workloads itself (emulation: real processes and bytes)

@@ -1,21 +1,42 @@
 """SimAI / ASTRA-sim text workloads -> workload DAG (``reference/workloads.md`` §4.1).
 
-Line 1: ``<POLICY> key: value ...`` with ``model_parallel_NPU_group`` (TP size), ``pp``, ``ep``,
-``all_gpus`` …; line 2: the number of layers; then one 12-column line per layer::
+Line 1: ``<POLICY> key: value ...`` with ``model_parallel_NPU_group`` (TP size), ``ep``, ``pp``,
+``vpp``, ``ga``, ``all_gpus``, ``pp_comm`` … (AICB writes ``pp_comm`` without its colon; older
+AICB files carry only the TP size and no ``all_gpus``: the job then spans the topology's GPUs, with
+a warning); line 2: the number of layers (a count that disagrees with the lines is warned about:
+the lines are trusted, as SimAI does); then one 12-column line per layer::
 
     name reserved fwd_compute fwd_comm_type fwd_comm_size ig_compute ig_comm_type ig_comm_size
     wg_compute wg_comm_type wg_comm_size wg_update
 
 Compute times are ns ticks. Per iteration, every rank runs the forward pass (compute, then the
-blocking TP collective), then the backward pass from the last layer: input-gradient compute and
-its blocking TP collective, then weight-gradient compute and its non-blocking DP collective (the
-next iteration's forward of that layer waits for it). TP groups are blocks of consecutive ranks,
-DP groups the ranks with the same TP index. Forward collectives smaller than 4096 B are raised to
-4096 B as SimAI does. Only ``pp: 1`` is replayed (SimAI models pipelines analytically).
+blocking collective), then the backward pass from the last layer: input-gradient compute and its
+blocking collective, then weight-gradient compute and its non-blocking collective (the next
+iteration's forward of that layer waits for it). Forward collectives smaller than 4096 B are
+raised to 4096 B as SimAI does.
+
+Communication types are ``ALLREDUCE``, ``ALLGATHER``, ``REDUCESCATTER``, ``ALLTOALL``,
+``BROADCAST`` (from the group's first rank) or ``NONE``, with an optional suffix naming the group
+(SimAI's ``MockNccl`` groups; ``D`` = the DP group's members in rank order):
+
+=========  ==========================================  =========================================
+suffix     fwd / input-grad column                     weight-grad column
+=========  ==========================================  =========================================
+(none)     TP: ``tp`` consecutive ranks                DP: the ranks with the rank's TP index
+``_EP``    EP: the block of ``ep`` consecutive members of ``D`` holding the rank
+``_DP_EP`` DP_EP: the members of ``D`` at the rank's position modulo ``ep``
+=========  ==========================================  =========================================
+
+Policies: ``MICRO`` files (AICB micro tests) run every collective over all ranks; ``DATA`` is
+TP 1. With ``pp > 1`` the file holds one pipeline stage, as AICB writes it: ranks form ``pp``
+stages of ``all_gpus / pp`` consecutive ranks, each stage runs the layers with its own TP/DP/EP
+groups, and — as in SimAI — pipeline sends are not injected (SimAI adds the bubble and the exposed
+``pp_comm`` analytically at report time; m4ray leaves them out and warns).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +58,16 @@ POLICIES = (
     "HYBRID_CUSTOMIZED",
     "MICRO",
 )
-COMM_TYPES = {
-    "NONE": None,
+log = logging.getLogger(__name__)
+BASE_TYPES = {
     "ALLREDUCE": CollectiveKind.ALL_REDUCE,
     "ALLGATHER": CollectiveKind.ALL_GATHER,
     "REDUCESCATTER": CollectiveKind.REDUCE_SCATTER,
     "ALLTOALL": CollectiveKind.ALL_TO_ALL,
+    "BROADCAST": CollectiveKind.BROADCAST,
 }
+SUFFIXES = {"": None, "_EP": "ep", "_DP_EP": "dp_ep"}  # None: the column's own group (TP / DP)
+COMM_TYPES = ("NONE", *(base + suffix for base in BASE_TYPES for suffix in SUFFIXES))
 LAYER_FIELDS = (
     "name",
     "reserved",
@@ -62,10 +86,20 @@ MIN_FWD_COMM = 4096
 
 
 @dataclass(frozen=True, slots=True)
+class Comm:
+    """One column's communication: kind (None = none), bytes, and the group named by its suffix
+    (None = the column's own group: TP for fwd/ig, DP for wg)."""
+
+    kind: CollectiveKind | None
+    size_bytes: int
+    group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     name: str
     compute_ns: tuple[int, int, int]  # fwd, input-grad, weight-grad
-    comm: tuple[tuple[CollectiveKind | None, int], ...]  # (kind, bytes) for fwd, ig, wg
+    comm: tuple[Comm, Comm, Comm]  # fwd, ig, wg
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +125,16 @@ def parse_simai(path: str | Path) -> SimAIModel:
             field="layers",
         )
     layers = tuple(_parse_layer(fields, path, no) for no, fields in rows[2:])
+    if not layers:
+        raise InputError("the file has no layer lines", file=path, line=count_no, field="layers")
     if len(layers) != int(count[0]):
-        raise InputError(
-            f"announces {count[0]} layers, file has {len(layers)}",
-            file=path,
-            line=count_no,
-            field="layers",
+        log.warning(
+            "%s:%d: announces %s layers, the file has %d: replaying the %d lines (as SimAI does)",
+            path,
+            count_no,
+            count[0],
+            len(layers),
+            len(layers),
         )
     return SimAIModel(policy=policy, params=params, layers=layers)
 
@@ -114,19 +152,25 @@ def _parse_header(fields: list[str], path: Path, line: int) -> tuple[str, dict[s
     tokens = fields[1:]
     i = 0
     while i < len(tokens):
-        key = tokens[i]
-        if not key.endswith(":") or i + 1 >= len(tokens):
-            raise InputError(f"expected 'key: value' pairs, got '{key}'", file=path, line=line)
+        key = tokens[i].removesuffix(":")  # AICB writes `pp_comm <n>` without the colon
+        if not key or key[0].isdigit() or i + 1 >= len(tokens):
+            raise InputError(
+                f"expected 'key: value' pairs, got '{tokens[i]}'", file=path, line=line
+            )
         try:
-            params[key[:-1]] = int(tokens[i + 1])
+            params[key] = int(tokens[i + 1])
         except ValueError:
             raise InputError(
-                f"expected an integer, got '{tokens[i + 1]}'", file=path, line=line, field=key[:-1]
+                f"expected an integer, got '{tokens[i + 1]}'", file=path, line=line, field=key
             ) from None
         i += 2
-        while i < len(tokens) and not tokens[i].endswith(":"):  # multi-valued keys (checkpoints)
+        while i < len(tokens) and _is_int(tokens[i]):  # multi-valued keys (checkpoints)
             i += 1
     return fields[0], params
+
+
+def _is_int(token: str) -> bool:
+    return token.lstrip("-").isdigit()
 
 
 def _parse_layer(fields: list[str], path: Path, line: int) -> Layer:
@@ -152,11 +196,12 @@ def _parse_layer(fields: list[str], path: Path, line: int) -> Layer:
                 field=f"{phase}_comm_type",
             )
         size = parse_int(values[f"{phase}_comm_size"], path, line, f"{phase}_comm_size")
-        kind = COMM_TYPES[name]
-        if kind is not None and size == 0:
-            raise InputError(f"{name} of 0 bytes", file=path, line=line, field=f"{phase}_comm_size")
-        comm.append((kind, size))
-    return Layer(values["name"], compute, tuple(comm))
+        if name == "NONE" or size == 0:  # AICB writes some backward collectives with 0 bytes
+            comm.append(Comm(None, 0))
+            continue
+        base = next(b for b in BASE_TYPES if name.startswith(b))
+        comm.append(Comm(BASE_TYPES[base], size, SUFFIXES[name[len(base) :]]))
+    return Layer(values["name"], compute, (comm[0], comm[1], comm[2]))
 
 
 def build_workload(
@@ -167,48 +212,100 @@ def build_workload(
     iterations: int = 1,
     name: str = "",
     source: str | Path | None = None,
+    n_hosts: int | None = None,
 ) -> Workload:
     """Unroll a parsed SimAI model into a per-rank DAG.
 
     ``scale`` multiplies every message size (bytes, rounded up, at least 1); ``compute_scale``
-    multiplies every compute time.
+    multiplies every compute time; ``n_hosts`` (the topology's GPUs) sizes a job whose header
+    has no ``all_gpus``.
     """
     p = model.params
     n = p.get("all_gpus", 0)
-    tp = p.get("model_parallel_NPU_group", 1)
-    pp = p.get("pp", 1)
-    if n < 1 or tp < 1 or n % tp:
+    if n == 0:
+        if not n_hosts:
+            raise InputError(
+                "the header has no all_gpus (old AICB format) and no topology gives the GPU count",
+                file=source,
+                line=1,
+                field="all_gpus",
+            )
+        n = n_hosts
+        log.warning(
+            "%s: no all_gpus in the header (old AICB format): the job spans the topology's %d GPUs",
+            source,
+            n,
+        )
+    micro = model.policy in ("MICRO", "DATA")
+    tp = 1 if micro else p.get("model_parallel_NPU_group", 1)
+    pp, ep = max(1, p.get("pp", 1)), max(1, p.get("ep", 1))
+    if n < 1 or tp < 1 or n % (tp * pp):
         raise InputError(
-            f"all_gpus ({n}) must be a positive multiple of model_parallel_NPU_group ({tp})",
+            f"all_gpus ({n}) must be a positive multiple of model_parallel_NPU_group ({tp}) x "
+            f"pp ({pp})",
             file=source,
             line=1,
             field="all_gpus",
         )
-    if pp != 1:
+    dp = n // (tp * pp)
+    if dp % ep:
         raise InputError(
-            "only pp: 1 is replayed from SimAI files; use a Chakra trace for pipelines",
+            f"ep ({ep}) must divide the data-parallel size all_gpus / (tp x pp) = {dp}",
             file=source,
             line=1,
-            field="pp",
+            field="ep",
+        )
+    if pp > 1:
+        log.warning(
+            "%s: pp %d: %d stages of %d ranks replay the file's stage; pipeline sends and the "
+            "bubble are not simulated (SimAI adds them analytically)",
+            source,
+            pp,
+            pp,
+            n // pp,
         )
     if scale <= 0 or compute_scale < 0 or iterations < 1:
         raise InputError("scale must be > 0, compute_scale >= 0, iterations >= 1", field="workload")
-    builder = _Builder(n, tp, scale, compute_scale)
+    groups = SimAIGroups(n=n, tp=tp, pp=pp, ep=ep, micro=model.policy == "MICRO")
+    builder = _Builder(groups, scale, compute_scale)
     for rank in range(n):
         builder.rank_program(rank, model.layers, iterations)
     return Workload(n_ranks=n, nodes=builder.nodes, name=name)
 
 
-class _Builder:
-    def __init__(self, n: int, tp: int, scale: float, compute_scale: float) -> None:
-        self.n, self.tp, self.scale, self.compute_scale = n, tp, scale, compute_scale
-        self.nodes: list[Node] = []
+@dataclass(frozen=True, slots=True)
+class SimAIGroups:
+    """SimAI's communication groups of a rank (the table in the module docstring)."""
 
-    def _group(self, rank: int, phase: str) -> tuple[int, ...]:
-        if phase == "wg":  # data parallel: same TP index
-            return tuple(range(rank % self.tp, self.n, self.tp))
-        start = rank - rank % self.tp
-        return tuple(range(start, start + self.tp))
+    n: int
+    tp: int
+    pp: int = 1
+    ep: int = 1
+    micro: bool = False  # MICRO: every collective spans all ranks
+
+    def of(self, rank: int, phase: str, suffix: str | None) -> tuple[int, ...]:
+        if self.micro:
+            return tuple(range(self.n))
+        stage = self.n // self.pp
+        base = rank - rank % stage
+        local = rank - base
+        if suffix is None and phase != "wg":  # TP
+            start = rank - local % self.tp
+            return tuple(range(start, start + self.tp))
+        dp = [base + i for i in range(local % self.tp, stage, self.tp)]
+        if suffix is None:
+            return tuple(dp)
+        at = dp.index(rank)
+        if suffix == "ep":
+            first = at - at % self.ep
+            return tuple(dp[first : first + self.ep])
+        return tuple(dp[at % self.ep :: self.ep])  # dp_ep
+
+
+class _Builder:
+    def __init__(self, groups: SimAIGroups, scale: float, compute_scale: float) -> None:
+        self.groups, self.scale, self.compute_scale = groups, scale, compute_scale
+        self.nodes: list[Node] = []
 
     def _add(self, node: Node) -> int:
         self.nodes.append(node)
@@ -225,19 +322,19 @@ class _Builder:
             )
         )
 
-    def _comm(self, rank, phase, comm, deps, name) -> int | None:
-        kind, size = comm
-        group = self._group(rank, phase)
-        if kind is None or len(group) < 2:
+    def _comm(self, rank: int, phase: str, comm: Comm, deps, name) -> int | None:
+        if comm.kind is None:
             return None
-        if phase == "fwd":
-            size = max(size, MIN_FWD_COMM)
+        group = self.groups.of(rank, phase, comm.group)
+        if len(group) < 2:
+            return None
+        size = max(comm.size_bytes, MIN_FWD_COMM) if phase == "fwd" else comm.size_bytes
         size = max(1, math.ceil(size * self.scale))
         return self._add(
             Collective(
                 id=len(self.nodes),
                 rank=rank,
-                kind=kind,
+                kind=comm.kind,
                 size_bytes=size,
                 group=group,
                 deps=deps,
@@ -280,7 +377,8 @@ class SimAIWorkloadSpec:
             return candidate
         return DATA_DIR / (self.path if self.path.endswith(".txt") else f"{self.path}.txt")
 
-    def build(self) -> Workload:
+    def build(self, n_hosts: int | None = None) -> Workload:
+        """The DAG; ``n_hosts`` (the topology's GPUs) sizes old files without ``all_gpus``."""
         path = self.resolve()
         model = parse_simai(path)
         return build_workload(
@@ -290,4 +388,5 @@ class SimAIWorkloadSpec:
             iterations=self.iterations,
             name=path.stem,
             source=path,
+            n_hosts=n_hosts,
         )

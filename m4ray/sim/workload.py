@@ -19,6 +19,7 @@ class CollectiveKind(StrEnum):
     REDUCE_SCATTER = "reduce_scatter"
     ALL_GATHER = "all_gather"
     ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"  # from the group's first rank
 
 
 @dataclass(kw_only=True, slots=True)

@@ -33,7 +33,8 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
         send_latency_s=cfg.send_latency_s,
     )
     scenarios = expand(cfg.grid, template, cfg.backends, cfg.backend_options, cfg.seed)
-    workload = cfg.workload.build()  # fail fast on a bad workload, before any task starts
+    # fail fast on a bad workload, before any task starts
+    workload = cfg.workload.build(n_hosts=len(cfg.topology.build().hosts))
     files = write_topologies(cfg, run_dir)
     print(
         f"gray-failure sweep: {len(cfg.grid.n)} N x {len(cfg.grid.r)} R x {cfg.grid.seeds} "

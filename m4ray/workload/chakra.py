@@ -54,6 +54,7 @@ _KINDS = {
     CollectiveKind.ALL_GATHER: "ALL_GATHER",
     CollectiveKind.REDUCE_SCATTER: "REDUCE_SCATTER",
     CollectiveKind.ALL_TO_ALL: "ALL_TO_ALL",
+    CollectiveKind.BROADCAST: "BROADCAST",
 }
 
 
@@ -341,7 +342,8 @@ class ChakraWorkloadSpec:
                 digest.update(groups_file(self.prefix).read_bytes())
             self.sha256 = digest.hexdigest()[:16]
 
-    def build(self) -> Workload:
+    def build(self, n_hosts: int | None = None) -> Workload:
+        """The DAG (one rank per trace file; ``n_hosts`` is not needed)."""
         return scale_messages(read(self.prefix, self.flops_per_s), self.scale)
 
 

@@ -444,7 +444,8 @@ class SyntheticWorkloadSpec:
             iterations=self.iterations,
         )
 
-    def build(self) -> Workload:
+    def build(self, n_hosts: int | None = None) -> Workload:
+        """The synthesized DAG (its size comes from the parallel layout, not ``n_hosts``)."""
         from m4ray.workload.wrappers import make
 
         workload = synthesize(self.job(), [make(w) for w in self.wrappers])

@@ -80,3 +80,48 @@ def test_hierarchical_needs_balanced_servers():
     algo = Hierarchical(server_of=lambda r: 0 if r < 3 else 1)
     with pytest.raises(InputError, match="same number"):
         algo.decompose(K.ALL_REDUCE, range(4), 4000)
+
+
+def test_broadcast_pipelines_chunks_down_the_chain():
+    transfers = Ring().decompose(K.BROADCAST, [3, 1, 2, 0], 4000)  # root 3
+    received = Counter()
+    for t in transfers:
+        received[t.dst] += t.size_bytes
+    assert received == {1: 4000, 2: 4000, 0: 4000}  # everyone but the root gets the buffer
+    assert {(t.src, t.dst) for t in transfers} == {(3, 1), (1, 2), (2, 0)}
+    hops = 3
+    for index, t in enumerate(transfers):
+        chunk, hop = divmod(index, hops)
+        expected = set()
+        if hop:  # forwarded only after it arrived
+            expected.add(index - 1)
+            assert transfers[index - 1].dst == t.src
+        if chunk:  # after the previous chunk left on the same hop
+            expected.add(index - hops)
+        assert set(t.deps) == expected
+    # the hierarchical algorithm broadcasts over the flat chain too
+    hier = HierarchicalSpec().build(rail_cluster()).decompose(K.BROADCAST, [0, 8, 1, 9], 800)
+    assert len(hier) == 4 * 3 and {t.size_bytes for t in hier} == {200}
+
+
+def test_broadcast_replays_on_flowsim():
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.replay import Replay
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.topology import Cable, Topology
+    from m4ray.sim.workload import Collective, Workload
+
+    star = Topology(
+        n_nodes=5, switches=(4,), cables=tuple(Cable(h, 4, 100e9, 1e-6) for h in range(4))
+    )
+    routing = Routing(star)
+    size = 4_000_000
+    nodes = [
+        Collective(id=r, rank=r, kind=K.BROADCAST, size_bytes=size, group=(0, 1, 2, 3))
+        for r in range(4)
+    ]
+    result = Replay(
+        Workload(n_ranks=4, nodes=nodes), FlowSimConfig().build(star, routing), routing, Ring()
+    ).run()
+    pipelined = (4 + 2) * routing.wire.wire_bytes(size // 4) * 8 / 100e9  # chunks + hops - 1
+    assert pipelined < result.completion_time_s < pipelined * 1.2
