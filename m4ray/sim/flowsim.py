@@ -147,7 +147,9 @@ class FlowSim(QueueClock):
             self._dirty = False
         with np.errstate(divide="ignore"):
             left = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
-        dt = left.min()
+        # rounding in _advance can leave a drained flow a hair below zero bits: it finishes now
+        # (a negative dt would make the tie test below select nothing and the loop spin forever)
+        dt = max(float(left.min()), 0.0)
         if dt == np.inf:
             raise SimulationError("active flows with zero rate: a link has no capacity left")
         finishing = np.flatnonzero(left <= dt * (1 + _REL_TIE))

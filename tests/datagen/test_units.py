@@ -189,7 +189,7 @@ def test_weights_split_the_scenarios():
         ),
         (lambda: NetworkRanges(ecn_k_kb=[10, 200]), "network.ecn_k_kb"),
         (lambda: NetworkRanges(window_kb=[0, 10]), "network.window_kb"),
-        (lambda: CollectiveFamily(kinds=["broadcast"]), None),
+        (lambda: CollectiveFamily(kinds=["gather"]), None),
         (
             lambda: DatagenConfig(families={"a": OpenLoopFamily()}, weights={"b": 1.0}),
             "datagen.weights",

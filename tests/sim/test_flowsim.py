@@ -154,3 +154,20 @@ def test_schedule_and_run_until():
     assert backend.now() == 1e-6 and not seen
     backend.run()
     assert seen == [5e-6]
+
+
+@pytest.mark.timeout(30)
+def test_a_flow_rounded_below_zero_bits_finishes_instead_of_spinning():
+    """Regression: a drained flow left at -1e-9 bits by float rounding made the next completion
+    time lie in the past, the tie test select nothing, and run() loop forever (seen on a
+    degraded 32-GPU GPT-13B replay)."""
+    topo = parking_lot([10])
+    routing = Routing(topo)
+    backend = FlowSim(topo, Routing(topo))
+    done = {}
+    backend.send(Flow(0, 0, 1, 1000, 0.0), done.setdefault)
+    backend.send(Flow(1, 0, 1, 100_000, 0.0), done.setdefault)
+    backend._remaining[0] = -1e-9  # what rounding leaves behind
+    backend.run()
+    assert set(done) == {0, 1}
+    assert done[0] == pytest.approx(routing.delivery_delay(1000, routing.path(0, 1)), rel=1e-9)
