@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
+from m4ray.runtime.cluster import RAY_ENV_DEFAULTS
 from m4ray.serve.client import SessionClient
 from m4ray.sim.m4.engine import Arrival
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import RailClusterSpec
-from m4ray.sweeps.cluster import RAY_ENV_DEFAULTS
 from m4ray.sweeps.report import format_table
 
 

@@ -1,8 +1,9 @@
 """Typed config schemas, registered in Hydra's ConfigStore in one place.
 
 The YAML tree lives in the repository's top-level ``conf/``. Each schema sits next to the code that
-consumes it (``GridConfig`` in ``sweeps/grid.py``, ``RayConfig`` in ``sweeps/cluster.py`` …); this
-module only assembles them into the primary schemas. Component nodes typed ``Any`` carry a
+consumes it (``GridConfig`` in ``sim/failures.py``, ``RayConfig`` in ``runtime/cluster.py`` …);
+this module only assembles them into the primary schemas and imports nothing above ``m4ray.sim``
+and ``m4ray.runtime``. Component nodes typed ``Any`` carry a
 ``_target_`` and are instantiated by the entry points.
 """
 
@@ -15,8 +16,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from m4ray.sweeps.cluster import RayConfig
-from m4ray.sweeps.grid import GridConfig
+from m4ray.runtime.cluster import RayConfig
+from m4ray.sim.failures import GridConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from m4ray.sweeps.cluster import RAY_ENV_DEFAULTS
+from m4ray.runtime.cluster import RAY_ENV_DEFAULTS
 
 for key, value in RAY_ENV_DEFAULTS.items():
     os.environ.setdefault(key, value)

@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 from m4ray.datagen.families import DatagenScenario
 from m4ray.datagen.schema import SCENARIOS, SCHEMA_VERSION, TABLES, render
 from m4ray.errors import InputError, M4rayError
+from m4ray.runtime.fanout import crash_reason, read_row, run_many, store_row
 from m4ray.sim.textio import atomic_write_text
-from m4ray.sweeps.runner import crash_reason, read_row, run_many, store_row
 
 DATAGEN_TAG = 0x6D34_6461  # "m4da": keeps datagen seed streams apart from evaluation seeds
 

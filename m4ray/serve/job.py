@@ -49,9 +49,9 @@ def start(settings: ServeSettings, ray_cfg) -> str:
     """Deploy the application; returns its base URL."""
     from ray import serve
 
+    from m4ray.runtime.cluster import start_ray
     from m4ray.serve.app import build
     from m4ray.sim.m4.backend import checkpoint_dir
-    from m4ray.sweeps.cluster import start_ray
 
     args = app_args(settings)
     checkpoint_dir(args.checkpoint)  # a bad name fails before anything starts

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from m4ray.config import SweepConfig
+from m4ray.runtime.fanout import run_many
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.scenario import Scenario
 from m4ray.sim.topology import write_topology
 from m4ray.sweeps import plots, report
 from m4ray.sweeps.grid import expand
-from m4ray.sweeps.runner import run_many
+from m4ray.sweeps.runner import load_done, run_and_store
 
 
 def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
@@ -41,7 +42,9 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
         f"seed(s) x {len(cfg.backends)} backend(s) = {len(scenarios)} runs of "
         f"'{workload.name}' ({len(workload.nodes)} nodes, {workload.n_ranks} ranks)"
     )
-    rows = run_many(scenarios, run_dir, cfg.ray, progress=cfg.progress)
+    rows = run_many(
+        scenarios, run_dir, cfg.ray, progress=cfg.progress, task=run_and_store, load=load_done
+    )
     frame = report.results_frame(rows)
     files.append(report.write_results(frame, run_dir))
     reference = cfg.reference_backend

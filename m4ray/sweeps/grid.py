@@ -6,26 +6,13 @@ Seeds are data: replicate ``k`` gets the k-th child of ``numpy.random.SeedSequen
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from m4ray.errors import InputError, choice_error
-from m4ray.sim.failures import GrayFailure
+from m4ray.sim.failures import GrayFailure, GridConfig
 from m4ray.sim.scenario import Scenario
-
-
-@dataclass(kw_only=True, slots=True)
-class GridConfig:
-    """N degraded GPUs × reduction factors R × replicate seeds; every failure of the grid has the
-    same packet-loss rate on its degraded links and the same onset time (0 = from the start)."""
-
-    n: list[int] = field(default_factory=lambda: list(range(2, 17)))
-    r: list[int] = field(default_factory=lambda: list(range(4, 11)))
-    seeds: int = 1
-    loss_rate: float = 0.0
-    onset_s: float = 0.0
 
 
 def child_seeds(root_seed: int, count: int) -> list[int]:

@@ -7,9 +7,6 @@ resolved config, versions, git commit and per-run status; its presence marks a c
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from m4ray.runtime.provenance import git_commit, versions
 from m4ray.sim.textio import atomic_write_text
 
 RESULT_COLUMNS = (
@@ -53,35 +51,15 @@ def write_results(frame: pd.DataFrame, run_dir: Path) -> Path:
     return path
 
 
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=True,
-            timeout=10,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def write_manifest(
     run_dir: Path, config: dict[str, Any], frame: pd.DataFrame, files: list[Path]
 ) -> Path:
-    versions = {}
-    for package in ("m4ray", "ray", "numpy", "pyarrow", "hydra-core"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
+    found = versions()
     manifest = {
         "config": config,
         "git_commit": git_commit(),
-        "python": platform.python_version(),
-        "versions": versions,
+        "python": found.pop("python"),
+        "versions": found,
         "runs": frame[["run_id", "scenario_id", "backend", "status", "wall_s"]].to_dict("records"),
         "counts": frame["status"].value_counts().to_dict(),
         "files": [str(p.relative_to(run_dir)) for p in files],

@@ -22,8 +22,8 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
-from m4ray.sweeps.cluster import start_ray
-from m4ray.sweeps.report import git_commit
+from m4ray.runtime.cluster import start_ray
+from m4ray.runtime.provenance import git_commit
 from m4ray.train import checkpoint
 from m4ray.train.data import dataset_version, load_splits
 from m4ray.train.loop import TrainConfig, flow_errors, train_loop

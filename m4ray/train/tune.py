@@ -17,7 +17,7 @@ from typing import Any
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
-from m4ray.sweeps.cluster import start_ray
+from m4ray.runtime.cluster import start_ray
 from m4ray.train.job import mlflow_run, tracking_uri
 from m4ray.train.loop import TrainConfig, train_loop
 

@@ -140,10 +140,10 @@ def _job(spec: dict, n_gpus: int | None = None) -> JobSpec:
 
 def run_point(point: Point, run_dir: str) -> dict[str, Any]:
     """Synthesize, (write Chakra,) replay on flowSim; store and return the row (a Ray task)."""
+    from m4ray.runtime.fanout import store_row
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.replay import Replay
     from m4ray.sim.routing import Routing
-    from m4ray.sweeps.runner import store_row
     from m4ray.workload import chakra, wrappers
     from m4ray.workload.synth import synthesize
 
@@ -181,14 +181,14 @@ def run_point(point: Point, run_dir: str) -> dict[str, Any]:
 
 
 def _load(run_dir: Path, point: Point) -> dict[str, Any] | None:
-    from m4ray.sweeps.runner import read_row
+    from m4ray.runtime.fanout import read_row
 
     row = read_row(run_dir, point)
     return row if row is not None and row.get("status") == "ok" else None
 
 
 def _crashed(point: Point, err: BaseException) -> dict[str, Any]:
-    from m4ray.sweeps.runner import crash_reason
+    from m4ray.runtime.fanout import crash_reason
 
     return {"run_id": point.run_id, "study": point.study, **point.labels, "status": "failed",
             "error": crash_reason(err), "wall_s": float("nan")}  # fmt: skip
@@ -303,7 +303,7 @@ def _save(fig, path: Path) -> Path:
 
 def run(cfg, raw_config: dict[str, Any]) -> Path:
     """The workload experiment (``cfg`` is the resolved sweep config with a ``study`` node)."""
-    from m4ray.sweeps.runner import run_many
+    from m4ray.runtime.fanout import run_many
 
     started = time.perf_counter()
     study: StudyConfig = cfg.study

@@ -8,6 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from m4ray.runtime.cluster import RayConfig
+from m4ray.runtime.fanout import run_many
 from m4ray.sim.collectives import Ring
 from m4ray.sim.failures import degrade
 from m4ray.sim.flows import Flow
@@ -21,9 +23,8 @@ from m4ray.sim.topologies import fat_tree
 from m4ray.sim.topology import Cable, Topology
 from m4ray.sim.trace import run_trace
 from m4ray.sim.workload import Collective, CollectiveKind, Workload
-from m4ray.sweeps.cluster import RayConfig
 from m4ray.sweeps.grid import GridConfig, expand
-from m4ray.sweeps.runner import flows_path, run_many
+from m4ray.sweeps.runner import flows_path, load_done, run_and_store
 
 JUMBO = WireFormat(mtu_bytes=8948, header_bytes=54)
 MB = 1_000_000
@@ -163,7 +164,9 @@ def test_failures_become_rows_and_other_scenarios_finish(ray_local, tmp_path):
         options,
         0,
     )[0]
-    rows = run_many([bad, slow, ok], tmp_path, RayConfig(), progress=False)
+    rows = run_many(
+        [bad, slow, ok], tmp_path, RayConfig(), progress=False, task=run_and_store, load=load_done
+    )
     assert [r["status"] for r in rows] == ["failed", "failed", "ok"]
     assert "pfc_threshold_bytes" in rows[0]["error"]
     assert "wall-clock limit of 1 s" in rows[1]["error"]

@@ -21,13 +21,15 @@ RAY_ENV_DEFAULTS = {
 
 @dataclass(kw_only=True, slots=True)
 class RayConfig:
-    """Where tasks run. ``task_cpus``: CPUs reserved per scenario task."""
+    """Where tasks run. ``task_cpus``: CPUs reserved per task; ``max_retries``: how often a task
+    whose worker or node died is run again (its own errors are never retried)."""
 
     address: str | None = None
     num_cpus: int | None = None
     object_store_memory_mb: int = 256
     include_dashboard: bool = False
     task_cpus: float = 1.0
+    max_retries: int = 2
 
 
 def set_ray_env() -> None:

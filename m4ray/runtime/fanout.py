@@ -1,0 +1,127 @@
+"""Fan-out: run tasks as Ray tasks, resumably, with a progress bar.
+
+A task runs one record (a Scenario, a datagen scenario, a study point: anything with a
+``run_id``) in a Ray worker, writes its outputs and then its result row (``runs/<run_id>.json``,
+written last and atomically) into the run directory; the driver only collects small rows. A
+record whose stored row says it succeeded is skipped on a re-run, so an interrupted fan-out
+resumes where it stopped; failed records are retried. A task that raises returns a failed row;
+one whose worker process dies becomes a row with ``status == "failed"`` and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from m4ray.runtime.cluster import RayConfig, start_ray
+from m4ray.sim.scenario import failed_row
+from m4ray.sim.textio import atomic_write_text
+
+Row = dict[str, Any]
+
+
+def row_path(run_dir: Path, record: Any) -> Path:
+    return run_dir / "runs" / f"{record.run_id}.json"
+
+
+def read_row(run_dir: Path, record: Any) -> Row | None:
+    """The stored row of a record, or None if absent or unreadable (an interrupted write)."""
+    path = row_path(run_dir, record)
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def store_row(run_dir: Path, record: Any, row: Row) -> None:
+    atomic_write_text(row_path(run_dir, record), json.dumps(row, indent=1, default=float))
+
+
+def _once(
+    task: Callable[[Any, str], Row], load: Callable[[Path, Any], Row | None], record, run_dir
+):
+    """The task, unless an earlier attempt finished it: a retry after the worker or its node died
+    must not run (or write) a finished record again."""
+    done = load(Path(run_dir), record)
+    return done if done is not None else task(record, run_dir)
+
+
+def run_many(
+    records: list[Any],
+    run_dir: Path,
+    ray_cfg: RayConfig,
+    progress: bool = True,
+    *,
+    task: Callable[[Any, str], Row],
+    load: Callable[[Path, Any], Row | None],
+    crashed: Callable[[Any, BaseException], Row] | None = None,
+) -> list[Row]:
+    """Rows for every record, in input order; runs only those not already done.
+
+    ``task(record, run_dir)`` runs in a Ray worker, stores its outputs and returns the row (a
+    failure it catches is a failed row, never retried); ``load`` returns the stored row of a
+    record that already succeeded. A task whose worker or node dies is retried by Ray up to
+    ``ray_cfg.max_retries`` times; then ``crashed`` makes its failed row. Records need a
+    ``run_id``. Ctrl-C cancels what is still running; finished rows stay on disk for the re-run.
+    """
+    crashed = crashed or crashed_row
+    rows: dict[int, Row] = {}
+    todo = []
+    for index, record in enumerate(records):
+        done = load(run_dir, record)
+        if done is not None:
+            rows[index] = done
+        else:
+            todo.append(index)
+    bar = tqdm(
+        total=len(records),
+        initial=len(rows),
+        desc="scenarios",
+        unit="run",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    pending: dict[Any, int] = {}
+    try:
+        if todo:
+            ray = start_ray(ray_cfg)
+            remote = ray.remote(_once).options(
+                num_cpus=ray_cfg.task_cpus, max_retries=ray_cfg.max_retries, retry_exceptions=False
+            )
+            pending = {remote.remote(task, load, records[i], str(run_dir)): i for i in todo}
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                index = pending.pop(ready[0])
+                try:
+                    rows[index] = ray.get(ready[0])
+                except Exception as err:  # the worker died (native crash, OOM, node lost) too often
+                    rows[index] = crashed(records[index], err)
+                    store_row(run_dir, records[index], rows[index])
+                bar.update(1)
+                bar.set_postfix(failed=sum(r["status"] != "ok" for r in rows.values()))
+    finally:
+        if pending:  # interrupted: stop the rest, keep what finished
+            import ray
+
+            for ref in pending:
+                ray.cancel(ref, force=True)
+        bar.close()
+    return [rows[i] for i in range(len(records))]
+
+
+def crash_reason(err: BaseException) -> str:
+    reason = str(err).strip().splitlines()
+    return f"worker failed: {type(err).__name__}: {reason[-1] if reason else ''}"
+
+
+def crashed_row(record: Any, err: BaseException) -> Row:
+    return failed_row(record.describe(), crash_reason(err), float("nan"))
+
+
+__all__ = ["crash_reason", "crashed_row", "read_row", "row_path", "run_many", "store_row"]
