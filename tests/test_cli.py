@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 
 import pandas as pd
 import pytest
@@ -115,3 +117,43 @@ def test_serve_experiment_starts_checks_and_stops(tmp_path):
     url = f"http://127.0.0.1:{port}/m4"
     assert f"m4 backend serving at {url}" in proc.stdout and f"{url}/docs" in proc.stdout
     assert "self-check: 2 flows -> predicted finish (us): 0: " in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("signum", "status", "line"),
+    [
+        (signal.SIGINT, 130, "interrupted (Ctrl-C): stopped"),
+        pytest.param(signal.SIGTERM, 143, "terminated (SIGTERM): stopped", marks=pytest.mark.slow),
+    ],
+)
+def test_a_stopped_sweep_says_so_in_one_line_and_resumes(tmp_path, signum, status, line):
+    args = [
+        PYTHON,
+        "-m",
+        "m4ray.sweeps",
+        "+experiment=gray_failure",
+        "backends=[flowsim]",
+        f"paths.output_dir={tmp_path}",
+        "ray.num_cpus=2",
+        "progress=false",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    runs = tmp_path / "gray_failure" / "runs"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if runs.exists() and len(list(runs.glob("*.json"))) >= 10:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the sweep finished before it could be stopped"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if ".venv/lib" not in line and "[0x" not in line]
+    assert proc.returncode == status, "\n".join(lines[-40:])
+    assert line in err and "Traceback" not in err
+    assert 10 <= len(list(runs.glob("*.json"))) < 105  # finished runs are kept
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    frame = pd.read_parquet(tmp_path / "gray_failure" / "results.parquet")
+    assert len(frame) == 105 and frame.run_id.is_unique and (frame.status == "ok").all()

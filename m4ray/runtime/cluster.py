@@ -37,6 +37,23 @@ def set_ray_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def cluster_nodes() -> list[dict]:
+    """The Ray nodes this process has seen (id, address, alive, resources); [] without Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        return []
+    return [
+        {
+            "node_id": node["NodeID"],
+            "address": node.get("NodeManagerAddress"),
+            "alive": bool(node.get("Alive")),
+            "resources": node.get("Resources", {}),
+        }
+        for node in ray.nodes()
+    ]
+
+
 def start_ray(cfg: RayConfig):
     """Initialise Ray once per process (idempotent) and return the ``ray`` module."""
     set_ray_env()

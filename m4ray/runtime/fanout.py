@@ -40,6 +40,11 @@ def read_row(run_dir: Path, record: Any) -> Row | None:
 
 
 def store_row(run_dir: Path, record: Any, row: Row) -> None:
+    """Write a record's row (atomically), stamped with the Ray node that wrote it."""
+    import ray
+
+    if ray.is_initialized():
+        row.setdefault("node_id", ray.get_runtime_context().get_node_id())
     atomic_write_text(row_path(run_dir, record), json.dumps(row, indent=1, default=float))
 
 

@@ -99,13 +99,10 @@ def run(sweep, raw_config: dict[str, Any]) -> str:
         f"  simulate through it: python -m m4ray.sweeps +experiment=gray_failure "
         f"'backends=[m4_served]' backend_options.m4_served.url={url}"
     )
-    if settings.hold:
-        print("serving; Ctrl-C to stop")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    if settings.hold:  # Ctrl-C / SIGTERM: the entry point shuts Serve and Ray down cleanly
+        print("serving; Ctrl-C to stop", flush=True)
+        while True:
+            time.sleep(3600)
     from ray import serve
 
     serve.shutdown()

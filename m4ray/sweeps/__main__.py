@@ -8,7 +8,7 @@ import hydra
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from m4ray.cli import user_errors
+from m4ray.cli import stops_cleanly, user_errors
 from m4ray.config import CONF_DIR, SweepConfig, register_configs
 from m4ray.errors import InputError
 
@@ -40,7 +40,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="sweep")
 def main(cfg: DictConfig) -> None:
-    with user_errors():
+    with user_errors(), stops_cleanly(cfg.paths.run_dir):
         sweep = resolve(cfg)
         get_method(sweep.job)(sweep, OmegaConf.to_container(cfg, resolve=True))
 

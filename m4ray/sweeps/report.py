@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from m4ray.runtime.cluster import cluster_nodes
 from m4ray.runtime.provenance import git_commit, versions
 from m4ray.sim.textio import atomic_write_text
 
@@ -35,6 +36,7 @@ RESULT_COLUMNS = (
     "mean_slowdown",
     "p99_slowdown",
     "error",
+    "node_id",
 )
 
 
@@ -62,6 +64,8 @@ def write_manifest(
         "versions": found,
         "runs": frame[["run_id", "scenario_id", "backend", "status", "wall_s"]].to_dict("records"),
         "counts": frame["status"].value_counts().to_dict(),
+        "ray_nodes": cluster_nodes(),  # as Ray knows them at the end (dead nodes may be gone)
+        "runs_per_node": frame["node_id"].value_counts().to_dict() if "node_id" in frame else {},
         "files": [str(p.relative_to(run_dir)) for p in files],
     }
     return atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))

@@ -1,0 +1,131 @@
+"""A real two-node Ray cluster on this machine: a sweep with ray=cluster survives losing its worker
+node mid-sweep (Ray retries the lost tasks on the head), ends with every scenario ok exactly once,
+and its manifest lists both nodes. jobs/README.md says how to reproduce it by hand."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import PYTHON, REPO
+
+RAY = str(Path(PYTHON).parent / "ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _node(args: list[str], env: dict) -> subprocess.Popen:
+    """A blocking ``ray start`` in its own process group: killing the group kills that node only
+    (never ``ray stop``, which would stop every Ray on the machine, the test session's too)."""
+    return subprocess.Popen(
+        [RAY, "start", *args, "--block"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _wait_for_port(port: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"no Ray head on port {port}")
+
+
+@pytest.fixture
+def two_nodes():
+    """Head (1 CPU) and a worker node (1 CPU, resource 'worker_node')."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "RAY_health_check_period_ms": "500",
+        "RAY_health_check_failure_threshold": "4",
+    }
+    address = f"127.0.0.1:{port}"
+    head = _node(["--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"], env)
+    nodes = [head]
+    try:
+        _wait_for_port(port)
+        worker = _node(
+            [f"--address={address}", "--num-cpus=1", '--resources={"worker_node": 1}'], env
+        )
+        nodes.append(worker)
+        yield address, worker, env
+    finally:
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+            node.wait(timeout=60)
+
+
+def _rows(run_dir: Path) -> int:
+    return len(list((run_dir / "runs").glob("*.json"))) if (run_dir / "runs").exists() else 0
+
+
+def _nodes(run_dir: Path) -> set[str]:
+    """Nodes that have written rows so far (a row being written may not parse yet)."""
+    found = set()
+    for path in (run_dir / "runs").glob("*.json") if (run_dir / "runs").exists() else []:
+        try:
+            found.add(json.loads(path.read_text())["node_id"])
+        except (ValueError, KeyError):
+            continue
+    return found
+
+
+@pytest.mark.slow  # two Ray nodes start and one is killed: ~1-2 min
+def test_a_sweep_survives_losing_its_worker_node(two_nodes, tmp_path):
+    address, worker, env = two_nodes
+    sweep = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "m4ray.sweeps",
+            "+experiment=gray_failure",
+            "backends=[flowsim]",
+            "ray=cluster",
+            f"ray.address={address}",
+            "workload.scale=0.3",
+            f"paths.output_dir={tmp_path}",
+            "progress=false",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run_dir = tmp_path / "gray_failure"
+    deadline = time.monotonic() + 300
+    # kill the worker node once it has done some of the work, mid-sweep
+    while len(_nodes(run_dir)) < 2 and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sweep.poll() is None, "the sweep ended before the worker node could be killed"
+    os.killpg(worker.pid, signal.SIGKILL)  # the worker node and its running tasks die
+    _, err = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, err[-3000:]
+    frame = pd.read_parquet(run_dir / "results.parquet")
+    assert len(frame) == 105 and frame.run_id.is_unique and (frame.status == "ok").all()
+    assert _rows(run_dir) == 105
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    per_node = manifest["runs_per_node"]
+    assert len(per_node) == 2 and sum(per_node.values()) == 105  # both nodes ran scenarios
+    # both nodes are listed (whether Ray has marked the lost one dead yet is a race)
+    assert {n["node_id"] for n in manifest["ray_nodes"]} == set(per_node)
