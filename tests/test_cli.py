@@ -137,8 +137,19 @@ def test_a_stopped_sweep_says_so_in_one_line_and_resumes(tmp_path, signum, statu
         "ray.num_cpus=2",
         "progress=false",
     ]
+    # a shell that runs the tests in the background starts them with SIGINT ignored, and a child
+    # inherits that (a user's terminal does not): the sweep gets Python's Ctrl-C handler back
+    restore = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['m4ray.sweeps', *sys.argv[1:]]; runpy.run_module('m4ray.sweeps', "
+        "run_name='__main__', alter_sys=True)"
+    )
     proc = subprocess.Popen(
-        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [PYTHON, "-c", restore, *args[3:]],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     runs = tmp_path / "gray_failure" / "runs"
     deadline = time.monotonic() + 300

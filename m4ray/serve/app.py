@@ -15,9 +15,12 @@ Two deployments:
 
 Endpoints (JSON; the schema is served at ``/docs`` and ``/openapi.json`` under the route prefix):
 ``GET /health``, ``POST /sessions``, ``POST /sessions/{id}/events``, ``GET /sessions/{id}``,
-``DELETE /sessions/{id}``. Errors: 404 unknown session, 422 malformed body, 400 events the
-topology or the session's state rejects (node ids, duplicate or unknown flows, time going back),
-each with a ``detail`` message; a rejected request changes nothing.
+``DELETE /sessions/{id}``. Errors, each a JSON ``{"detail": ...}`` documented in the OpenAPI schema:
+400 events the topology or the session's state rejects (node ids, duplicate or unknown flows,
+time going back) or a topology that does not parse; 401 a missing or wrong bearer token (when
+the app has one); 404 unknown session; 413 a body over ``max_request_bytes`` or a request with
+more than ``max_events_per_request`` events; 422 a body that breaks the schema (types, bounds);
+429 ``max_sessions`` sessions are open. A rejected request changes nothing.
 
 Run it with ``python -m m4ray.sweeps +experiment=serve`` or ``serve run m4ray.serve.app:app``
 (``jobs/serve.yaml`` for ``serve deploy``).
@@ -25,13 +28,17 @@ Run it with ``python -m m4ray.sweeps +experiment=serve`` or ``serve run m4ray.se
 
 import asyncio
 import dataclasses
+import secrets
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from m4ray.errors import InputError
 from m4ray.sim.m4.backend import load_model
@@ -42,16 +49,24 @@ from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import parse_topology
 
 API_VERSION = "1"
+MAX_ID = 2**62  # flow ids and sizes fit the engine's int64 arrays
+MAX_NODE = 2**31 - 1
 
 
 # ------------------------------------------------------------------ schema
 class NewSession(BaseModel):
     """A simulation: its topology and the settings its routing and model inputs depend on."""
 
-    topology: str = Field(description="the topology in SimAI text format (m4ray's topology files)")
-    routing_seed: int = Field(0, description="ECMP seed: the same seed gives the same paths")
-    mtu_bytes: int = Field(1000, gt=0, description="payload bytes per packet (ideal FCTs)")
-    header_bytes: int = Field(48, ge=0, description="header bytes per packet")
+    topology: str = Field(
+        min_length=1, description="the topology in SimAI text format (m4ray's topology files)"
+    )
+    routing_seed: int = Field(
+        0, ge=0, le=MAX_ID, description="ECMP seed: the same seed gives the same paths"
+    )
+    mtu_bytes: int = Field(
+        1000, gt=0, le=1_000_000, description="payload bytes per packet (ideal FCTs)"
+    )
+    header_bytes: int = Field(48, ge=0, le=65_535, description="header bytes per packet")
     network: dict[str, Any] = Field(
         default_factory=dict,
         description="ns-3 settings the model imitates (Ns3Config fields: transport, rdma, tcp)",
@@ -66,21 +81,29 @@ class SessionInfo(BaseModel):
     checkpoint: str
 
 
+class ErrorBody(BaseModel):
+    detail: str = Field(description="what was wrong, naming the field")
+
+
+FlowId = Annotated[int, Field(ge=0, le=MAX_ID)]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
 class FlowArrival(BaseModel):
-    id: int = Field(description="flow id, unique among the session's active flows")
-    src: int = Field(description="source host id")
-    dst: int = Field(description="destination host id")
-    size_bytes: int = Field(gt=0)
+    id: FlowId = Field(description="flow id, unique among the session's active flows")
+    src: int = Field(ge=0, le=MAX_NODE, description="source host id")
+    dst: int = Field(ge=0, le=MAX_NODE, description="destination host id")
+    size_bytes: int = Field(gt=0, le=MAX_ID)
 
 
 class Completion(BaseModel):
-    id: int = Field(description="id of a flow the simulator completed")
+    id: FlowId = Field(description="id of a flow the simulator completed")
 
 
 class TimedEvent(BaseModel):
     """One arrival or one completion at its own time (for a window of events in order)."""
 
-    time_s: float = Field(ge=0)
+    time_s: Seconds
     arrival: FlowArrival | None = None
     completion: Completion | None = None
 
@@ -92,12 +115,15 @@ class Events(BaseModel):
     what a simulator batching a window of events sends; then ``completions`` and ``arrivals``
     (the short form), all at ``time_s``. The model is updated once, at ``time_s``."""
 
-    time_s: float = Field(ge=0)
+    time_s: Seconds
     sequence: list[TimedEvent] = Field(default_factory=list)
     arrivals: list[FlowArrival] = Field(default_factory=list)
-    completions: list[int] = Field(
+    completions: list[FlowId] = Field(
         default_factory=list, description="ids of flows the simulator completed at time_s"
     )
+
+    def count(self) -> int:
+        return len(self.sequence) + len(self.arrivals) + len(self.completions)
 
 
 class Prediction(BaseModel):
@@ -130,6 +156,12 @@ class AppArgs(BaseModel):
     max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")
     threads: int = Field(1, ge=1, description="torch threads of the model replica")
     session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")
+    max_request_bytes: int = Field(8 << 20, ge=1, description="larger bodies get 413")
+    max_events_per_request: int = Field(100_000, ge=1, description="more events get 413")
+    max_sessions: int = Field(1024, ge=1, description="a new session beyond this gets 429")
+    token: str | None = Field(
+        None, min_length=8, description="if set, every call needs 'Authorization: Bearer <token>'"
+    )
 
 
 # ------------------------------------------------------------------ model
@@ -209,6 +241,87 @@ api = FastAPI(
     description="Learned flow-level network backend: post flow arrivals and completions, get "
     "predicted completion times. One session per simulation.",
 )
+_REPLICA = {"args": AppArgs()}  # this process's ingress arguments (set by M4Sessions)
+
+
+def _configure(args: AppArgs) -> None:
+    """Serve pickles the ingress class and app by value: a module function and a module dict
+    are what the replica's routes, dependencies and middleware share for certain."""
+    _REPLICA["args"] = args
+
+
+def _args() -> AppArgs:
+    return _REPLICA["args"]
+
+
+bearer = HTTPBearer(auto_error=False, description="only when the app was started with a token")
+
+
+def _errors(*codes: int) -> dict:
+    """OpenAPI documentation of the error statuses a route returns."""
+    return {code: {"model": ErrorBody, "description": _REASONS[code]} for code in codes}
+
+
+_REASONS = {
+    400: "the request is well formed but the topology or the session's state rejects it",
+    401: "missing or wrong bearer token",
+    404: "unknown session (closed, expired or never created)",
+    413: "body or event count over the app's limits",
+    422: "the body breaks the schema",
+    429: "too many open sessions",
+}
+
+
+async def authorized(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    token = _args().token
+    if token is None:
+        return
+    given = "" if credentials is None else credentials.credentials
+    if not secrets.compare_digest(given.encode(), token.encode()):
+        raise HTTPException(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+@api.middleware("http")
+async def limit_body(request: Request, call_next):
+    """413 before a body over the limit is read (by its Content-Length, which every HTTP client
+    sends for a JSON body)."""
+    limit = _args().max_request_bytes
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        return JSONResponse({"detail": f"body over {limit} bytes"}, status_code=413)
+    return await call_next(request)
+
+
+def _routes(router) -> list:
+    """Every route of a router, into included routers (Serve includes the ingress app's)."""
+    found = []
+    for route in getattr(router, "routes", None) or []:
+        inner = getattr(route, "original_router", None)
+        found += _routes(inner) if inner is not None else [route]
+    return found
+
+
+def route_matches(route, path: str) -> bool:
+    regex = getattr(route, "path_regex", None)
+    return regex is not None and bool(getattr(route, "methods", None)) and bool(regex.match(path))
+
+
+@api.exception_handler(StarletteHTTPException)
+async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+    """Errors as ``{"detail"}``; a 405 lists every method the path has (Starlette names only the
+    first route that matched the path)."""
+    headers = dict(err.headers or {})
+    if err.status_code == 405:
+        root = request.scope.get("root_path", "")
+        path = request.url.path
+        path = path[len(root) :] if root and path.startswith(root) else path
+        allowed = {
+            m for route in _routes(request.app) if route_matches(route, path) for m in route.methods
+        }
+        headers["Allow"] = ", ".join(sorted(allowed))
+    return JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=headers)
 
 
 @dataclasses.dataclass
@@ -236,6 +349,7 @@ class M4Sessions:
     def __init__(self, model, args: AppArgs) -> None:
         from m4ray.train.model import ModelConfig
 
+        _configure(args)
         self.model = model
         self.checkpoint = args.checkpoint
         self.session_idle_s = args.session_idle_s
@@ -250,11 +364,16 @@ class M4Sessions:
             self._model_cfg = ModelConfig(**info["model"])
         return self._model_cfg
 
-    @api.get("/health")
+    @api.get("/health", responses=_errors(401), dependencies=[Depends(authorized)])
     async def health(self) -> dict[str, Any]:
         return {"ok": True, "sessions": len(self.sessions), "checkpoint": self.checkpoint}
 
-    @api.post("/sessions", status_code=201)
+    @api.post(
+        "/sessions",
+        status_code=201,
+        responses=_errors(400, 401, 413, 422, 429),
+        dependencies=[Depends(authorized)],
+    )
     async def create(self, spec: NewSession) -> SessionInfo:
         try:
             topo = parse_topology(spec.topology, "topology")  # errors: "topology:<line>: …"
@@ -272,6 +391,9 @@ class M4Sessions:
         engine = M4Engine(topo.bandwidth_bps, cfg, params13(ns3, routing), routing=routing)
         session_id = uuid.uuid4().hex
         expire(self.sessions, time.monotonic(), self.session_idle_s)
+        limit = _args().max_sessions
+        if len(self.sessions) >= limit:
+            raise HTTPException(429, f"{limit} sessions are open: close one first")
         self.sessions[session_id] = _Session(engine, asyncio.Lock())
         return SessionInfo(
             session_id=session_id,
@@ -281,8 +403,15 @@ class M4Sessions:
             checkpoint=self.checkpoint,
         )
 
-    @api.post("/sessions/{session_id}/events")
+    @api.post(
+        "/sessions/{session_id}/events",
+        responses=_errors(400, 401, 404, 413, 422),
+        dependencies=[Depends(authorized)],
+    )
     async def events(self, session_id: str, events: Events) -> Predictions:
+        limit = _args().max_events_per_request
+        if events.count() > limit:
+            raise HTTPException(413, f"{events.count()} events in one request, limit {limit}")
         session = self._session(session_id)
         async with session.lock:
             if events.time_s < session.time_s:
@@ -308,7 +437,11 @@ class M4Sessions:
             active=engine.n_active,
         )
 
-    @api.get("/sessions/{session_id}")
+    @api.get(
+        "/sessions/{session_id}",
+        responses=_errors(401, 404, 422),
+        dependencies=[Depends(authorized)],
+    )
     async def state(self, session_id: str) -> SessionState:
         s = self._session(session_id)
         return SessionState(
@@ -319,7 +452,11 @@ class M4Sessions:
             updates=s.engine.n_updates,
         )
 
-    @api.delete("/sessions/{session_id}")
+    @api.delete(
+        "/sessions/{session_id}",
+        responses=_errors(401, 404, 422),
+        dependencies=[Depends(authorized)],
+    )
     async def close(self, session_id: str) -> dict[str, Any]:
         self._session(session_id)
         del self.sessions[session_id]

@@ -34,7 +34,9 @@ class SessionClient:
         topology: Topology,
         routing: Routing,
         network: Ns3Config | None = None,
+        *,
         timeout_s: float = 60.0,
+        token: str | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -42,6 +44,7 @@ class SessionClient:
         self._host, self._port = parts.hostname, parts.port or 80
         self._prefix = parts.path.rstrip("/")
         self._timeout = timeout_s
+        self._auth = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._conn: http.client.HTTPConnection | None = None
         body = {
             "topology": format_topology(topology),
@@ -91,6 +94,7 @@ class SessionClient:
     def request(self, method: str, path: str, body: Any = None) -> Any:
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload else {}
+        headers.update(self._auth)
         for attempt in (0, 1):  # one retry on a dropped kept-alive connection
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(
@@ -154,15 +158,19 @@ class ServedEngine:
 class M4ServedConfig:
     """``backend=m4_served``: ``url`` of the Serve app (with its route prefix), update
     ``window_us`` as for ``backend=m4`` (default: 10 µs temporal batches, one request each),
-    the ns-3 ``network`` the model imitates, and the HTTP timeout."""
+    the ns-3 ``network`` the model imitates, the HTTP timeout, and the app's bearer ``token``
+    (if it has one)."""
 
     url: str = "http://127.0.0.1:8000/m4"
     window_us: float | None = 10.0
     network: Ns3Config = field(default_factory=lambda: Ns3Config(transport=IMITATED))
     timeout_s: float = 60.0
+    token: str | None = None
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
-        client = SessionClient(self.url, topology, routing, self.network, self.timeout_s)
+        client = SessionClient(
+            self.url, topology, routing, self.network, timeout_s=self.timeout_s, token=self.token
+        )
         backend = M4Backend(ServedEngine(client, routing), window_us=self.window_us)
         weakref.finalize(backend, client.close)
         return backend

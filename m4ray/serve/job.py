@@ -13,6 +13,8 @@ from typing import Any
 
 from m4ray.errors import InputError
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 @dataclass(kw_only=True, slots=True)
 class ServeSettings:
@@ -54,6 +56,11 @@ def start(settings: ServeSettings, ray_cfg) -> str:
     from m4ray.sim.m4.backend import checkpoint_dir
 
     args = app_args(settings)
+    if args.token is None and settings.host not in LOOPBACK:
+        raise InputError(
+            f"serving on {settings.host} opens the API to that network: set serve.app.token",
+            field="serve.app.token",
+        )
     checkpoint_dir(args.checkpoint)  # a bad name fails before anything starts
     start_ray(ray_cfg)
     serve.start(http_options={"host": settings.host, "port": settings.port})
@@ -61,7 +68,7 @@ def start(settings: ServeSettings, ray_cfg) -> str:
     return settings.url
 
 
-def self_check(url: str) -> dict[str, float]:
+def self_check(url: str, settings: ServeSettings) -> dict[str, float]:
     """One session on a 16-GPU rail cluster: two flows into one host, predictions back."""
     from m4ray.serve.client import SessionClient
     from m4ray.sim.m4.engine import Arrival
@@ -71,7 +78,7 @@ def self_check(url: str) -> dict[str, float]:
     topo = RailClusterSpec(servers=2).build()
     routing = Routing(topo)
     hosts = sorted(topo.hosts)
-    client = SessionClient(url, topo, routing)
+    client = SessionClient(url, topo, routing, token=app_args(settings).token)
     try:
         flows = [Arrival(i, hosts[i], hosts[8], 1_000_000) for i in range(2)]
         return client.events(0.0, flows, [])
@@ -85,7 +92,7 @@ def run(sweep, raw_config: dict[str, Any]) -> str:
         raise InputError("this experiment needs a 'serve' section", field="serve")
     t0 = time.perf_counter()
     url = start(settings, sweep.ray)
-    predictions = self_check(url)
+    predictions = self_check(url, settings)
     print(
         f"m4 backend serving at {url} (checkpoint {app_args(settings).checkpoint}), "
         f"ready in {time.perf_counter() - t0:.1f} s"

@@ -240,3 +240,75 @@ def test_serve_settings_check_the_app_arguments():
         app_args(ServeSettings(app={"max_batch_requests": 0}))
     with pytest.raises(InputError, match=r"serve\.app\.nope"):
         app_args(ServeSettings(app={"nope": 1}))
+
+
+@pytest.fixture
+def strict_url(url):
+    """A second app with a token and small limits (deleted after the test)."""
+    from ray import serve
+
+    from m4ray.serve.app import AppArgs, build
+
+    args = AppArgs(
+        token="s3cret-token",
+        max_sessions=2,
+        max_events_per_request=3,
+        max_request_bytes=4000,
+        batch_wait_s=0.0,
+    )
+    serve.run(build(args), name="m4-strict", route_prefix="/strict")
+    yield url.rsplit("/", 1)[0] + "/strict"
+    serve.delete("m4-strict")
+
+
+def test_the_contract_token_limits_and_documented_errors(strict_url, rail):
+    topo, routing, hosts = rail
+    from m4ray.sim.topology import format_topology
+
+    body = {"topology": format_topology(topo)}
+    auth = {"Authorization": "Bearer s3cret-token"}
+    with httpx.Client(base_url=strict_url, timeout=30) as http:
+        for headers in ({}, {"Authorization": "Bearer wrong-token"}):
+            r = http.post("/sessions", json=body, headers=headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = http.post("/sessions", json={"topology": ""}, headers=auth)
+        assert r.status_code == 422  # the schema says a topology is not empty, and so it is
+        big = {"topology": "x" * 5000}
+        assert http.post("/sessions", json=big, headers=auth).status_code == 413
+        ids = [http.post("/sessions", json=body, headers=auth).json()["session_id"] for _ in "ab"]
+        r = http.post("/sessions", json=body, headers=auth)
+        assert r.status_code == 429 and "2 sessions" in r.json()["detail"]
+        arrivals = [
+            {"id": i, "src": hosts[i], "dst": hosts[i + 8], "size_bytes": 1000} for i in range(4)
+        ]
+        r = http.post(f"/sessions/{ids[0]}/events", json={"time_s": 0, "arrivals": arrivals},
+                      headers=auth)  # fmt: skip
+        assert r.status_code == 413 and "4 events" in r.json()["detail"]
+        assert http.get(f"/sessions/{ids[0]}", headers=auth).json()["active"] == 0
+        r = http.put(f"/sessions/{ids[0]}", headers=auth)
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"
+        assert http.delete(f"/sessions/{ids[1]}", headers=auth).status_code == 200
+        assert http.post("/sessions", json=body, headers=auth).status_code == 201
+        assert http.delete(f"/sessions/{ids[0]}", headers=auth).status_code == 200
+        schema = http.get("/openapi.json").json()
+    documented = {
+        (path, method): set(op["responses"])
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+    }
+    assert documented[("/sessions", "post")] == {"201", "400", "401", "413", "422", "429"}
+    assert documented[("/sessions/{session_id}/events", "post")] >= {"400", "404", "413", "422"}
+    assert documented[("/sessions/{session_id}", "delete")] >= {"401", "404"}
+    assert schema["components"]["schemas"]["NewSession"]["properties"]["topology"]["minLength"] == 1
+    # the client passes the token on
+    client = SessionClient(strict_url, topo, routing, token="s3cret-token")
+    assert client.events(0.0, [Arrival(0, hosts[0], hosts[8], 10_000)], [])
+    client.close()
+
+
+def test_serving_beyond_loopback_needs_a_token():
+    from m4ray.runtime.cluster import RayConfig
+    from m4ray.serve.job import ServeSettings, start
+
+    with pytest.raises(InputError, match=r"serve\.app\.token"):
+        start(ServeSettings(host="0.0.0.0"), RayConfig())  # fails before Ray or Serve start
