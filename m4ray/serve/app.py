@@ -35,7 +35,6 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -49,7 +48,7 @@ from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import parse_topology
 
 API_VERSION = "1"
-MAX_ID = 2**62  # flow ids and sizes fit the engine's int64 arrays
+MAX_ID = 2**53 - 1  # ids and sizes: exact in JSON numbers and in the engine's int64 arrays
 MAX_NODE = 2**31 - 1
 
 
@@ -254,11 +253,9 @@ def _args() -> AppArgs:
     return _REPLICA["args"]
 
 
-bearer = HTTPBearer(auto_error=False, description="only when the app was started with a token")
-
-
 def _errors(*codes: int) -> dict:
-    """OpenAPI documentation of the error statuses a route returns."""
+    """OpenAPI documentation of the error statuses a route returns (FastAPI documents its own
+    422, whose ``detail`` lists what broke the schema)."""
     return {code: {"model": ErrorBody, "description": _REASONS[code]} for code in codes}
 
 
@@ -267,19 +264,19 @@ _REASONS = {
     401: "missing or wrong bearer token",
     404: "unknown session (closed, expired or never created)",
     413: "body or event count over the app's limits",
-    422: "the body breaks the schema",
     429: "too many open sessions",
 }
 
 
-async def authorized(
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> None:
+async def authorized(request: Request) -> None:
+    """With a token, every call needs ``Authorization: Bearer <token>``. The header is read here
+    rather than declared as an OpenAPI security scheme: a scheme would make it required in the
+    schema even when the app runs without a token (the default on 127.0.0.1)."""
     token = _args().token
     if token is None:
         return
-    given = "" if credentials is None else credentials.credentials
-    if not secrets.compare_digest(given.encode(), token.encode()):
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
         raise HTTPException(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
 
 
@@ -371,7 +368,7 @@ class M4Sessions:
     @api.post(
         "/sessions",
         status_code=201,
-        responses=_errors(400, 401, 413, 422, 429),
+        responses=_errors(400, 401, 413, 429),
         dependencies=[Depends(authorized)],
     )
     async def create(self, spec: NewSession) -> SessionInfo:
@@ -405,7 +402,7 @@ class M4Sessions:
 
     @api.post(
         "/sessions/{session_id}/events",
-        responses=_errors(400, 401, 404, 413, 422),
+        responses=_errors(400, 401, 404, 413),
         dependencies=[Depends(authorized)],
     )
     async def events(self, session_id: str, events: Events) -> Predictions:
@@ -439,7 +436,7 @@ class M4Sessions:
 
     @api.get(
         "/sessions/{session_id}",
-        responses=_errors(401, 404, 422),
+        responses=_errors(401, 404),
         dependencies=[Depends(authorized)],
     )
     async def state(self, session_id: str) -> SessionState:
@@ -454,7 +451,7 @@ class M4Sessions:
 
     @api.delete(
         "/sessions/{session_id}",
-        responses=_errors(401, 404, 422),
+        responses=_errors(401, 404),
         dependencies=[Depends(authorized)],
     )
     async def close(self, session_id: str) -> dict[str, Any]:
