@@ -1,0 +1,187 @@
+"""Load on the m4 Serve endpoint: N simulated clients for a minute, sessions opened and closed
+continuously; throughput, latency, errors and the replicas' memory over time.
+
+    .venv/bin/python bench/serve_load.py                     # 8 clients, 60 s
+    .venv/bin/python bench/serve_load.py --clients 1 8 --seconds 30
+
+Each client is a thread that loops: open a session on a 16-GPU rail cluster, post
+``--requests`` event windows (two arrivals each, and two completions once 8 flows are active),
+close it. Every failed call is counted, never raised. The resident memory of every Serve
+process (the ingress and model replicas, the proxy and the controller; read from /proc) is
+sampled every 2 s after a 10 s warm-up; a leak shows as growth from the first sample to the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from m4ray.runtime.cluster import RAY_ENV_DEFAULTS
+from m4ray.serve.client import SessionClient
+from m4ray.sim.m4.engine import Arrival
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import RailClusterSpec
+from m4ray.sweeps.report import format_table
+
+WARMUP_S = 10.0
+
+
+def serve_rss_mb() -> dict[str, float]:
+    """Resident memory (MB) of this machine's Serve processes, by process title."""
+    out: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="ignore")
+            if "Serve" not in cmdline and "ProxyActor" not in cmdline:
+                continue
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        title = cmdline.split()[0].removeprefix("ray::")
+        out[f"{title} ({proc.name})"] = rss / 1024
+    return out
+
+
+def client(url, topo, routing, *, stop_at, requests, seed, stats, lock) -> None:
+    rng = np.random.default_rng(seed)
+    hosts = sorted(topo.hosts)
+    while time.perf_counter() < stop_at:
+        try:
+            session = SessionClient(url, topo, routing)
+        except Exception:
+            with lock:
+                stats["errors"] += 1
+            continue
+        active: list[int] = []
+        t, next_id = 0.0, 0
+        for _ in range(requests):
+            arrivals = []
+            for _ in range(2):
+                src, dst = rng.choice(len(hosts), 2, replace=False)
+                size = int(rng.integers(10_000, 1_000_000))
+                arrivals.append(Arrival(next_id, hosts[src], hosts[dst], size))
+                next_id += 1
+            done = active[:2] if len(active) >= 8 else []
+            start = time.perf_counter()
+            try:
+                session.events(t, arrivals, done)
+            except Exception:
+                with lock:
+                    stats["errors"] += 1
+                break
+            with lock:
+                stats["latency"].append(time.perf_counter() - start)
+            active = [f for f in active if f not in done] + [a.id for a in arrivals]
+            t += 1e-6
+        try:
+            session.close()
+            with lock:
+                stats["sessions"] += 1
+        except Exception:
+            with lock:
+                stats["errors"] += 1
+
+
+def run(url, topo, routing, *, n_clients, seconds, requests) -> dict:
+    stats = {"latency": [], "errors": 0, "sessions": 0}
+    lock = threading.Lock()
+    start = time.perf_counter()
+    stop_at = start + seconds
+    threads = [
+        threading.Thread(
+            target=client,
+            args=(url, topo, routing),
+            kwargs={
+                "stop_at": stop_at,
+                "requests": requests,
+                "seed": i,
+                "stats": stats,
+                "lock": lock,
+            },
+        )
+        for i in range(n_clients)
+    ]
+    for th in threads:
+        th.start()
+    samples: list[tuple[float, float]] = []
+    while any(th.is_alive() for th in threads):
+        time.sleep(2.0)
+        elapsed = time.perf_counter() - start
+        if elapsed >= WARMUP_S:
+            samples.append((elapsed, sum(serve_rss_mb().values())))
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - start
+    lat = np.array(stats["latency"]) * 1e3
+    return {
+        "requests/s": len(lat) / wall,
+        "sessions": stats["sessions"],
+        "p50": float(np.median(lat)) if len(lat) else float("nan"),
+        "p99": float(np.quantile(lat, 0.99)) if len(lat) else float("nan"),
+        "errors": stats["errors"],
+        "rss_first": samples[0][1] if samples else float("nan"),
+        "rss_last": samples[-1][1] if samples else float("nan"),
+        "rss_max": max(s[1] for s in samples) if samples else float("nan"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[8])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--requests", type=int, default=20, help="event windows per session")
+    args = parser.parse_args()
+    for key, value in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    import httpx
+    import ray
+    from ray import serve
+
+    from m4ray.serve.app import AppArgs, build
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build(AppArgs()), name="m4", route_prefix="/m4")
+    url = f"http://127.0.0.1:{port}/m4"
+    topo = RailClusterSpec(servers=2).build()
+    routing = Routing(topo)
+    rows = []
+    for n in args.clients:
+        r = run(url, topo, routing, n_clients=n, seconds=args.seconds, requests=args.requests)
+        open_sessions = httpx.get(f"{url}/health").json()["sessions"]
+        growth = r["rss_last"] - r["rss_first"]
+        rows.append(
+            [
+                n,
+                f"{args.seconds:g}",
+                r["sessions"],
+                f"{r['requests/s']:.1f}",
+                f"{r['p50']:.1f}",
+                f"{r['p99']:.1f}",
+                r["errors"],
+                open_sessions,
+                f"{r['rss_first']:.0f} -> {r['rss_last']:.0f} (max {r['rss_max']:.0f})",
+                f"{growth:+.0f} MB ({growth / r['rss_first']:+.1%})",
+            ]
+        )
+        print(f"  {n} clients done", flush=True)
+    serve.shutdown()
+    ray.shutdown()
+    head = ["clients", "s", "sessions", "req/s", "p50 ms", "p99 ms", "errors", "left open"]
+    print(format_table([*head, "Serve RSS MB (first -> last)", "growth"], rows))
+
+
+if __name__ == "__main__":
+    main()
