@@ -46,8 +46,8 @@ def serve_rss_mb() -> dict[str, float]:
         except OSError:
             continue
         rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
-        title = cmdline.split()[0].removeprefix("ray::")
-        out[f"{title} ({proc.name})"] = rss / 1024
+        title = cmdline.split()[0].removeprefix("ray::").split(".")[0]  # the title names the
+        out[f"{title} ({proc.name})"] = rss / 1024  # running method: keep the actor's name
     return out
 
 
@@ -113,11 +113,15 @@ def run(url, topo, routing, *, n_clients, seconds, requests) -> dict:
     for th in threads:
         th.start()
     samples: list[tuple[float, float]] = []
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
     while any(th.is_alive() for th in threads):
         time.sleep(2.0)
         elapsed = time.perf_counter() - start
         if elapsed >= WARMUP_S:
-            samples.append((elapsed, sum(serve_rss_mb().values())))
+            last = serve_rss_mb()
+            first = first or last
+            samples.append((elapsed, sum(last.values())))
     for th in threads:
         th.join()
     wall = time.perf_counter() - start
@@ -131,6 +135,7 @@ def run(url, topo, routing, *, n_clients, seconds, requests) -> dict:
         "rss_first": samples[0][1] if samples else float("nan"),
         "rss_last": samples[-1][1] if samples else float("nan"),
         "rss_max": max(s[1] for s in samples) if samples else float("nan"),
+        "by_process": {k: (first[k], last.get(k, float("nan"))) for k in first},
     }
 
 
@@ -176,7 +181,9 @@ def main() -> None:
                 f"{growth:+.0f} MB ({growth / r['rss_first']:+.1%})",
             ]
         )
-        print(f"  {n} clients done", flush=True)
+        print(f"  {n} clients done; Serve processes, MB first -> last:", flush=True)
+        for name, (mb0, mb1) in sorted(r["by_process"].items()):
+            print(f"    {name}: {mb0:.0f} -> {mb1:.0f} ({mb1 - mb0:+.1f})", flush=True)
     serve.shutdown()
     ray.shutdown()
     head = ["clients", "s", "sessions", "req/s", "p50 ms", "p99 ms", "errors", "left open"]
