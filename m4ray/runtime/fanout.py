@@ -73,7 +73,8 @@ def run_many(
     failure it catches is a failed row, never retried); ``load`` returns the stored row of a
     record that already succeeded. A task whose worker or node dies is retried by Ray up to
     ``ray_cfg.max_retries`` times; then ``crashed`` makes its failed row. Records need a
-    ``run_id``. Ctrl-C cancels what is still running; finished rows stay on disk for the re-run.
+    ``run_id``. On Ctrl-C, tasks still running end with the driver; finished rows stay on disk
+    for the re-run.
     """
     crashed = crashed or crashed_row
     rows: dict[int, Row] = {}
@@ -92,7 +93,6 @@ def run_many(
         disable=not progress,
         dynamic_ncols=True,
     )
-    pending: dict[Any, int] = {}
     try:
         if todo:
             ray = start_ray(ray_cfg)
@@ -110,13 +110,8 @@ def run_many(
                     store_row(run_dir, records[index], rows[index])
                 bar.update(1)
                 bar.set_postfix(failed=sum(r["status"] != "ok" for r in rows.values()))
-    finally:
-        if pending:  # interrupted: stop the rest, keep what finished
-            import ray
-
-            for ref in pending:
-                ray.cancel(ref, force=True)
-        bar.close()
+    finally:  # on Ctrl-C the entry point shuts Ray down: tasks die with their owner, this
+        bar.close()  # driver (ray.cancel(force=True) here races with finishing tasks in Ray 2.60)
     return [rows[i] for i in range(len(records))]
 
 
