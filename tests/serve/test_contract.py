@@ -46,6 +46,7 @@ def test_schemathesis_finds_nothing(ray_local, tmp_path):
             text=True,
             timeout=900,
             check=False,
+            cwd=tmp_path,  # schemathesis keeps a cache in its working directory
         )  # fmt: skip
     finally:
         serve.delete("m4-contract")
