@@ -29,7 +29,7 @@ def main(cfg: DictConfig) -> None:
     with user_errors():
         topo = read_topology(cfg.trace.topology)
         flows = read_flows(cfg.trace.flows, hosts=frozenset(topo.hosts))
-        backend, wire = instantiate(cfg.backend), instantiate(cfg.wire)
+        backend, wire = instantiate(cfg.backend, _convert_="all"), instantiate(cfg.wire)
         table = run_trace(topo, flows, backend, Routing(topo, seed=cfg.seed, wire=wire))
         output = cfg.trace.output or default_output(cfg)
         write_table(table, output)

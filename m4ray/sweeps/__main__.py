@@ -29,7 +29,9 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         workload=instantiate(cfg.workload),
         collective=instantiate(cfg.collective),
         wire=instantiate(cfg.wire),
-        backend_options={name: instantiate(node) for name, node in cfg.backend_options.items()},
+        backend_options={  # plain values: they cross Ray boundaries inside Scenarios
+            name: instantiate(node, _convert_="all") for name, node in cfg.backend_options.items()
+        },
         datagen=None if cfg.datagen is None else instantiate(cfg.datagen, _convert_="all"),
         train=None if cfg.train is None else instantiate(cfg.train, _convert_="all"),
         tune=None if cfg.tune is None else instantiate(cfg.tune, _convert_="all"),

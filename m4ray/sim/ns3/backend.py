@@ -16,7 +16,7 @@ long and raises :class:`SimulationError`, keeping what completed.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,10 +44,10 @@ class Ns3Config:
     guard_interval_s: float = 20e-6  # simulated time between wall-clock checks
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rdma, RdmaConfig):  # nested YAML arrives as a mapping
-            self.rdma = RdmaConfig(**_plain(self.rdma))
-        if not isinstance(self.tcp, TcpConfig):
-            self.tcp = TcpConfig(**_plain(self.tcp))
+        if isinstance(self.rdma, dict):  # nested YAML and JSON arrive as mappings
+            self.rdma = RdmaConfig(**self.rdma)
+        if isinstance(self.tcp, dict):
+            self.tcp = TcpConfig(**self.tcp)
         if self.transport not in TRANSPORTS:
             raise choice_error("ns-3 transport", self.transport, TRANSPORTS)
 
@@ -64,15 +64,6 @@ TRANSPORTS = ("rdma", "tcp")
 # the transport whose settings the shipped m4 checkpoints learned (m4-small: ns-3 TCP DCTCP runs);
 # the m4 backends describe the network to the model as this one by default
 IMITATED = "tcp"
-
-
-def _plain(value):
-    """Plain dicts and lists from any mapping/sequence (OmegaConf containers included)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return [_plain(v) for v in value]
-    return value
 
 
 def params13(ns3: Ns3Config, routing: Routing) -> list[float]:
