@@ -145,9 +145,8 @@ class Routing:
 
     def ideal_fct(self, size_bytes: int, path: Path) -> float:
         """Seconds a flow of ``size_bytes`` needs alone on ``path`` (the convention above)."""
-        first = self.wire.wire_bytes(min(size_bytes, self.wire.mtu_bytes))
-        rest = self.wire.wire_bytes(size_bytes) - first
-        return path.latency_s + first * 8 * path.inverse_bw_sum + rest * 8 / path.bottleneck_bps
+        wire_bits = self.wire.wire_bytes(size_bytes) * 8
+        return self.delivery_delay(size_bytes, path) + wire_bits / path.bottleneck_bps
 
     def delivery_delay(self, size_bytes: int, path: Path) -> float:
         """Ideal FCT minus the time all wire bytes take at the bottleneck (seconds): a fluid

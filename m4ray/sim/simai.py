@@ -306,6 +306,7 @@ class _Builder:
     def __init__(self, groups: SimAIGroups, scale: float, compute_scale: float) -> None:
         self.groups, self.scale, self.compute_scale = groups, scale, compute_scale
         self.nodes: list[Node] = []
+        self._group_of: dict[tuple[int, str, str | None], tuple[int, ...]] = {}
 
     def _add(self, node: Node) -> int:
         self.nodes.append(node)
@@ -325,7 +326,10 @@ class _Builder:
     def _comm(self, rank: int, phase: str, comm: Comm, deps, name) -> int | None:
         if comm.kind is None:
             return None
-        group = self.groups.of(rank, phase, comm.group)
+        key = (rank, "wg" if phase == "wg" else "tp", comm.group)  # every layer asks again
+        group = self._group_of.get(key)
+        if group is None:
+            group = self._group_of[key] = self.groups.of(rank, phase, comm.group)
         if len(group) < 2:
             return None
         size = max(comm.size_bytes, MIN_FWD_COMM) if phase == "fwd" else comm.size_bytes

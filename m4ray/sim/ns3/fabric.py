@@ -125,8 +125,11 @@ class Fabric {
 
 
 @functools.cache
-def compiled():
-    """ns-3 loaded and the ``m4ray::Fabric`` base compiled (once per process)."""
+def compiled(source: str = SOURCE):
+    """The ``m4ray`` C++ namespace with ``source`` compiled once per process (ns-3 loaded and
+    the ``m4ray::Fabric`` base compiled first)."""
     ns = load()
-    ns.cppyy.cppdef(SOURCE)
-    return ns
+    if source is not SOURCE:
+        compiled()
+    ns.cppyy.cppdef(source)
+    return ns.cppyy.gbl.m4ray

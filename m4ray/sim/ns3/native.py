@@ -17,8 +17,6 @@ scheduled callback, never per packet (``reference/ns3.md`` §6):
 
 from __future__ import annotations
 
-import functools
-
 from m4ray.sim.ns3 import fabric
 
 SOURCE = r"""
@@ -255,9 +253,6 @@ class Network : public Fabric {
 """
 
 
-@functools.cache
 def compiled():
-    """The ``m4ray`` C++ namespace (ns-3 loaded and the source above compiled, once)."""
-    ns = fabric.compiled()
-    ns.cppyy.cppdef(SOURCE)
-    return ns.cppyy.gbl.m4ray
+    """The ``m4ray`` C++ namespace with this module's network compiled (once per process)."""
+    return fabric.compiled(SOURCE)

@@ -31,8 +31,6 @@ Python hooks, the wall-clock guard and recording (training data) come from ``m4r
 
 from __future__ import annotations
 
-import functools
-
 from m4ray.sim.ns3 import fabric
 
 SOURCE = r"""
@@ -474,7 +472,7 @@ class RdmaNetwork : public Fabric {
             q.next_ps = 0;
             Feed(q.port);
         }
-        if (q.snd_nxt > q.snd_una || q.snd_nxt < q.size) Arm(slot);
+        Arm(slot);  // still active: bytes unacknowledged
     }
 
     RdmaParams m_p;
@@ -492,9 +490,6 @@ class RdmaNetwork : public Fabric {
 """
 
 
-@functools.cache
 def compiled():
-    """The ``m4ray`` C++ namespace with the RDMA fabric (ns-3 loaded, compiled once)."""
-    ns = fabric.compiled()
-    ns.cppyy.cppdef(SOURCE)
-    return ns.cppyy.gbl.m4ray
+    """The ``m4ray`` C++ namespace with this module's network compiled (once per process)."""
+    return fabric.compiled(SOURCE)
