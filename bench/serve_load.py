@@ -1,14 +1,19 @@
 """Load on the m4 Serve endpoint: N simulated clients for a minute, sessions opened and closed
 continuously; throughput, latency, errors and the replicas' memory over time.
 
-    .venv/bin/python bench/serve_load.py                     # 8 clients, 60 s
+    .venv/bin/python bench/serve_load.py                     # idle, then 8 clients, 60 s each
     .venv/bin/python bench/serve_load.py --clients 1 8 --seconds 30
+    .venv/bin/python bench/serve_load.py --clients 0 8 --seconds 180   # idle control, then load
 
 Each client is a thread that loops: open a session on a 16-GPU rail cluster, post
 ``--requests`` event windows (two arrivals each, and two completions once 8 flows are active),
 close it. Every failed call is counted, never raised. The resident memory of every Serve
 process (the ingress and model replicas, the proxy and the controller; read from /proc) is
-sampled every 2 s after a 10 s warm-up; a leak shows as growth from the first sample to the last.
+sampled every 2 s after a 10 s warm-up; a leak shows as growth from the first sample to the last
+and, unlike a warm-up, keeps its pace in the second half of the run. Each deployment also counts
+its live Python objects (``memory()`` on its handle, after a full collection) at the end of the
+warm-up and after the run: sessions or model state that are kept would show there, while the RSS
+also moves with the allocator's and Ray's native memory.
 """
 
 from __future__ import annotations
@@ -91,7 +96,12 @@ def client(url, topo, routing, *, stop_at, requests, seed, stats, lock) -> None:
                 stats["errors"] += 1
 
 
-def run(url, topo, routing, *, n_clients, seconds, requests) -> dict:
+def objects(handles) -> dict[str, dict]:
+    """Each deployment's ``memory()``: RSS, live Python objects, most common types."""
+    return {name: handle.memory.remote().result() for name, handle in handles.items()}
+
+
+def run(url, topo, routing, handles, *, n_clients, seconds, requests) -> dict:
     stats = {"latency": [], "errors": 0, "sessions": 0}
     lock = threading.Lock()
     start = time.perf_counter()
@@ -115,15 +125,21 @@ def run(url, topo, routing, *, n_clients, seconds, requests) -> dict:
     samples: list[tuple[float, float]] = []
     first: dict[str, float] = {}
     last: dict[str, float] = {}
-    while any(th.is_alive() for th in threads):
+    before: dict[str, dict] = {}
+    while time.perf_counter() < stop_at or any(th.is_alive() for th in threads):
         time.sleep(2.0)
         elapsed = time.perf_counter() - start
         if elapsed >= WARMUP_S:
             last = serve_rss_mb()
             first = first or last
+            before = before or objects(handles)
             samples.append((elapsed, sum(last.values())))
     for th in threads:
         th.join()
+    after = objects(handles)
+    half = (
+        [(t, mb) for t, mb in samples if t >= samples[-1][0] / 2 + WARMUP_S / 2] if samples else []
+    )
     wall = time.perf_counter() - start
     lat = np.array(stats["latency"]) * 1e3
     return {
@@ -135,13 +151,19 @@ def run(url, topo, routing, *, n_clients, seconds, requests) -> dict:
         "rss_first": samples[0][1] if samples else float("nan"),
         "rss_last": samples[-1][1] if samples else float("nan"),
         "rss_max": max(s[1] for s in samples) if samples else float("nan"),
+        "second_half": (half[-1][1] - half[0][1]) / max(half[-1][0] - half[0][0], 1e-9) * 60
+        if len(half) > 1
+        else float("nan"),
         "by_process": {k: (first[k], last.get(k, float("nan"))) for k in first},
+        "objects": {k: (before[k], after[k]) for k in before},
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[8])
+    parser.add_argument(
+        "--clients", type=int, nargs="+", default=[0, 8], help="0: idle Ray, the control"
+    )
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--requests", type=int, default=20, help="event windows per session")
     args = parser.parse_args()
@@ -160,11 +182,16 @@ def main() -> None:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build(AppArgs()), name="m4", route_prefix="/m4")
     url = f"http://127.0.0.1:{port}/m4"
+    handles = {
+        name: serve.get_deployment_handle(name, app_name="m4") for name in ("M4Sessions", "M4Model")
+    }
     topo = RailClusterSpec(servers=2).build()
     routing = Routing(topo)
     rows = []
     for n in args.clients:
-        r = run(url, topo, routing, n_clients=n, seconds=args.seconds, requests=args.requests)
+        r = run(
+            url, topo, routing, handles, n_clients=n, seconds=args.seconds, requests=args.requests
+        )
         open_sessions = httpx.get(f"{url}/health").json()["sessions"]
         growth = r["rss_last"] - r["rss_first"]
         rows.append(
@@ -179,15 +206,24 @@ def main() -> None:
                 open_sessions,
                 f"{r['rss_first']:.0f} -> {r['rss_last']:.0f} (max {r['rss_max']:.0f})",
                 f"{growth:+.0f} MB ({growth / r['rss_first']:+.1%})",
+                f"{r['second_half']:+.1f}",
+                " ".join(
+                    f"{name[2:]} {b['objects']}->{a['objects']}"
+                    for name, (b, a) in r["objects"].items()
+                ),
             ]
         )
         print(f"  {n} clients done; Serve processes, MB first -> last:", flush=True)
         for name, (mb0, mb1) in sorted(r["by_process"].items()):
             print(f"    {name}: {mb0:.0f} -> {mb1:.0f} ({mb1 - mb0:+.1f})", flush=True)
+        for name, (b, a) in r["objects"].items():
+            print(f"    {name} Python objects by type, after warm-up: {b['top']}", flush=True)
+            print(f"    {name} Python objects by type, after the run:  {a['top']}", flush=True)
     serve.shutdown()
     ray.shutdown()
     head = ["clients", "s", "sessions", "req/s", "p50 ms", "p99 ms", "errors", "left open"]
-    print(format_table([*head, "Serve RSS MB (first -> last)", "growth"], rows))
+    tail = ["Serve RSS MB (first -> last)", "growth", "MB/min 2nd half", "Python objects"]
+    print(format_table([*head, *tail], rows))
 
 
 if __name__ == "__main__":

@@ -242,6 +242,32 @@ def test_serve_settings_check_the_app_arguments():
         app_args(ServeSettings(app={"nope": 1}))
 
 
+def test_jobs_serve_yaml_is_a_serve_config_of_this_app():
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from m4ray.serve.app import AppArgs
+    from tests.conftest import REPO
+
+    config = yaml.safe_load((REPO / "jobs" / "serve.yaml").read_text())
+    ServeDeploySchema.parse_obj(config)  # what `serve deploy` checks
+    (app,) = config["applications"]
+    assert app["import_path"] == "m4ray.serve.app:build"
+    AppArgs(**app["args"])  # every argument is one of the app's, within its bounds
+    names = {d["name"] for d in app["deployments"]}
+    assert names == {"M4Model", "M4Sessions"}
+
+
+def test_each_deployment_reports_its_memory_over_its_handle(url):
+    from ray import serve
+
+    sessions = serve.get_deployment_handle("M4Sessions", app_name="m4").memory.remote().result()
+    model = serve.get_deployment_handle("M4Model", app_name="m4").memory.remote().result()
+    for report in (sessions, model):
+        assert report["rss_mb"] > 50 and report["objects"] > 0 and report["top"]
+    assert sessions["sessions"] == httpx.get(f"{url}/health").json()["sessions"]
+
+
 @pytest.fixture
 def strict_url(url):
     """A second app with a token and small limits (deleted after the test)."""

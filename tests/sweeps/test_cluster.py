@@ -1,6 +1,7 @@
 """A real two-node Ray cluster on this machine: a sweep with ray=cluster survives losing its worker
 node mid-sweep (Ray retries the lost tasks on the head), ends with every scenario ok exactly once,
-and its manifest lists both nodes. jobs/README.md says how to reproduce it by hand."""
+and its manifest lists both nodes; and ``jobs/submit.sh`` runs a sweep on it as a Ray Job.
+jobs/README.md says how to reproduce both by hand."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ def _wait_for_port(port: int, timeout_s: float = 120) -> None:
     raise TimeoutError(f"no Ray head on port {port}")
 
 
-@pytest.fixture
-def two_nodes():
-    """Head (1 CPU) and a worker node (1 CPU, resource 'worker_node')."""
+@contextlib.contextmanager
+def _two_nodes(dashboard_port: int | None = None):
+    """Head (1 CPU; with the dashboard and its job server when given a port) and a worker node
+    (1 CPU, resource 'worker_node')."""
     port = _free_port()
     env = {
         **os.environ,
@@ -59,7 +61,12 @@ def two_nodes():
         "RAY_health_check_failure_threshold": "4",
     }
     address = f"127.0.0.1:{port}"
-    head = _node(["--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"], env)
+    dashboard = (
+        ["--include-dashboard=true", f"--dashboard-port={dashboard_port}"]
+        if dashboard_port
+        else ["--include-dashboard=false"]
+    )
+    head = _node(["--head", f"--port={port}", "--num-cpus=1", *dashboard], env)
     nodes = [head]
     try:
         _wait_for_port(port)
@@ -73,6 +80,12 @@ def two_nodes():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pid, signal.SIGKILL)
             node.wait(timeout=60)
+
+
+@pytest.fixture
+def two_nodes():
+    with _two_nodes() as cluster:
+        yield cluster
 
 
 def _rows(run_dir: Path) -> int:
@@ -129,3 +142,38 @@ def test_a_sweep_survives_losing_its_worker_node(two_nodes, tmp_path):
     assert len(per_node) == 2 and sum(per_node.values()) == 105  # both nodes ran scenarios
     # both nodes are listed (whether Ray has marked the lost one dead yet is a race)
     assert {n["node_id"] for n in manifest["ray_nodes"]} == set(per_node)
+
+
+@pytest.mark.slow  # a head with the dashboard's job server and a worker node: ~1-2 min
+def test_submit_sh_runs_a_sweep_as_a_ray_job(tmp_path, monkeypatch):
+    # the head's virtualenv named as a remote head's is, by a variable that only the cluster's
+    # environment expands (the default for a remote address is ${HOME}/m4ray/.venv)
+    monkeypatch.setenv("M4RAY_HEAD_VENV", str(REPO / ".venv"))
+    dashboard_port = _free_port()
+    with _two_nodes(dashboard_port) as (_, _, cluster_env):
+        env = {**cluster_env, "M4RAY_VENV": "${M4RAY_HEAD_VENV}"}
+        del env["M4RAY_HEAD_VENV"]  # the submitting side does not know it
+        _wait_for_port(dashboard_port)
+        out = tmp_path / "outputs"
+        job = subprocess.run(
+            [
+                str(REPO / "jobs" / "submit.sh"),
+                f"http://127.0.0.1:{dashboard_port}",
+                "+experiment=gray_failure",
+                "backends=[flowsim]",
+                "workload.scale=0.3",
+                f"paths.output_dir={out}",
+                "progress=false",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        assert "succeeded" in job.stdout
+        frame = pd.read_parquet(out / "gray_failure" / "results.parquet")
+        assert len(frame) == 105 and frame.run_id.is_unique and (frame.status == "ok").all()
+        manifest = json.loads((out / "gray_failure" / "manifest.json").read_text())
+        assert len(manifest["ray_nodes"]) == 2  # the job's driver joined the two-node cluster
