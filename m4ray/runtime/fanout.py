@@ -6,12 +6,18 @@ written last and atomically) into the run directory; the driver only collects sm
 record whose stored row says it succeeded is skipped on a re-run, so an interrupted fan-out
 resumes where it stopped; failed records are retried. A task that raises returns a failed row;
 one whose worker process dies becomes a row with ``status == "failed"`` and the reason.
+
+Records that gain from sharing a process (m4 scenarios batching their forward passes) can be
+run in groups: ``group(record)`` gives a key and a largest size; records with the same key are
+split into groups of about equal size (at least as many as there are worker slots, when there
+are enough records), each one Ray task running ``task_group``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +63,42 @@ def _once(
     return done if done is not None else task(record, run_dir)
 
 
+def _once_many(
+    task_group: Callable[[list[Any], str], list[Row]],
+    load: Callable[[Path, Any], Row | None],
+    records: list[Any],
+    run_dir: str,
+) -> list[Row]:
+    """:func:`_once` for a group: only the records no earlier attempt finished run (together)."""
+    rows: list[Row | None] = [load(Path(run_dir), r) for r in records]
+    todo = [i for i, row in enumerate(rows) if row is None]
+    if todo:
+        for i, row in zip(todo, task_group([records[i] for i in todo], run_dir), strict=True):
+            rows[i] = row
+    return rows  # type: ignore[return-value]
+
+
+Grouping = Callable[[Any], tuple[Hashable, int] | None]
+
+
+def groups(records: list[Any], todo: list[int], group: Grouping | None, slots: int) -> list:
+    """``todo`` as a list of single indices (run alone) and lists of indices (run together)."""
+    alone: list = []
+    keyed: dict[Hashable, tuple[int, list[int]]] = {}
+    for i in todo:
+        spec = group(records[i]) if group is not None else None
+        if spec is None:
+            alone.append(i)
+        else:
+            key, size = spec
+            keyed.setdefault(key, (size, []))[1].append(i)
+    out = list(alone)
+    for size, members in keyed.values():
+        n = max(math.ceil(len(members) / size), min(slots, len(members)))
+        out += [members[k::n] for k in range(n)]  # interleaved: mixed grid points per group
+    return out
+
+
 def run_many(
     records: list[Any],
     run_dir: Path,
@@ -66,6 +108,8 @@ def run_many(
     task: Callable[[Any, str], Row],
     load: Callable[[Path, Any], Row | None],
     crashed: Callable[[Any, BaseException], Row] | None = None,
+    group: Grouping | None = None,
+    task_group: Callable[[list[Any], str], list[Row]] | None = None,
 ) -> list[Row]:
     """Rows for every record, in input order; runs only those not already done.
 
@@ -74,8 +118,11 @@ def run_many(
     record that already succeeded. A task whose worker or node dies is retried by Ray up to
     ``ray_cfg.max_retries`` times; then ``crashed`` makes its failed row. Records need a
     ``run_id``. On Ctrl-C, tasks still running end with the driver; finished rows stay on disk
-    for the re-run.
+    for the re-run. ``group``/``task_group``: records run together (module docstring);
+    ``task_group(records, run_dir)`` stores and returns their rows like ``task``.
     """
+    if group is not None and task_group is None:
+        raise ValueError("group needs task_group")
     crashed = crashed or crashed_row
     rows: dict[int, Row] = {}
     todo = []
@@ -96,19 +143,33 @@ def run_many(
     try:
         if todo:
             ray = start_ray(ray_cfg)
-            remote = ray.remote(_once).options(
-                num_cpus=ray_cfg.task_cpus, max_retries=ray_cfg.max_retries, retry_exceptions=False
-            )
-            pending = {remote.remote(task, load, records[i], str(run_dir)): i for i in todo}
+            options = {
+                "num_cpus": ray_cfg.task_cpus,
+                "max_retries": ray_cfg.max_retries,
+                "retry_exceptions": False,
+            }
+            one = ray.remote(_once).options(**options)
+            many = ray.remote(_once_many).options(**options)
+            slots = max(1, int(ray.cluster_resources().get("CPU", 1) // ray_cfg.task_cpus))
+            pending = {}
+            for unit in groups(records, todo, group, slots):
+                if isinstance(unit, list):
+                    members = [records[i] for i in unit]
+                    pending[many.remote(task_group, load, members, str(run_dir))] = (unit, True)
+                else:
+                    pending[one.remote(task, load, records[unit], str(run_dir))] = ([unit], False)
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
-                index = pending.pop(ready[0])
+                indices, grouped = pending.pop(ready[0])
                 try:
-                    rows[index] = ray.get(ready[0])
+                    result = ray.get(ready[0])
+                    for index, row in zip(indices, result if grouped else [result], strict=True):
+                        rows[index] = row
                 except Exception as err:  # the worker died (native crash, OOM, node lost) too often
-                    rows[index] = crashed(records[index], err)
-                    store_row(run_dir, records[index], rows[index])
-                bar.update(1)
+                    for index in indices:
+                        rows[index] = crashed(records[index], err)
+                        store_row(run_dir, records[index], rows[index])
+                bar.update(len(indices))
                 bar.set_postfix(failed=sum(r["status"] != "ok" for r in rows.values()))
     finally:  # on Ctrl-C the entry point shuts Ray down: tasks die with their owner, this
         bar.close()  # driver (ray.cancel(force=True) here races with finishing tasks in Ray 2.60)

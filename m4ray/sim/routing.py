@@ -77,7 +77,7 @@ class Routing:
         self.seed = seed
         self.wire = wire or WireFormat()
         self._dist: dict[int, np.ndarray] = {}
-        self._paths: dict[tuple[int, int, int], Path] = {}
+        self._last: tuple[tuple[int, int, int], Path] | None = None  # see path()
         self._host_set = frozenset(topo.hosts)
         self._bw = topo.bandwidth_bps.tolist()
         self._lat = topo.latency_s.tolist()
@@ -108,7 +108,16 @@ class Routing:
         return dist
 
     def path(self, src: int, dst: int, flow_key: int = 0) -> Path:
-        """The path of flow ``flow_key`` from host ``src`` to host ``dst``."""
+        """The path of flow ``flow_key`` from host ``src`` to host ``dst`` (the last answer is
+        kept: the replay and then the backend ask for each new flow's path in turn)."""
+        key = (src, dst, flow_key)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        path = self._path(src, dst, flow_key)
+        self._last = (key, path)
+        return path
+
+    def _path(self, src: int, dst: int, flow_key: int) -> Path:
         for name, node in (("src", src), ("dst", dst)):
             if node not in self._host_set:
                 raise InputError(f"node {node} is not a host of the topology", field=name)

@@ -19,7 +19,7 @@ from m4ray.sim.scenario import Scenario
 from m4ray.sim.topology import write_topology
 from m4ray.sweeps import plots, report
 from m4ray.sweeps.grid import expand
-from m4ray.sweeps.runner import load_done, run_and_store
+from m4ray.sweeps.runner import load_done, run_and_store, run_and_store_together, share_group
 
 
 def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
@@ -43,7 +43,14 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
         f"'{workload.name}' ({len(workload.nodes)} nodes, {workload.n_ranks} ranks)"
     )
     rows = run_many(
-        scenarios, run_dir, cfg.ray, progress=cfg.progress, task=run_and_store, load=load_done
+        scenarios,
+        run_dir,
+        cfg.ray,
+        progress=cfg.progress,
+        task=run_and_store,
+        load=load_done,
+        group=share_group,
+        task_group=run_and_store_together,
     )
     frame = report.results_frame(rows)
     files.append(report.write_results(frame, run_dir))

@@ -32,6 +32,7 @@ RESULT_COLUMNS = (
     "completion_time_s",
     "exposed_comm_s",
     "wall_s",
+    "shared_by",
     "n_flows",
     "mean_slowdown",
     "p99_slowdown",

@@ -104,7 +104,7 @@ def test_engine_reproduces_offline_predictions_on_a_chain(model):
         model.head[-1].bias += 2.0  # lift every prediction above the clamp at 1
     p = _chain_period()
     with torch.no_grad():
-        offline = forward_period(model, p)[0].clamp(min=1.0)
+        offline = forward_period(copy.deepcopy(model).float(), p)[0].clamp(min=1.0)
     assert len(set(offline.tolist())) == len(offline)  # distinct: a wrong mapping would show
     torch.testing.assert_close(_replay_online(model, p), offline, rtol=1e-4, atol=1e-4)
 
@@ -118,10 +118,11 @@ def test_engine_reproduces_offline_predictions_on_recorded_periods(tiny_dataset,
     samples = [s for i in ids for s in scenario_samples(dataset, i, cfg)]
     periods = _single_component_periods(samples)[:5]
     assert periods, "the tiny dataset has no single-component period"
+    float32 = copy.deepcopy(model).float()  # the engine runs the inference model in float64
     for sample in periods:
         p = sample.period
         with torch.no_grad():
-            offline = forward_period(model, p)[0].clamp(min=1.0)
+            offline = forward_period(float32, p)[0].clamp(min=1.0)  # as trained
         torch.testing.assert_close(_replay_online(model, p), offline, rtol=2e-4, atol=2e-4)
 
 
@@ -134,7 +135,8 @@ def test_stepping_graphs_together_equals_stepping_them_alone(model):
         return StepGraph(
             h_flow=torch.randn(n_flow, h),
             h_link=torch.randn(n_link, h),
-            dt_us=float(rng.uniform(0, 5)),
+            dt_flow_us=torch.full((n_flow,), float(rng.uniform(0, 5))),
+            dt_link_us=torch.full((n_link,), float(rng.uniform(0, 5))),
             incidence=torch.from_numpy(inc),
             params=torch.rand(n_flow, model.cfg.n_params),
             n_links=torch.full((n_flow,), 2),
@@ -219,3 +221,59 @@ def test_unknown_checkpoint_names_the_shipped_ones():
     assert checkpoint_dir("m4-small").name == "m4-small"
     with pytest.raises(InputError, match="m4-small"):
         checkpoint_dir("no-such-model")
+
+
+def test_engine_initial_flow_states_are_the_models(model):
+    from m4ray.train.model import initial_flow_state
+
+    engine = M4Engine(np.full(8, 100e9), model.cfg, [0.0] * model.cfg.n_params)
+    sizes, paths = [1, 999, 4096, 10**9, 2**40], [[0], [1, 2], [3, 4, 5], [6], [7, 0]]
+    for i, (size, links) in enumerate(zip(sizes, paths, strict=True)):
+        engine.arrive_path(i, links, size, 1.0, 0.0)
+    pending = engine.prepare(0.0)
+    expected = initial_flow_state(
+        model.cfg, torch.tensor(sizes), torch.tensor([len(p) for p in paths])
+    )
+    (graph,) = pending.graphs  # flows 0 and 4 share link 0: one component, listed first
+    assert pending.flow_ids == [0, 4, 1, 2, 3]
+    order = torch.tensor(pending.flow_ids)
+    torch.testing.assert_close(graph.h_flow, expected[order].double(), rtol=1e-7, atol=1e-7)
+
+
+def test_a_shared_stepper_steps_alone_outside_a_group_and_fails_every_member_on_error(model):
+    from m4ray.sim.m4.shared import SharedStepper, simulate_together
+
+    def engine(stepper):
+        e = M4Engine(np.full(4, 100e9), model.cfg, [0.0] * model.cfg.n_params, stepper)
+        e.arrive_path(0, [0, 1], 50_000, 1e-6, 0.0)
+        return e
+
+    shared = SharedStepper(LocalStepper(model))
+    alone = engine(LocalStepper(model)).update(1e-6)
+    assert engine(shared).update(1e-6) == alone  # no group running: steps at once
+    assert shared.n_passes == 1
+
+    def simulate(k):
+        return engine(shared).update(1e-6 * (k + 1))
+
+    got = simulate_together(list(range(3)), shared, simulate)
+    assert got[0] == alone and shared.n_passes == 2 and shared.n_calls == 4  # one batched pass
+
+    class Broken:
+        model = shared.stepper.model
+
+        def __call__(self, graphs):
+            raise RuntimeError("step failed")
+
+    broken = SharedStepper(Broken())
+    caught = []
+
+    def guarded(k):
+        try:
+            return engine(broken).update(1e-6)
+        except RuntimeError as err:
+            caught.append(str(err))
+            return None
+
+    assert simulate_together(list(range(3)), broken, guarded) == [None] * 3
+    assert caught == ["step failed"] * 3

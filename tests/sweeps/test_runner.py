@@ -6,11 +6,18 @@ import json
 import pyarrow.parquet as pq
 
 from m4ray.runtime.cluster import RayConfig
-from m4ray.runtime.fanout import row_path, run_many
+from m4ray.runtime.fanout import groups, row_path, run_many
+from m4ray.sim.m4 import M4Config
 from m4ray.sim.scenario import Scenario
 from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sweeps.grid import GridConfig, expand
-from m4ray.sweeps.runner import flows_path, load_done, run_and_store
+from m4ray.sweeps.runner import (
+    flows_path,
+    load_done,
+    run_and_store,
+    run_and_store_together,
+    share_group,
+)
 
 SMALL = SimAIWorkloadSpec(path="microAllReduce", scale=0.01)
 
@@ -72,3 +79,51 @@ def test_a_crashed_worker_becomes_a_failed_row(ray_local, tmp_path):
     assert [r["status"] for r in rows] == ["failed", "ok"]
     assert rows[0]["error"].startswith("worker failed")
     assert json.loads(row_path(tmp_path, crash).read_text())["status"] == "failed"
+
+
+def test_m4_scenarios_run_in_groups_with_the_answers_they_get_alone(ray_local, tmp_path):
+    template = Scenario(workload=SMALL, backend="m4", backend_config=M4Config(share_steps=3))
+    grid = GridConfig(n=[2, 4, 8], r=[4, 10])
+    todo = expand(grid, template, ["m4"], {"m4": template.backend_config}, root_seed=0)
+    kw = {"progress": False, "task": run_and_store, "load": load_done}
+    grouped = run_many(
+        todo,
+        tmp_path / "grouped",
+        RayConfig(),
+        group=share_group,
+        task_group=run_and_store_together,
+        **kw,
+    )
+    alone = [run_and_store(s, str(tmp_path / "alone")) for s in todo]
+    assert all(r["status"] == "ok" for r in grouped + alone)
+    assert [r["shared_by"] for r in grouped] == [3] * 6  # 6 scenarios, at most 3 per group
+    for scenario, g, a in zip(todo, grouped, alone, strict=True):
+        assert g["completion_time_s"] == a["completion_time_s"]  # bit for bit
+        ours = pq.read_table(flows_path(tmp_path / "grouped", scenario)).column("finish_s")
+        theirs = pq.read_table(flows_path(tmp_path / "alone", scenario)).column("finish_s")
+        assert ours.equals(theirs)
+    # a re-run finds them all done; a lost row is redone within a group of one
+    row_path(tmp_path / "grouped", todo[4]).unlink()
+    again = run_many(
+        todo,
+        tmp_path / "grouped",
+        RayConfig(),
+        group=share_group,
+        task_group=run_and_store_together,
+        **kw,
+    )
+    assert again[4]["completion_time_s"] == alone[4]["completion_time_s"]
+    assert [r.get("shared_by") for r in again] == [3, 3, 3, 3, 1, 3]
+
+
+def test_groups_split_evenly_interleave_and_fill_the_slots():
+    records = list(range(10))
+    by_parity = lambda r: (("even" if r % 2 == 0 else "odd"), 2)  # noqa: E731
+    units = groups(records, list(range(10)), by_parity, slots=1)
+    assert sorted(len(u) for u in units) == [1, 1, 2, 2, 2, 2]  # 5 per key: 3 groups of <= 2
+    assert sorted(i for u in units for i in u) == records
+    one_key = lambda r: ("all", 100)  # noqa: E731
+    assert groups(records, records, one_key, slots=4) == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert groups(records, [3], one_key, slots=4) == [[3]]
+    solo = lambda r: None if r < 8 else ("late", 8)  # noqa: E731
+    assert groups(records, records, solo, slots=2) == [0, 1, 2, 3, 4, 5, 6, 7, [8], [9]]

@@ -26,6 +26,7 @@ from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.engine import Arrival, M4Engine
+from m4ray.sim.m4.shared import CURRENT, SharedStepper
 from m4ray.sim.m4.step import LocalStepper
 from m4ray.sim.ns3.backend import IMITATED, Ns3Config, params13
 from m4ray.sim.routing import Routing
@@ -49,11 +50,16 @@ def checkpoint_dir(name: str) -> Path:
 
 @functools.lru_cache(maxsize=4)
 def load_model(name: str):
-    """The checkpoint's model (eval mode, CPU), loaded once per process."""
+    """The checkpoint's model for inference (eval mode, CPU, float64), loaded once per process.
+
+    Float64: how a step's matrix products round depends on what else is in the batch (one
+    simulation or many, :mod:`m4ray.sim.m4.shared`); in float32 that moved predicted times by
+    ~100 ps and changed which completions coincide, so a flow's answer depended on its company.
+    In float64 the rounding is far below the picosecond the engine rounds times to."""
     from m4ray.train.checkpoint import load
 
     model, _ = load(checkpoint_dir(name))
-    return model
+    return model.double().eval()
 
 
 class Engine(Protocol):
@@ -75,28 +81,48 @@ class M4Config:
     ``checkpoint``: a name under ``checkpoints/`` or a directory; ``window_us``: when updates
     happen (module docstring); ``network``: the ns-3 network/CC settings the model is asked to
     imitate (its params13); ``threads``: torch intra-op threads (1 is fastest for small graphs);
-    ``max_flows_per_step``: cap on flows in one forward pass."""
+    ``max_flows_per_step``: cap on flows in one forward pass; ``share_steps``: a sweep task runs
+    up to this many m4 scenarios together in one process, their updates batched into shared
+    forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone."""
 
     checkpoint: str = "m4-small"
     window_us: float | None = 0.0
     network: Ns3Config = field(default_factory=lambda: Ns3Config(transport=IMITATED))
     threads: int = 1
     max_flows_per_step: int = 4096
+    share_steps: int = 32
 
     def __post_init__(self) -> None:
         if self.window_us is not None and self.window_us < 0:
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
+        if self.share_steps < 1:
+            raise InputError(f"must be >= 1, got {self.share_steps}", field="share_steps")
+
+    def group(self) -> tuple[tuple, int] | None:
+        """How sweep tasks may group m4 scenarios: those with the same key share one process
+        and its :class:`SharedStepper`, at most ``share_steps`` of them (None: each alone)."""
+        if self.share_steps <= 1:
+            return None
+        return ("m4", self.checkpoint, self.max_flows_per_step, self.threads), self.share_steps
+
+    def shared_stepper(self) -> SharedStepper:
+        """The stepper a group of this config's scenarios shares (see :meth:`group`)."""
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        model = load_model(self.checkpoint)
+        return SharedStepper(LocalStepper(model, max_flows=self.max_flows_per_step))
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
         if self.threads > 0:
             torch.set_num_threads(self.threads)
         model = load_model(self.checkpoint)
+        stepper = CURRENT.get()  # set when this simulation runs in a group (shared.py)
+        if stepper is None:
+            stepper = LocalStepper(model, max_flows=self.max_flows_per_step)
+        elif stepper.stepper.model is not model:
+            raise SimulationError(f"the shared stepper runs another model than '{self.checkpoint}'")
         engine = M4Engine(
-            topology.bandwidth_bps,
-            model.cfg,
-            params13(self.network, routing),
-            LocalStepper(model, max_flows=self.max_flows_per_step),
-            routing,
+            topology.bandwidth_bps, model.cfg, params13(self.network, routing), stepper, routing
         )
         return M4Backend(engine, window_us=self.window_us)
 

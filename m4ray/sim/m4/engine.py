@@ -27,9 +27,14 @@ import torch
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.m4.step import StepGraph, StepOut
 from m4ray.sim.routing import Routing
-from m4ray.train.model import ModelConfig, initial_flow_state, initial_link_state
+from m4ray.train.model import ModelConfig, initial_link_state
 
 Stepper = Callable[[list[StepGraph]], list[StepOut]]
+
+# Predicted completion times are rounded to the picosecond (ns-3's resolution here): completions
+# that coincide stay together whatever the float rounding of the step (see load_model), so one
+# update covers them however the simulation's steps were batched.
+TICKS_PER_S = 1e12
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +48,6 @@ class Arrival:
 
 
 @dataclass(slots=True)
-class _Flow:
-    row: int
-    links: np.ndarray
-    start_s: float
-    ideal_s: float
-    comp: int
-    slowdown: float = 1.0
-
-
-@dataclass(slots=True)
 class _Component:
     flows: dict[int, None] = field(default_factory=dict)  # ordered set of flow ids
     links: set[int] = field(default_factory=set)
@@ -61,20 +56,25 @@ class _Component:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """What an update sends to the stepper: per graph its component, flows, their state rows,
-    and links."""
+    """What an update sends to the stepper: the touched components packed into one graph (they
+    share no link, so the step treats them apart), with their flow ids, flow state rows and
+    links, and each component's share of the flows."""
 
     t: float
     comps: list[int]
-    flows: list[list[int]]
-    rows: list[torch.Tensor]
-    links: list[np.ndarray]
+    flow_ids: list[int]
+    rows: np.ndarray
+    links: np.ndarray
     graphs: list[StepGraph]
 
 
 class M4Engine:
     """Per-simulation m4 state over directed links ``0..len(link_bandwidth_bps)-1``; flows take
-    ``routing``'s paths (:meth:`arrive`) or explicit ones (:meth:`arrive_path`)."""
+    ``routing``'s paths (:meth:`arrive`) or explicit ones (:meth:`arrive_path`).
+
+    Per-flow state lives in arrays indexed by a row (reused after a flow leaves): the hidden
+    state, the path (padded), its length, start, ideal FCT and last slowdown; an update gathers
+    and scatters them with array indexing instead of per-flow Python."""
 
     def __init__(
         self,
@@ -92,20 +92,23 @@ class M4Engine:
         self.routing = routing
         self.cfg = model_cfg
         self.stepper = stepper
-        self.params = torch.tensor(params13, dtype=torch.float32).reshape(1, -1)
-        bw = torch.tensor(np.asarray(link_bandwidth_bps), dtype=torch.float32)
-        self._link_init = initial_link_state(model_cfg, bw)
-        self._h_link = self._link_init.clone()
-        self._users = np.zeros(len(bw), dtype=np.int64)
-        self._owner = np.full(len(bw), -1, dtype=np.int64)
-        self._h_flow = torch.zeros(64, model_cfg.hidden)
-        self._free_rows = list(range(63, -1, -1))
-        self._flows: dict[int, _Flow] = {}
+        self.params = torch.tensor(params13, dtype=torch.float64).reshape(1, -1)
+        bw = torch.tensor(np.asarray(link_bandwidth_bps), dtype=torch.float64)
+        self._link_init = initial_link_state(model_cfg, bw).double().numpy()
+        self._h_link = self._link_init.copy()
+        n_links = len(bw)
+        self._users = np.zeros(n_links, dtype=np.int64)
+        self._owner = np.full(n_links, -1, dtype=np.int64)
+        self._slot = np.full(n_links, -1, dtype=np.int64)  # scratch: a link's row in a graph
+        self._rows: dict[int, int] = {}  # active flow id -> row
+        self._comp_of: dict[int, int] = {}  # active flow id -> component
+        self._fresh: dict[int, tuple[int, int]] = {}  # rows awaiting their initial state
+        self._alloc(64, 8)
         self._comps: dict[int, _Component] = {}
         self._next_comp = 0
         self._touched: set[int] = set()
-        self.n_updates = 0  # updates that ran the model
-        self.n_stepped_flows = 0  # Σ flows over all graphs stepped
+        self.n_updates = 0  # component updates that ran the model
+        self.n_stepped_flows = 0  # Σ flows over all of them
 
     # ------------------------------------------------------------ events
     def arrive(self, flow: Arrival, t: float) -> float:
@@ -116,7 +119,7 @@ class M4Engine:
 
     def arrive_path(self, flow_id: int, links, size_bytes: int, ideal_s: float, t: float) -> float:
         """Register a flow on explicit directed ``links`` (m4's ``flow_to_links``)."""
-        if flow_id in self._flows:
+        if flow_id in self._rows:
             raise InputError(f"flow {flow_id} is already active", field="id")
         links = np.asarray(links, dtype=np.int64)
         if not len(links) or links.min() < 0 or links.max() >= len(self._users):
@@ -124,11 +127,15 @@ class M4Engine:
                 f"flow {flow_id}: links must be ids in [0, {len(self._users)})", field="links"
             )
         comp = self._join(links, t)
-        row = self._row()
-        self._h_flow[row] = initial_flow_state(
-            self.cfg, torch.tensor([size_bytes]), torch.tensor([len(links)])
-        )[0]
-        self._flows[flow_id] = _Flow(row, links, t, ideal_s, comp)
+        row = self._row(len(links))
+        self._path[row, : len(links)] = links
+        self._plen[row] = len(links)
+        self._start[row] = t
+        self._ideal[row] = ideal_s
+        self._slow[row] = 1.0
+        self._fresh[row] = (size_bytes, len(links))
+        self._rows[flow_id] = row
+        self._comp_of[flow_id] = comp
         self._comps[comp].flows[flow_id] = None
         self._users[links] += 1
         self._touched.add(comp)
@@ -138,7 +145,7 @@ class M4Engine:
         """Raise :class:`InputError` if applying ``events`` — ``(t, Arrival)`` or
         ``(t, flow id)`` for a completion, in order — would be rejected; nothing changes. The
         Serve API checks a whole request before applying any of it."""
-        active = set(self._flows)
+        active = set(self._rows)
         for _, event in events:
             if isinstance(event, Arrival):
                 if event.id in active:
@@ -162,28 +169,33 @@ class M4Engine:
 
     def complete(self, flow_id: int, t: float) -> float:
         """Remove ``flow_id`` at ``t``; returns its last predicted slowdown."""
-        flow = self._flows.pop(flow_id, None)
-        if flow is None:
+        row = self._rows.pop(flow_id, None)
+        if row is None:
             raise InputError(f"flow {flow_id} is not active", field="id")
-        comp = self._comps[flow.comp]
+        c = self._comp_of.pop(flow_id)
+        comp = self._comps[c]
         del comp.flows[flow_id]
-        self._free_rows.append(flow.row)
-        self._users[flow.links] -= 1
-        for link in flow.links[self._users[flow.links] == 0].tolist():
-            self._owner[link] = -1
-            self._h_link[link] = self._link_init[link]
-            comp.links.discard(link)
+        self._fresh.pop(row, None)
+        self._free_rows.append(row)
+        links = self._path[row, : self._plen[row]]
+        self._users[links] -= 1
+        idle = links[self._users[links] == 0]
+        if len(idle):
+            self._owner[idle] = -1
+            self._h_link[idle] = self._link_init[idle]
+            comp.links.difference_update(idle.tolist())
         if comp.flows:
-            self._touched.add(flow.comp)
+            self._touched.add(c)
         else:
-            del self._comps[flow.comp]
-            self._touched.discard(flow.comp)
-        return flow.slowdown
+            del self._comps[c]
+            self._touched.discard(c)
+        return float(self._slow[row])
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
         """A link's rate changes (gray-failure onset): its initial state follows; an idle link
         takes it now, a busy one when it next goes idle."""
-        row = initial_link_state(self.cfg, torch.tensor([float(bandwidth_bps)]))[0]
+        bw = torch.tensor([float(bandwidth_bps)], dtype=torch.float64)
+        row = initial_link_state(self.cfg, bw)[0].double().numpy()
         self._link_init[link] = row
         if self._users[link] == 0:
             self._h_link[link] = row
@@ -198,60 +210,67 @@ class M4Engine:
         return self.finish(pending, self.stepper(pending.graphs))
 
     def prepare(self, t: float) -> Pending | None:
-        """The graphs of the touched components at ``t`` (None when nothing changed)."""
+        """The touched components at ``t`` as one graph (None when nothing changed)."""
         if not self._touched:
             return None
+        self._init_fresh()
         comps = sorted(self._touched)
         self._touched = set()
-        flows, rows_of, links, graphs = [], [], [], []
+        flow_ids: list[int] = []
+        link_lists: list[list[int]] = []
+        n_flows, n_links, dts = [], [], []
         for c in comps:
             comp = self._comps[c]
-            ids = list(comp.flows)
-            link_ids = np.fromiter(sorted(comp.links), dtype=np.int64, count=len(comp.links))
-            paths = np.concatenate([self._flows[f].links for f in ids])
-            lengths = [len(self._flows[f].links) for f in ids]
-            local = np.searchsorted(link_ids, paths)  # each path link's row in link_ids
-            if (local >= len(link_ids)).any() or (link_ids[local % len(link_ids)] != paths).any():
-                raise SimulationError(f"component {c}: a flow's link is not in the component")
-            incidence = np.stack([np.repeat(np.arange(len(ids)), lengths), local])
-            rows = torch.tensor([self._flows[f].row for f in ids])
-            graphs.append(
-                StepGraph(
-                    h_flow=self._h_flow[rows],
-                    h_link=self._h_link[torch.from_numpy(link_ids)],
-                    dt_us=max(t - comp.t_last, 0.0) * 1e6,
-                    incidence=torch.from_numpy(incidence),
-                    params=self.params.expand(len(ids), -1),
-                    n_links=torch.tensor(lengths),
-                )
-            )
-            flows.append(ids)
-            rows_of.append(rows)
-            links.append(link_ids)
-        return Pending(t=t, comps=comps, flows=flows, rows=rows_of, links=links, graphs=graphs)
+            flow_ids += comp.flows
+            link_lists.append(sorted(comp.links))
+            n_flows.append(len(comp.flows))
+            n_links.append(len(comp.links))
+            dts.append(max(t - comp.t_last, 0.0) * 1e6)
+        rows = np.fromiter(map(self._rows.__getitem__, flow_ids), np.int64, len(flow_ids))
+        links = np.fromiter((x for ls in link_lists for x in ls), np.int64, sum(n_links))
+        self._slot[links] = np.arange(len(links))
+        plen = self._plen[rows]
+        paths = self._path[rows]
+        on_path = np.arange(paths.shape[1]) < plen[:, None]
+        local = self._slot[paths[on_path]]
+        if (local < 0).any():
+            self._slot[links] = -1
+            raise SimulationError(f"at t={t}: a flow's link is not in its component")
+        self._slot[links] = -1
+        incidence = np.stack([np.repeat(np.arange(len(rows)), plen), local])
+        dt = np.asarray(dts, dtype=float)
+        graph = StepGraph(
+            h_flow=torch.from_numpy(self._h_flow[rows]),
+            h_link=torch.from_numpy(self._h_link[links]),
+            dt_flow_us=torch.from_numpy(np.repeat(dt, n_flows)),
+            dt_link_us=torch.from_numpy(np.repeat(dt, n_links)),
+            incidence=torch.from_numpy(incidence),
+            params=self.params.expand(len(rows), -1),
+            n_links=torch.from_numpy(plen),
+        )
+        return Pending(t=t, comps=comps, flow_ids=flow_ids, rows=rows, links=links, graphs=[graph])
 
     def finish(self, pending: Pending, outs: list[StepOut]) -> dict[int, float]:
         """Write back the stepper's ``outs`` for ``pending``; predicted completion per flow."""
         if len(outs) != len(pending.graphs):
             raise SimulationError(f"{len(outs)} step outputs for {len(pending.graphs)} graphs")
-        predictions: dict[int, float] = {}
-        for c, ids, rows, link_ids, out in zip(
-            pending.comps, pending.flows, pending.rows, pending.links, outs, strict=True
-        ):
-            self._h_flow[rows] = out.h_flow
-            self._h_link[torch.from_numpy(link_ids)] = out.h_link
+        (out,) = outs
+        rows = pending.rows
+        self._h_flow[rows] = out.h_flow.numpy()
+        self._h_link[pending.links] = out.h_link.numpy()
+        slowdown = out.slowdown.numpy()
+        self._slow[rows] = slowdown
+        for c in pending.comps:
             self._comps[c].t_last = pending.t
-            for f, s in zip(ids, out.slowdown.tolist(), strict=True):
-                flow = self._flows[f]
-                flow.slowdown = s
-                predictions[f] = flow.start_s + s * flow.ideal_s
-            self.n_updates += 1
-            self.n_stepped_flows += len(ids)
-        return predictions
+        self.n_updates += len(pending.comps)
+        self.n_stepped_flows += len(rows)
+        finish = self._start[rows] + slowdown * self._ideal[rows]
+        finish = np.round(finish * TICKS_PER_S) / TICKS_PER_S  # see TICKS_PER_S
+        return dict(zip(pending.flow_ids, finish.tolist(), strict=True))
 
     @property
     def n_active(self) -> int:
-        return len(self._flows)
+        return len(self._rows)
 
     @property
     def n_components(self) -> int:
@@ -286,7 +305,7 @@ class M4Engine:
                 gone = self._comps.pop(other)
                 self._touched.discard(other)
                 for f in gone.flows:
-                    self._flows[f].comp = root
+                    self._comp_of[f] = root
                 keep.flows.update(gone.flows)
                 moved = np.fromiter(gone.links, dtype=np.int64, count=len(gone.links))
                 self._owner[moved] = root
@@ -296,12 +315,45 @@ class M4Engine:
         self._comps[root].links.update(links.tolist())
         return root
 
-    def _row(self) -> int:
-        if not self._free_rows:
-            n = len(self._h_flow)
-            self._h_flow = torch.cat([self._h_flow, torch.zeros(n, self.cfg.hidden)])
-            self._free_rows = list(range(2 * n - 1, n - 1, -1))
+    def _alloc(self, n_rows: int, max_len: int) -> None:
+        """Per-row arrays for ``n_rows`` flows with paths up to ``max_len`` links (grown as
+        needed, contents kept)."""
+        old = getattr(self, "_plen", None)
+        n_old = 0 if old is None else len(old)
+        h_flow = np.zeros((n_rows, self.cfg.hidden))
+        path = np.zeros((n_rows, max_len), dtype=np.int64)
+        arrays = {"_plen": np.int64, "_start": float, "_ideal": float, "_slow": float}
+        if old is not None:
+            h_flow[:n_old] = self._h_flow
+            path[:n_old, : self._path.shape[1]] = self._path
+        self._h_flow, self._path = h_flow, path
+        for name, dtype in arrays.items():
+            grown = np.zeros(n_rows, dtype=dtype)
+            if old is not None:
+                grown[:n_old] = getattr(self, name)
+            setattr(self, name, grown)
+        self._free_rows = [*getattr(self, "_free_rows", []), *range(n_rows - 1, n_old - 1, -1)]
+
+    def _row(self, path_len: int) -> int:
+        if not self._free_rows or path_len > self._path.shape[1]:
+            n = len(self._plen)
+            self._alloc(2 * n if not self._free_rows else n, max(path_len, self._path.shape[1]))
         return self._free_rows.pop()
+
+    def _init_fresh(self) -> None:
+        """Initial states of the rows of flows that arrived since the last update: the model's
+        :func:`~m4ray.train.model.initial_flow_state`, written into the rows directly (float32
+        as there; a test holds the two equal)."""
+        if not self._fresh:
+            return
+        rows = np.fromiter(self._fresh, np.int64, len(self._fresh))
+        size, n_links = np.array(list(self._fresh.values()), dtype=np.float64).T
+        h = self._h_flow
+        h[rows] = 0.0
+        h[rows, 0] = 1.0
+        h[rows, 2] = np.log2(size.astype(np.float32) / np.float32(1000) + np.float32(1))
+        h[rows, 3] = n_links
+        self._fresh = {}
 
 
 __all__ = ["Arrival", "M4Engine", "Pending", "Stepper"]

@@ -1,8 +1,9 @@
 """The m4 neural step, separable from the simulation state.
 
-A :class:`StepGraph` is one connected component of one simulation at one update: the states of its
-active flows and links, the Δt since the component's last update, the flow–link incidence and
-the per-flow features the head reads. :func:`step` advances any number of graphs (from one or
+A :class:`StepGraph` is what one simulation updates at once: the states of the active flows and
+links of the components it touched (they share no link, so one graph can carry several), the Δt
+since each component's last update, the flow–link incidence and the per-flow features the head
+reads. :func:`step` advances any number of graphs (from one or
 many simulations) in **one** forward pass over their disjoint union, exactly as training replays a
 busy period (``m4ray.train.model.forward_batch``): GRU time cells, three GraphSAGE layers, GRU rate
 cells, then the slowdown head (clamped at 1).
@@ -23,12 +24,15 @@ from m4ray.train.model import M4Model
 
 @dataclass(kw_only=True, slots=True)
 class StepGraph:
-    """One component to update: ``h_flow [F, H]``, ``h_link [L, H]``, ``dt_us`` (scalar, µs),
-    ``incidence [2, E]`` local (flow row, link row) pairs, ``params [F, P]``, ``n_links [F]``."""
+    """Flows and links to update (one or more components of one simulation): ``h_flow [F, H]``,
+    ``h_link [L, H]``, the Δt of each since its component's last update ``dt_flow_us [F]`` and
+    ``dt_link_us [L]`` (µs), ``incidence [2, E]`` local (flow row, link row) pairs,
+    ``params [F, P]``, ``n_links [F]``."""
 
     h_flow: torch.Tensor
     h_link: torch.Tensor
-    dt_us: float
+    dt_flow_us: torch.Tensor
+    dt_link_us: torch.Tensor
     incidence: torch.Tensor
     params: torch.Tensor
     n_links: torch.Tensor
@@ -55,19 +59,17 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
     n_link = [len(g.h_link) for g in graphs]
     flow_off = [0, *accumulate(n_flow)]
     link_off = [0, *accumulate(n_link)]
-    h_flow = torch.cat([g.h_flow for g in graphs])
-    h_link = torch.cat([g.h_link for g in graphs])
-    dt = torch.tensor([g.dt_us for g in graphs], dtype=h_flow.dtype)
-    dt_flow = dt.repeat_interleave(torch.tensor(n_flow))
-    dt_link = dt.repeat_interleave(torch.tensor(n_link))
-    incidence = torch.cat(
-        [
-            g.incidence + torch.tensor([[f], [lk]])
-            for g, f, lk in zip(graphs, flow_off, link_off, strict=False)
-        ],
-        dim=1,
-    )
-    params = torch.cat([g.params for g in graphs])
+    dtype = model.gru_time.weight_hh.dtype  # float64 from load_model; states follow it
+    h_flow = torch.cat([g.h_flow for g in graphs]).to(dtype)
+    h_link = torch.cat([g.h_link for g in graphs]).to(dtype)
+    dt_flow = torch.cat([g.dt_flow_us for g in graphs]).to(dtype)
+    dt_link = torch.cat([g.dt_link_us for g in graphs]).to(dtype)
+    incidence = torch.cat([g.incidence for g in graphs], dim=1)
+    if len(graphs) > 1:  # each graph's local rows, shifted to its place in the union
+        n_edges = torch.tensor([g.incidence.shape[1] for g in graphs])
+        shift = torch.tensor([flow_off[:-1], link_off[:-1]]).repeat_interleave(n_edges, dim=1)
+        incidence = incidence + shift
+    params = torch.cat([g.params for g in graphs]).to(dtype)
     n_links = torch.cat([g.n_links for g in graphs])
     with torch.inference_mode():
         h_flow, h_link = model.time_step(h_flow, h_link, dt_flow, dt_link)
