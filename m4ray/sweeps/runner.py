@@ -11,7 +11,6 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from m4ray.runtime.fanout import read_row, row_path, store_row
-from m4ray.sim.m4.shared import simulate_together
 from m4ray.sim.scenario import Scenario, simulate
 
 
@@ -55,6 +54,8 @@ def run_and_store_together(scenarios: list[Scenario], run_dir: str) -> list[dict
     """Simulate a group of m4 scenarios concurrently, sharing forward passes; each is stored as
     soon as it ends. Their ``wall_s`` then becomes the group's wall time ÷ its size (what one
     scenario costs at this throughput; ``shared_by`` says how many shared it)."""
+    from m4ray.sim.m4.shared import simulate_together  # torch: only where m4 runs
+
     run_dir_path = Path(run_dir)
     stepper = scenarios[0].backend_config.shared_stepper()
     start = time.perf_counter()

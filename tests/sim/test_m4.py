@@ -10,8 +10,9 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.sim.flows import Flow
-from m4ray.sim.m4 import Arrival, LocalStepper, M4Config, M4Engine, StepGraph, load_model, step
+from m4ray.sim.m4 import Arrival, LocalStepper, M4Config, M4Engine, StepGraph, load_model
 from m4ray.sim.m4.backend import checkpoint_dir
+from m4ray.sim.m4.step import step
 from m4ray.sim.ns3.backend import params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import RailClusterSpec

@@ -1,8 +1,28 @@
-"""The learned m4 backend: online engine (state), neural step and the NetworkBackend clock."""
+"""The learned m4 backend: online engine (state), neural step and the NetworkBackend clock.
 
-from m4ray.sim.m4.backend import M4Backend, M4Config, checkpoint_dir, load_model
-from m4ray.sim.m4.engine import Arrival, M4Engine
-from m4ray.sim.m4.step import LocalStepper, StepGraph, StepOut, step
+Names are imported on first use, so a driver that only reads an :class:`M4Config` does not
+import torch."""
+
+import importlib
+
+_HOMES = {
+    "Arrival": "arrival",
+    "M4Backend": "backend",
+    "M4Config": "backend",
+    "checkpoint_dir": "backend",
+    "load_model": "backend",
+    "M4Engine": "engine",
+    "LocalStepper": "step",
+    "StepGraph": "step",
+    "StepOut": "step",
+}  # the function step: m4ray.sim.m4.step.step (the package's ``step`` is that module)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+
 
 __all__ = [
     "Arrival",
@@ -14,5 +34,4 @@ __all__ = [
     "StepOut",
     "checkpoint_dir",
     "load_model",
-    "step",
 ]

@@ -18,19 +18,18 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
-from m4ray.sim.m4.engine import Arrival, M4Engine
-from m4ray.sim.m4.shared import CURRENT, SharedStepper
-from m4ray.sim.m4.step import LocalStepper
+from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.ns3.backend import IMITATED, Ns3Config, params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
+
+if TYPE_CHECKING:  # torch is imported when a model is built, not with the config (the driver)
+    from m4ray.sim.m4.shared import SharedStepper
 
 CHECKPOINTS = Path(__file__).resolve().parents[3] / "checkpoints"
 
@@ -90,7 +89,7 @@ class M4Config:
     network: Ns3Config = field(default_factory=lambda: Ns3Config(transport=IMITATED))
     threads: int = 1
     max_flows_per_step: int = 4096
-    share_steps: int = 32
+    share_steps: int = 64
 
     def __post_init__(self) -> None:
         if self.window_us is not None and self.window_us < 0:
@@ -107,12 +106,23 @@ class M4Config:
 
     def shared_stepper(self) -> SharedStepper:
         """The stepper a group of this config's scenarios shares (see :meth:`group`)."""
+        import torch
+
+        from m4ray.sim.m4.shared import SharedStepper
+        from m4ray.sim.m4.step import LocalStepper
+
         if self.threads > 0:
             torch.set_num_threads(self.threads)
         model = load_model(self.checkpoint)
         return SharedStepper(LocalStepper(model, max_flows=self.max_flows_per_step))
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
+        import torch
+
+        from m4ray.sim.m4.engine import M4Engine
+        from m4ray.sim.m4.shared import CURRENT
+        from m4ray.sim.m4.step import LocalStepper
+
         if self.threads > 0:
             torch.set_num_threads(self.threads)
         model = load_model(self.checkpoint)

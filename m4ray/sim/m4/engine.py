@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from m4ray.errors import InputError, SimulationError
+from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.step import StepGraph, StepOut
 from m4ray.sim.routing import Routing
 from m4ray.train.model import ModelConfig, initial_link_state
@@ -35,16 +36,6 @@ Stepper = Callable[[list[StepGraph]], list[StepOut]]
 # that coincide stay together whatever the float rounding of the step (see load_model), so one
 # update covers them however the simulation's steps were batched.
 TICKS_PER_S = 1e12
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """A flow entering the network now: ``id`` unique within the simulation, host ids, bytes."""
-
-    id: int
-    src: int
-    dst: int
-    size_bytes: int
 
 
 @dataclass(slots=True)
@@ -97,10 +88,12 @@ class M4Engine:
         self._link_init = initial_link_state(model_cfg, bw).double().numpy()
         self._h_link = self._link_init.copy()
         n_links = len(bw)
-        self._users = np.zeros(n_links, dtype=np.int64)
-        self._owner = np.full(n_links, -1, dtype=np.int64)
+        # per link, plain lists (paths are a few links: Python indexing beats numpy's here)
+        self._users = [0] * n_links  # active flows on it
+        self._owner = [-1] * n_links  # its component while busy
         self._slot = np.full(n_links, -1, dtype=np.int64)  # scratch: a link's row in a graph
         self._rows: dict[int, int] = {}  # active flow id -> row
+        self._links_of: dict[int, tuple[int, ...]] = {}  # active flow id -> its path
         self._comp_of: dict[int, int] = {}  # active flow id -> component
         self._fresh: dict[int, tuple[int, int]] = {}  # rows awaiting their initial state
         self._alloc(64, 8)
@@ -121,8 +114,8 @@ class M4Engine:
         """Register a flow on explicit directed ``links`` (m4's ``flow_to_links``)."""
         if flow_id in self._rows:
             raise InputError(f"flow {flow_id} is already active", field="id")
-        links = np.asarray(links, dtype=np.int64)
-        if not len(links) or links.min() < 0 or links.max() >= len(self._users):
+        links = tuple(int(link) for link in links)
+        if not links or min(links) < 0 or max(links) >= len(self._users):
             raise InputError(
                 f"flow {flow_id}: links must be ids in [0, {len(self._users)})", field="links"
             )
@@ -135,9 +128,12 @@ class M4Engine:
         self._slow[row] = 1.0
         self._fresh[row] = (size_bytes, len(links))
         self._rows[flow_id] = row
+        self._links_of[flow_id] = links
         self._comp_of[flow_id] = comp
         self._comps[comp].flows[flow_id] = None
-        self._users[links] += 1
+        users = self._users
+        for link in links:
+            users[link] += 1
         self._touched.add(comp)
         return t + ideal_s
 
@@ -177,13 +173,16 @@ class M4Engine:
         del comp.flows[flow_id]
         self._fresh.pop(row, None)
         self._free_rows.append(row)
-        links = self._path[row, : self._plen[row]]
-        self._users[links] -= 1
-        idle = links[self._users[links] == 0]
-        if len(idle):
-            self._owner[idle] = -1
+        users, owner = self._users, self._owner
+        idle = []
+        for link in self._links_of.pop(flow_id):
+            users[link] -= 1
+            if not users[link]:
+                idle.append(link)
+                owner[link] = -1
+        if idle:
             self._h_link[idle] = self._link_init[idle]
-            comp.links.difference_update(idle.tolist())
+            comp.links.difference_update(idle)
         if comp.flows:
             self._touched.add(c)
         else:
@@ -290,8 +289,9 @@ class M4Engine:
         except InputError as err:
             raise InputError(f"flow {flow.id}: {err.message}", field=err.field) from None
 
-    def _join(self, links: np.ndarray, t: float) -> int:
-        owners = sorted({int(c) for c in self._owner[links] if c >= 0})
+    def _join(self, links: tuple[int, ...], t: float) -> int:
+        owner = self._owner
+        owners = sorted({owner[link] for link in links} - {-1})
         if not owners:
             root = self._next_comp
             self._next_comp += 1
@@ -307,12 +307,13 @@ class M4Engine:
                 for f in gone.flows:
                     self._comp_of[f] = root
                 keep.flows.update(gone.flows)
-                moved = np.fromiter(gone.links, dtype=np.int64, count=len(gone.links))
-                self._owner[moved] = root
+                for link in gone.links:
+                    owner[link] = root
                 keep.links |= gone.links
                 keep.t_last = min(keep.t_last, gone.t_last)
-        self._owner[links] = root
-        self._comps[root].links.update(links.tolist())
+        for link in links:
+            owner[link] = root
+        self._comps[root].links.update(links)
         return root
 
     def _alloc(self, n_rows: int, max_len: int) -> None:
