@@ -1,10 +1,18 @@
-"""``backend=m4_served``: the NetworkBackend protocol on top of the Serve session API.
+"""``backend=m4_served``: the NetworkBackend protocol on top of the m4 Serve application.
 
-:class:`SessionClient` speaks the HTTP API (stdlib ``http.client`` with one kept-alive
-connection, so simulators need no extra dependency). :class:`ServedEngine` buffers the arrivals
-and completions of a window and posts them in one request when the backend asks for an update;
-:class:`~m4ray.sim.m4.backend.M4Backend` keeps the clock exactly as for the in-process engine, so a
-served simulation makes one call per update window, never one per flow.
+Two ways in (``via``):
+
+* ``http`` — for simulators anywhere: :class:`SessionClient` speaks the session API (stdlib
+  ``http.client`` with one kept-alive connection, so simulators need no extra dependency).
+  :class:`ServedEngine` buffers the arrivals and completions of a window and posts them in one
+  request when the backend asks for an update; the session (engine state) lives in the ingress.
+* ``handle`` — for Ray tasks on the same cluster (a sweep): one hop. The engine state stays in
+  the task (an in-process :class:`~m4ray.sim.m4.engine.M4Engine`) and only its step goes to the
+  model deployment, through a Serve deployment handle (:class:`HandleStepper`): no HTTP, no
+  JSON, no ingress; the model deployment batches the steps of all tasks into shared passes.
+
+Either way :class:`~m4ray.sim.m4.backend.M4Backend` keeps the clock exactly as for the
+in-process engine, so a served simulation makes one call per update window, never one per flow.
 """
 
 from __future__ import annotations
@@ -18,8 +26,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from m4ray.errors import InputError, M4rayError, SimulationError
+from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.backend import M4Backend
-from m4ray.sim.m4.engine import Arrival
 from m4ray.sim.ns3.backend import IMITATED, Ns3Config
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology, format_topology
@@ -154,20 +162,59 @@ class ServedEngine:
         raise SimulationError("link-rate changes during a run are not supported by m4_served")
 
 
+class HandleStepper:
+    """The model deployment's batched step, called through a Serve deployment handle (for an
+    in-process engine in a Ray task on the app's cluster)."""
+
+    def __init__(self, app_name: str, deployment: str = "M4Model", timeout_s: float = 60.0):
+        from ray import serve
+
+        try:
+            self.handle = serve.get_deployment_handle(deployment, app_name=app_name)
+            self.config = self.handle.config.remote().result(timeout_s=timeout_s)
+        except Exception as err:  # no such app/deployment, Serve not running
+            raise InputError(
+                f"no m4 Serve app '{app_name}' with a deployment '{deployment}' on this Ray "
+                f"cluster ({type(err).__name__}: {err})",
+                field="app_name",
+            ) from None
+        self.timeout_s = timeout_s
+
+    def __call__(self, graphs):
+        return self.handle.step.remote(graphs).result(timeout_s=self.timeout_s)
+
+
 @dataclass(kw_only=True, slots=True)
 class M4ServedConfig:
-    """``backend=m4_served``: ``url`` of the Serve app (with its route prefix), update
-    ``window_us`` as for ``backend=m4`` (default: 10 µs temporal batches, one request each),
-    the ns-3 ``network`` the model imitates, the HTTP timeout, and the app's bearer ``token``
-    (if it has one)."""
+    """``backend=m4_served``: ``via`` http (``url`` of the Serve app, with its route prefix, and
+    its bearer ``token`` if it has one) or handle (the app named ``app_name`` on this Ray
+    cluster); update ``window_us`` as for ``backend=m4`` (default: 10 µs temporal batches, one
+    call each); the ns-3 ``network`` the model imitates; the call timeout."""
 
+    via: str = "http"
     url: str = "http://127.0.0.1:8000/m4"
+    app_name: str = "m4"
     window_us: float | None = 10.0
     network: Ns3Config = field(default_factory=lambda: Ns3Config(transport=IMITATED))
     timeout_s: float = 60.0
     token: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.via not in ("http", "handle"):
+            raise InputError(f"must be 'http' or 'handle', got '{self.via}'", field="via")
+
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
+        if self.via == "handle":
+            from m4ray.sim.m4.engine import M4Engine
+            from m4ray.sim.ns3.backend import params13
+            from m4ray.train.model import ModelConfig
+
+            stepper = HandleStepper(self.app_name, timeout_s=self.timeout_s)
+            model_cfg = ModelConfig(**stepper.config["model"])
+            engine = M4Engine(
+                topology.bandwidth_bps, model_cfg, params13(self.network, routing), stepper, routing
+            )
+            return M4Backend(engine, window_us=self.window_us)
         client = SessionClient(
             self.url, topology, routing, self.network, timeout_s=self.timeout_s, token=self.token
         )
@@ -176,4 +223,4 @@ class M4ServedConfig:
         return backend
 
 
-__all__ = ["M4ServedConfig", "ServedEngine", "SessionClient"]
+__all__ = ["HandleStepper", "M4ServedConfig", "ServedEngine", "SessionClient"]

@@ -71,7 +71,8 @@ def test_served_backend_equals_in_process(url, rail, window_us):
     )
 
 
-def test_replay_through_serve_equals_in_process(url):
+@pytest.mark.parametrize("via", ["http", "handle"])
+def test_replay_through_serve_equals_in_process(url, via):
     workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.002)
     topology = RailClusterSpec()  # 32 GPUs, as the workload
     local, _ = simulate(
@@ -82,11 +83,13 @@ def test_replay_through_serve_equals_in_process(url):
             topology=topology,
             workload=workload,
             backend="m4_served",
-            backend_config=M4ServedConfig(url=url, window_us=0.0),
+            backend_config=M4ServedConfig(via=via, url=url, window_us=0.0),
         )
     )
     assert local["status"] == served["status"] == "ok", (local, served)
     assert served["completion_time_s"] == pytest.approx(local["completion_time_s"], rel=1e-5)
+    if via == "handle":  # the same engine and float64 model, one hop away: the same answer
+        assert served["completion_time_s"] == local["completion_time_s"]
     assert served["n_flows"] == local["n_flows"] > 0
 
 
@@ -205,9 +208,11 @@ def test_idle_sessions_expire_and_busy_ones_stay():
     assert set(sessions) == {"fresh", "busy"}
 
 
-def test_gray_failure_sweep_through_serve(url, tmp_path):
-    """`backends=[m4_served]`: the sweep's Ray tasks simulate through the Serve endpoint and get
-    what the in-process backend gets (both with 10 us update windows)."""
+@pytest.mark.parametrize("via", ["http", "handle"])
+def test_gray_failure_sweep_through_serve(url, tmp_path, via):
+    """`backends=[m4_served]`: the sweep's Ray tasks simulate through the Serve endpoint (HTTP,
+    or one hop to the model deployment) and get what the in-process backend gets (both with
+    10 us update windows)."""
     import pandas as pd
     from omegaconf import OmegaConf
 
@@ -222,6 +227,7 @@ def test_gray_failure_sweep_through_serve(url, tmp_path):
         "backends=[m4,m4_served]",
         "backend_options.m4.window_us=10",
         f"backend_options.m4_served.url={url}",
+        f"backend_options.m4_served.via={via}",
         f"paths.output_dir={tmp_path}",
         "progress=false",
     )
@@ -230,6 +236,18 @@ def test_gray_failure_sweep_through_serve(url, tmp_path):
     assert len(results) == 8 and (results.status == "ok").all()
     by = results.pivot(index="scenario_id", columns="backend", values="completion_time_s")
     assert by.m4_served.to_numpy() == pytest.approx(by.m4.to_numpy(), rel=1e-6)
+
+
+def test_a_handle_to_a_missing_app_is_a_clear_error(url):
+    with pytest.raises(InputError, match="no m4 Serve app 'nope'"):
+        M4ServedConfig(via="handle", app_name="nope", timeout_s=5).build(*_rail_pair())
+    with pytest.raises(InputError, match="via"):
+        M4ServedConfig(via="grpc")
+
+
+def _rail_pair():
+    topo = RailClusterSpec(servers=2).build()
+    return topo, Routing(topo)
 
 
 def test_serve_settings_check_the_app_arguments():

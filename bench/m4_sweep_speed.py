@@ -1,0 +1,169 @@
+"""m4 against flowSim (and ns-3) on the gray-failure grid: whole commands and per scenario.
+
+    .venv/bin/python bench/m4_sweep_speed.py                 # both tables (~6 min on 2 cores)
+    .venv/bin/python bench/m4_sweep_speed.py --repeat 1 --no-ns3
+
+Table 1, the user's view: ``python -m m4ray.sweeps +experiment=gray_failure backends=[B]`` (the
+default 105-scenario grid, workload.scale 0.08), run as whole commands for B = flowsim, m4 (its
+scenarios in groups sharing forward passes, the default) and m4 with ``share_steps=1`` (each
+alone), alternating, ``--repeat`` times; min and median wall time and the ratio to flowSim.
+
+Table 2, in one process (no Ray): seconds per scenario for the first ``--group`` scenarios of
+that grid, at scale 0.08 and at full scale: flowSim; m4 alone; m4 as one group (wall ÷ group
+size); and ns-3 (RDMA, the default) on the N=8, R=4 scenario at full scale, with each backend's
+speed-up over it. Also checks that grouped m4 equals m4 alone, flow by flow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from m4ray.sim.failures import GrayFailure  # noqa: E402
+from m4ray.sim.flowsim import FlowSimConfig  # noqa: E402
+from m4ray.sim.m4 import M4Config  # noqa: E402
+from m4ray.sim.ns3.backend import Ns3Config  # noqa: E402
+from m4ray.sim.routing import WireFormat  # noqa: E402
+from m4ray.sim.scenario import Scenario, simulate  # noqa: E402
+from m4ray.sim.simai import SimAIWorkloadSpec  # noqa: E402
+from m4ray.sweeps.report import format_table  # noqa: E402
+
+COMMANDS = {
+    "flowsim": ["backends=[flowsim]"],
+    "m4 (groups)": ["backends=[m4]"],
+    "m4 (alone)": ["backends=[m4]", "backend_options.m4.share_steps=1"],
+}
+
+
+def whole_commands(repeat: int) -> list[list]:
+    walls: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    with tempfile.TemporaryDirectory() as out:
+        for i in range(repeat):
+            for name, args in COMMANDS.items():
+                start = time.perf_counter()
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "m4ray.sweeps",
+                        "+experiment=gray_failure",
+                        *args,
+                        f"name=run{i}-{name.split()[0]}-{len(args)}",
+                        f"paths.output_dir={out}",
+                        "progress=false",
+                    ],
+                    cwd=REPO,
+                    check=True,
+                    capture_output=True,
+                )
+                walls[name].append(time.perf_counter() - start)
+                print(f"  {name} #{i + 1}: {walls[name][-1]:.1f} s", flush=True)
+    base = min(walls["flowsim"])
+    return [
+        [
+            name,
+            len(w),
+            f"{min(w):.1f}",
+            f"{statistics.median(w):.1f}",
+            f"{min(w) / base:.2f}x",
+            f"{statistics.median(w) / statistics.median(walls['flowsim']):.2f}x",
+        ]
+        for name, w in walls.items()
+    ]
+
+
+def grid(scale: float, n_scenarios: int, config, backend: str) -> list[Scenario]:
+    wire = WireFormat(mtu_bytes=8948, header_bytes=54)  # the experiment's jumbo wire
+    points = [(n, r) for n in range(2, 17) for r in range(4, 11)][:n_scenarios]
+    return [
+        Scenario(
+            failure=GrayFailure(n_degraded=n, reduction=r),
+            workload=SimAIWorkloadSpec(path="microAllReduce", scale=scale),
+            backend=backend,
+            backend_config=config,
+            wire=wire,
+        )
+        for n, r in points
+    ]
+
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def in_process(scales: list[float], group: int, ns3: bool) -> list[list]:
+    from m4ray.sim.m4.shared import simulate_together
+
+    m4 = M4Config()
+    simulate(grid(0.01, 1, m4, "m4")[0])  # load the model, warm the caches
+    rows = []
+    for scale in scales:
+        flowsim = grid(scale, group, FlowSimConfig(), "flowsim")
+        m4s = grid(scale, group, m4, "m4")
+        t_fs, _ = timed(lambda s=flowsim: [simulate(x) for x in s])
+        t_alone, alone = timed(lambda s=m4s: [simulate(x) for x in s])
+        t_group, grouped = timed(lambda s=m4s: simulate_together(s, m4.shared_stepper(), simulate))
+        same = all(
+            a[1].column("finish_s").equals(g[1].column("finish_s"))
+            for a, g in zip(alone, grouped, strict=True)
+        )
+        per = {
+            "flowSim": t_fs / group,
+            "m4 alone": t_alone / group,
+            f"m4 in a group of {group}": t_group / group,
+        }
+        ref = None
+        if ns3 and scale == 1.0:
+            n8r4 = dataclasses.replace(
+                m4s[0],
+                failure=GrayFailure(n_degraded=8, reduction=4),
+                backend="ns3",
+                backend_config=Ns3Config(),
+            )
+            ref, (row, _) = timed(lambda s=n8r4: simulate(s))
+            assert row["status"] == "ok", row["error"]
+            per["ns-3 (N=8 R=4, one run)"] = ref
+        for name, seconds in per.items():
+            rows.append(
+                [
+                    scale,
+                    name,
+                    f"{seconds * 1e3:.0f}",
+                    f"{ref / seconds:.0f}x" if ref else "",
+                    ("yes" if same else "NO") if name.startswith("m4 in") else "",
+                ]
+            )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--group", type=int, default=53, help="scenarios in table 2's group")
+    parser.add_argument("--no-commands", action="store_true", help="skip table 1")
+    parser.add_argument("--no-ns3", action="store_true", help="skip the full-scale ns-3 run")
+    args = parser.parse_args()
+    if not args.no_commands:
+        rows = whole_commands(args.repeat)
+        print("\nThe default gray-failure grid (105 scenarios, scale 0.08), whole command:")
+        head = ["backends", "runs", "min s", "median s", "min / flowSim", "median / flowSim"]
+        print(format_table(head, rows))
+    rows = in_process([0.08, 1.0], args.group, not args.no_ns3)
+    print(f"\nPer scenario in one process (first {args.group} grid points, microAllReduce):")
+    head = ["scale", "backend", "ms / scenario", "speed-up vs ns-3", "= alone, per flow"]
+    print(format_table(head, rows))
+
+
+if __name__ == "__main__":
+    main()
