@@ -3,7 +3,14 @@
 The SimAI gray-failure study (``reference/gray_failure.md`` §2) degrades N GPUs, chosen
 server-aligned, by a reduction factor R: every link attached to a degraded GPU (its NVSwitch link
 and its rail link) runs at ``bandwidth // R``, integer division in Gbps as the SimAI files are
-written (2400 // 7 = 342 Gbps). Rail–spine links are never touched.
+written (2400 // 7 = 342 Gbps). Rail–spine links are never touched by that rule.
+
+Switch-level faults (``target``) degrade N uplinks of the switch fabric instead: ``asw_uplinks``
+are the cables from the switches the GPUs' NICs attach to (ASW, rail or ToR switches: tier 1)
+to the tier above (PSW / spine: tier 2); ``spine_uplinks`` the cables from tier 2 to a tier 3,
+where the fabric has one. Tiers are read from the topology's structure (NVSwitches apart), so
+any topology file or template works; the first N uplinks in (lower switch, upper switch) order
+are degraded, both directions of each cable.
 """
 
 from __future__ import annotations
@@ -60,9 +67,52 @@ def _reduced(bandwidth_bps: float, reduction: int) -> float:
     return bandwidth_bps / reduction  # sub-Gbps or fractional rates: plain division
 
 
+TARGETS = ("gpus", "asw_uplinks", "spine_uplinks")
+
+
+def switch_tiers(topo: Topology) -> dict[int, int]:
+    """Tier of every switch that is not an NVSwitch: 1 for those a host's cable reaches (ASW,
+    rail or ToR switches), k + 1 for those first reached from tier k."""
+    nv = set(topo.nvswitches)
+    fabric = set(topo.switches) - nv
+    hosts = set(topo.hosts)
+    neighbours: dict[int, set[int]] = {n: set() for n in range(topo.n_nodes)}
+    for c in topo.cables:
+        neighbours[c.a].add(c.b)
+        neighbours[c.b].add(c.a)
+    tiers = {s: 1 for s in sorted(fabric) if neighbours[s] & hosts}
+    frontier = sorted(tiers)
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for n in sorted(neighbours[s] & fabric):
+                if n not in tiers:
+                    tiers[n] = tiers[s] + 1
+                    nxt.append(n)
+        frontier = nxt
+    return tiers
+
+
+def uplink_cables(topo: Topology, tier: int) -> list[int]:
+    """Indices of the cables from a tier-``tier`` switch to a tier ``tier + 1`` switch, in
+    (lower switch, upper switch) order."""
+    tiers = switch_tiers(topo)
+    found = []
+    for i, c in enumerate(topo.cables):
+        ta, tb = tiers.get(c.a), tiers.get(c.b)
+        if ta is None or tb is None:
+            continue
+        if {ta, tb} == {tier, tier + 1}:
+            low, high = (c.a, c.b) if ta == tier else (c.b, c.a)
+            found.append((low, high, i))
+    return [i for _, _, i in sorted(found)]
+
+
 @dataclass(kw_only=True, slots=True)
 class GrayFailure:
-    """N degraded GPUs (server-aligned rule) at 1/R of their link rates; N = 0 is healthy.
+    """N degraded GPUs (server-aligned rule) at 1/R of their link rates — or, with ``target``
+    ``asw_uplinks`` / ``spine_uplinks``, N degraded switch uplinks (module docstring); N = 0 is
+    healthy.
 
     ``loss_rate``: packet-loss probability on the degraded links for the whole run (packet-level
     backends; fluid models have no loss). ``onset_s``: the rates drop at this simulated time
@@ -73,8 +123,13 @@ class GrayFailure:
     reduction: int
     loss_rate: float = 0.0
     onset_s: float = 0.0
+    target: str = "gpus"
 
     def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise InputError(
+                f"must be one of {', '.join(TARGETS)}, got '{self.target}'", field="target"
+            )
         if not 0 <= self.loss_rate < 1:
             raise InputError(f"must be in [0, 1), got {self.loss_rate}", field="loss_rate")
         if self.onset_s < 0:
@@ -84,19 +139,35 @@ class GrayFailure:
         """The topology with the failure in full effect."""
         if self.n_degraded == 0:
             return topo
-        servers = len(topo.hosts) // topo.gpus_per_server
-        gpus = set(gray_failure_gpus(self.n_degraded, topo.gpus_per_server, servers))
-        hosts = [topo.hosts[g] for g in gpus]
-        slow = degrade(topo, hosts, self.reduction)
-        if self.loss_rate == 0:
-            return slow
-        host_set = set(hosts)
-        return slow.replace_cables(
-            tuple(
-                dataclasses.replace(c, error_rate=self.loss_rate) if {c.a, c.b} & host_set else c
-                for c in slow.cables
+        if self.target == "gpus":
+            servers = len(topo.hosts) // topo.gpus_per_server
+            gpus = set(gray_failure_gpus(self.n_degraded, topo.gpus_per_server, servers))
+            host_set = {topo.hosts[g] for g in gpus}
+            hit = [i for i, c in enumerate(topo.cables) if c.a in host_set or c.b in host_set]
+        else:
+            tier = 1 if self.target == "asw_uplinks" else 2
+            uplinks = uplink_cables(topo, tier)
+            if not 1 <= self.n_degraded <= len(uplinks):
+                name = {1: "ASW (tier 1 to 2)", 2: "spine (tier 2 to 3)"}[tier]
+                raise InputError(
+                    f"must be in 0..{len(uplinks)}: the topology has {len(uplinks)} {name} "
+                    f"uplinks, got {self.n_degraded}",
+                    field="n_degraded",
+                )
+            hit = uplinks[: self.n_degraded]
+        if not isinstance(self.reduction, int) or self.reduction < 1:
+            raise InputError(f"must be an integer >= 1, got {self.reduction!r}", field="reduction")
+        cables = list(topo.cables)
+        for i in hit:
+            c = cables[i]
+            cables[i] = Cable(
+                c.a,
+                c.b,
+                _reduced(c.bandwidth_bps, self.reduction),
+                c.latency_s,
+                self.loss_rate if self.loss_rate else c.error_rate,
             )
-        )
+        return topo.replace_cables(tuple(cables))
 
     def apply(self, topo: Topology) -> Topology:
         """The topology a run starts with (rates still nominal when the onset is later)."""
@@ -121,11 +192,13 @@ class GrayFailure:
 
 @dataclass(kw_only=True, slots=True)
 class GridConfig:
-    """N degraded GPUs × reduction factors R × replicate seeds; every failure of the grid has the
-    same packet-loss rate on its degraded links and the same onset time (0 = from the start)."""
+    """N degraded GPUs (or switch uplinks: ``target``) × reduction factors R × replicate seeds;
+    every failure of the grid has the same packet-loss rate on its degraded links and the same
+    onset time (0 = from the start)."""
 
     n: list[int] = field(default_factory=lambda: list(range(2, 17)))
     r: list[int] = field(default_factory=lambda: list(range(4, 11)))
     seeds: int = 1
     loss_rate: float = 0.0
     onset_s: float = 0.0
+    target: str = "gpus"

@@ -89,13 +89,20 @@ def write_plots(frame, errors, reference: str, plot_dir: Path) -> list[Path]:
     return files
 
 
+def _suffix(target: str) -> str:
+    return "" if target == "gpus" else f"_{target}"
+
+
 def write_topologies(cfg: SweepConfig, run_dir: Path) -> list[Path]:
-    """The degraded topologies of the grid in SimAI text format."""
+    """The degraded topologies of the grid in SimAI text format (this also checks every grid
+    point against the topology before any task starts)."""
     base = cfg.topology.build()
     return [
         write_topology(
-            GrayFailure(n_degraded=n, reduction=r, loss_rate=cfg.grid.loss_rate).degraded(base),
-            run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt",
+            GrayFailure(
+                n_degraded=n, reduction=r, loss_rate=cfg.grid.loss_rate, target=cfg.grid.target
+            ).degraded(base),
+            run_dir / "topologies" / f"gray_topo{_suffix(cfg.grid.target)}_N{n}_R{r}.txt",
         )
         for n in cfg.grid.n
         for r in cfg.grid.r

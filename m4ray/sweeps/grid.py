@@ -45,7 +45,11 @@ def expand(
         dataclasses.replace(
             template,
             failure=GrayFailure(
-                n_degraded=n, reduction=r, loss_rate=grid.loss_rate, onset_s=grid.onset_s
+                n_degraded=n,
+                reduction=r,
+                loss_rate=grid.loss_rate,
+                onset_s=grid.onset_s,
+                target=grid.target,
             ),
             seed=seed,
             backend=name,

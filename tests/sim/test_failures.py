@@ -3,8 +3,15 @@ from __future__ import annotations
 import pytest
 
 from m4ray.errors import InputError
-from m4ray.sim.failures import GrayFailure, degrade, gray_failure_gpus
-from m4ray.sim.topologies import rail_cluster
+from m4ray.sim.failures import (
+    GrayFailure,
+    degrade,
+    gray_failure_gpus,
+    switch_tiers,
+    uplink_cables,
+)
+from m4ray.sim.templates import ClusterTemplateSpec
+from m4ray.sim.topologies import FatTreeSpec, rail_cluster
 
 EXPECTED = {  # reference/gray_failure.md §2.1
     2: [0, 8],
@@ -101,3 +108,49 @@ def test_mid_run_rate_drop_in_flowsim():
     fluid = 100e-6 + (bits - 400e9 * 100e-6) / 100e9  # 400 Gbps until the onset, then 100
     delay = routing.delivery_delay(10_000_000, routing.path(0, 8))
     assert done[0] == pytest.approx(fluid + delay, rel=1e-9)
+
+
+def test_switch_tiers_and_uplinks_of_rail_template_and_fat_tree():
+    rail = rail_cluster()  # 8 rail ASWs (36-43), one spine (44)
+    assert switch_tiers(rail) == {**dict.fromkeys(range(36, 44), 1), 44: 2}
+    assert [(rail.cables[i].a, rail.cables[i].b) for i in uplink_cables(rail, 1)] == [
+        (asw, 44) for asw in range(36, 44)
+    ]
+    assert uplink_cables(rail, 2) == []
+    spectrum = ClusterTemplateSpec(template="spectrum_x", gpus=128).build()
+    assert len(uplink_cables(spectrum, 1)) == 8 * 64  # every ASW to every PSW of its plane
+    tree = FatTreeSpec(k=4).build()  # edge, aggregation and core switches: 8, 8 and 4
+    tiers = switch_tiers(tree)
+    assert sorted(tiers.values()) == [1] * 8 + [2] * 8 + [3] * 4
+    assert len(uplink_cables(tree, 1)) == 16 and len(uplink_cables(tree, 2)) == 16
+
+
+@pytest.mark.parametrize(
+    ("topology", "target", "n"),
+    [(rail_cluster(), "asw_uplinks", 3), (FatTreeSpec(k=4).build(), "spine_uplinks", 5)],
+)
+def test_switch_level_faults_degrade_the_first_n_uplinks_both_ways(topology, target, n):
+    failure = GrayFailure(n_degraded=n, reduction=4, target=target, loss_rate=0.01)
+    slow = failure.degraded(topology)
+    changed = [
+        i for i, (a, b) in enumerate(zip(topology.cables, slow.cables, strict=True)) if a != b
+    ]
+    tier = 1 if target == "asw_uplinks" else 2
+    assert changed == sorted(uplink_cables(topology, tier)[:n])
+    for i in changed:
+        assert slow.cables[i].bandwidth_bps == topology.cables[i].bandwidth_bps / 4
+        assert slow.cables[i].error_rate == 0.01
+    hosts = set(topology.hosts)
+    assert not any({c.a, c.b} & hosts for c in (slow.cables[i] for i in changed))
+    # both directions of each cable run at the reduced rate
+    link_bw, base_bw = slow.bandwidth_bps, topology.bandwidth_bps
+    assert (link_bw != base_bw).sum() == 2 * n
+
+
+def test_bad_switch_fault_parameters_are_clear_errors():
+    with pytest.raises(InputError, match="target"):
+        GrayFailure(n_degraded=1, reduction=4, target="core")
+    with pytest.raises(InputError, match=r"0\.\.8: the topology has 8 ASW"):
+        GrayFailure(n_degraded=9, reduction=4, target="asw_uplinks").degraded(rail_cluster())
+    with pytest.raises(InputError, match="has 0 spine"):
+        GrayFailure(n_degraded=1, reduction=4, target="spine_uplinks").degraded(rail_cluster())
