@@ -54,6 +54,7 @@ class SweepConfig:
     tune: Any = None  # the tune experiment's section (m4ray.train.tune.TuneSettings)
     study: Any = None  # the workload experiment's section (m4ray.workload.study.StudyConfig)
     serve: Any = None  # the serve experiment's section (m4ray.serve.job.ServeSettings)
+    ladder: Any = None  # the scale experiment's section (m4ray.sweeps.scale.LadderConfig)
 
 
 @dataclass(kw_only=True, slots=True)

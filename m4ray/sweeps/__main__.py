@@ -37,6 +37,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         tune=None if cfg.tune is None else instantiate(cfg.tune, _convert_="all"),
         study=None if cfg.study is None else instantiate(cfg.study, _convert_="all"),
         serve=None if cfg.serve is None else instantiate(cfg.serve, _convert_="all"),
+        ladder=None if cfg.ladder is None else instantiate(cfg.ladder, _convert_="all"),
     )
 
 

@@ -1,0 +1,60 @@
+"""+experiment=scale on a small ladder: real Ray tasks, flowSim and m4, resumable rows, the
+comparison table and the log-log plot; bad rungs are refused before any task starts."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from m4ray.errors import InputError
+from m4ray.sweeps.__main__ import resolve
+from m4ray.sweeps.scale import compare, run, rungs
+from tests.test_config import sweep_cfg
+
+SMALL = [
+    "+experiment=scale",
+    "ladder.rungs=[{template: spectrum_x, gpus: 32, spines: 1}]",
+    "ladder.workloads.gpt13b.model.num_layers=1",
+    "ladder.workloads.moe.model.num_layers=1",
+    "ladder.scale=0.01",
+    "progress=false",
+]
+
+
+def test_a_small_ladder_runs_compares_plots_and_resumes(ray_local, tmp_path):
+    cfg = sweep_cfg(*SMALL, f"paths.output_dir={tmp_path}")
+    run_dir = run(resolve(cfg), OmegaConf.to_container(cfg, resolve=True))
+    frame = pd.read_parquet(run_dir / "results.parquet")
+    assert len(frame) == 4 and (frame.status == "ok").all()  # 2 jobs x flowSim, m4
+    assert set(frame.backend) == {"flowsim", "m4"} and set(frame.workload) == {"gpt13b", "moe"}
+    assert (frame.nodes == 45).all() and (frame.links == 72).all()  # the 32-GPU rail cluster
+    assert (frame.flows > 0).all() and (frame.peak_rss_mb > 0).all()
+    per_job = frame.groupby("workload").flows.nunique()
+    assert (per_job == 1).all()  # both backends replay the same flows
+    table = compare(frame)
+    assert (table[table.backend == "flowsim"].vs_flowsim == 0).all()
+    assert table[table.backend == "m4"].vs_flowsim.abs().lt(1).all()
+    assert (run_dir / "plots" / "scale_wall.png").stat().st_size > 0
+    assert json.loads((run_dir / "manifest.json").read_text())["failed"] == 0
+    stamps = sorted(p.stat().st_mtime_ns for p in (run_dir / "runs").glob("*.json"))
+    run(resolve(cfg), OmegaConf.to_container(cfg, resolve=True))  # resumes: nothing reruns
+    assert sorted(p.stat().st_mtime_ns for p in (run_dir / "runs").glob("*.json")) == stamps
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("ladder.rungs=[{template: spectrum_x, gpus: 36}]", "gpus"),
+        ("ladder.rungs=[{template: spectrum_x, gpus: 32, planes: 2}]", "ladder.rungs[0]"),
+        ("ladder.workloads.moe.parallel.tp=3", "ladder.workloads.moe.parallel"),
+        ("ladder.backends=[flowsim,nope]", "ladder.backends"),
+    ],
+)
+def test_bad_rungs_are_refused_before_any_task(override, field):
+    cfg = resolve(sweep_cfg(*SMALL, override))
+    with pytest.raises(InputError) as err:
+        rungs(cfg)
+    assert err.value.field.startswith(field) or field in str(err.value)
