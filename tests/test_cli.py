@@ -73,7 +73,7 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
         (
             [],
             "choose an experiment with +experiment=<name>; "
-            "available: datagen, gray_failure, serve, train, tune",
+            "available: datagen, gray_failure, scale, serve, train, tune, workload",
         ),
         (["+experiment=gray_failure", "backends=[nope]"], "unknown backend 'nope'; valid choices"),
         (["+experiment=gray_failure", "workload.path=/no/such.txt"], "/no/such.txt"),
