@@ -25,6 +25,21 @@ venv="${M4RAY_VENV:-$default_venv}"
 echo "submit.sh: the job runs on $address with $venv/bin/python"
 runtime_env=$(printf '{"excludes": [".venv", "outputs", ".git"], "env_vars": {"PATH": "%s/bin:${PATH}"}}' "$venv")
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
-exec .venv/bin/ray job submit --address "$address" --working-dir . \
-  --runtime-env-json "$runtime_env" \
-  -- python -m m4ray.sweeps "${overrides[@]}" ray=cluster
+# A head that has just started may answer "No available agent to submit job" until its
+# dashboard agent is up: nothing was submitted then, so wait and try again (1 minute at most).
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for attempt in 1 2 3 4 5 6 7; do
+  set +e
+  .venv/bin/ray job submit --address "$address" --working-dir . \
+    --runtime-env-json "$runtime_env" \
+    -- python -m m4ray.sweeps "${overrides[@]}" ray=cluster 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  set -e
+  if [ "$status" -ne 0 ] && [ "$attempt" -lt 7 ] && grep -q "No available agent" "$log"; then
+    echo "submit.sh: the head has no job agent yet; trying again in 10 s" >&2
+    sleep 10
+    continue
+  fi
+  exit "$status"
+done

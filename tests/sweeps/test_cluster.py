@@ -30,9 +30,19 @@ def _free_port() -> int:
 
 def _node(args: list[str], env: dict) -> subprocess.Popen:
     """A blocking ``ray start`` in its own process group: killing the group kills that node only
-    (never ``ray stop``, which would stop every Ray on the machine, the test session's too)."""
+    (never ``ray stop``, which would stop every Ray on the machine, the test session's too).
+    Its agents get ports of their own: a killed node's agents may still hold the defaults."""
+    agents = [
+        f"--{name}={_free_port()}"
+        for name in (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+        )
+    ]
     return subprocess.Popen(
-        [RAY, "start", *args, "--block"],
+        [RAY, "start", *args, *agents, "--block"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
