@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,14 @@ def store_row(run_dir: Path, record: Any, row: Row) -> None:
     if ray.is_initialized():
         row.setdefault("node_id", ray.get_runtime_context().get_node_id())
     atomic_write_text(row_path(run_dir, record), json.dumps(row, indent=1, default=float))
+
+
+def _stored_since(run_dir: Path, record: Any, since_ns: int) -> bool:
+    """Whether the record's row was written after ``since_ns`` (by a task still running)."""
+    try:
+        return row_path(run_dir, record).stat().st_mtime_ns >= since_ns
+    except OSError:
+        return False
 
 
 def _once(
@@ -158,8 +167,19 @@ def run_many(
                     pending[many.remote(task_group, load, members, str(run_dir))] = (unit, True)
                 else:
                     pending[one.remote(task, load, records[unit], str(run_dir))] = ([unit], False)
+            started_ns = time.time_ns()
             while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
+                # a group stores each row as its scenario ends: the bar counts those meanwhile
+                in_groups = [i for unit, grouped in pending.values() if grouped for i in unit]
+                ready, _ = ray.wait(
+                    list(pending), num_returns=1, timeout=1.0 if in_groups else None
+                )
+                if not ready:
+                    bar.n = len(rows) + sum(
+                        _stored_since(run_dir, records[i], started_ns) for i in in_groups
+                    )
+                    bar.refresh()
+                    continue
                 indices, grouped = pending.pop(ready[0])
                 try:
                     result = ray.get(ready[0])
@@ -169,7 +189,8 @@ def run_many(
                     for index in indices:
                         rows[index] = crashed(records[index], err)
                         store_row(run_dir, records[index], rows[index])
-                bar.update(len(indices))
+                bar.n = len(rows)
+                bar.refresh()
                 bar.set_postfix(failed=sum(r["status"] != "ok" for r in rows.values()))
     finally:  # on Ctrl-C the entry point shuts Ray down: tasks die with their owner, this
         bar.close()  # driver (ray.cancel(force=True) here races with finishing tasks in Ray 2.60)
