@@ -49,7 +49,7 @@ class _Component:
 class Pending:
     """What an update sends to the stepper: the touched components packed into one graph (they
     share no link, so the step treats them apart), with their flow ids, flow state rows and
-    links, and each component's share of the flows."""
+    links in the graph's order."""
 
     t: float
     comps: list[int]
