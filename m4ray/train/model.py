@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -232,6 +233,131 @@ class PeriodSample:
         return PeriodSample(**{name: getattr(self, name).to(device) for name in self.__slots__})
 
 
+@dataclass(frozen=True, slots=True)
+class EventUpdate:
+    """What the online engine updates at one event of a period (local rows): the flows and
+    links of the components the event touched, each row's Δt (µs, since its component's last
+    update), and the links that went idle at the event (reset to their initial state first)."""
+
+    flows: np.ndarray
+    links: np.ndarray
+    dt_flow: np.ndarray
+    dt_link: np.ndarray
+    reset: np.ndarray
+
+
+class _Components:
+    """The engine's component bookkeeping over a period's local flow and link rows."""
+
+    def __init__(self, paths: list[list[int]], n_links: int) -> None:
+        self.paths = paths
+        self.users = [0] * n_links
+        self.owner = [-1] * n_links
+        self.comps: dict[int, tuple[dict[int, None], set[int], list[float]]] = {}
+        self.comp_of: dict[int, int] = {}
+        self.next = 0
+        self.touched: set[int] = set()
+
+    def arrive(self, f: int, t: float) -> None:
+        """``f`` joins the components owning its links (merged; oldest last-update time kept)
+        or a new one."""
+        owners = sorted({self.owner[link] for link in self.paths[f]} - {-1})
+        if not owners:
+            root, self.next = self.next, self.next + 1
+            self.comps[root] = ({}, set(), [t])
+        else:
+            root = max(owners, key=lambda c: (len(self.comps[c][0]), -c))
+            flows, links, t_last = self.comps[root]
+            for other in owners:
+                if other == root:
+                    continue
+                gone_flows, gone_links, gone_t = self.comps.pop(other)
+                self.touched.discard(other)
+                for g in gone_flows:
+                    self.comp_of[g] = root
+                for link in gone_links:
+                    self.owner[link] = root
+                flows.update(gone_flows)
+                links.update(gone_links)
+                t_last[0] = min(t_last[0], gone_t[0])
+        for link in self.paths[f]:
+            self.owner[link] = root
+            self.users[link] += 1
+        self.comps[root][1].update(self.paths[f])
+        self.comps[root][0][f] = None
+        self.comp_of[f] = root
+        self.touched.add(root)
+
+    def depart(self, f: int) -> list[int]:
+        """``f`` leaves; returns the links it leaves idle."""
+        c = self.comp_of.pop(f)
+        flows, links, _ = self.comps[c]
+        del flows[f]
+        idle = []
+        for link in self.paths[f]:
+            self.users[link] -= 1
+            if not self.users[link]:
+                self.owner[link] = -1
+                links.discard(link)
+                idle.append(link)
+        if flows:
+            self.touched.add(c)
+        else:
+            del self.comps[c]
+            self.touched.discard(c)
+        return idle
+
+    def update(self, t: float, idle: list[int]) -> EventUpdate:
+        """Advance the touched components to ``t`` (the rows and Δt of this event)."""
+        flows_j: list[int] = []
+        links_j: list[int] = []
+        dtf: list[float] = []
+        dtl: list[float] = []
+        for c in sorted(self.touched):
+            flows, links, t_last = self.comps[c]
+            dt = max(t - t_last[0], 0.0)
+            t_last[0] = t
+            flows_j += flows
+            links_j += sorted(links)
+            dtf += [dt] * len(flows)
+            dtl += [dt] * len(links)
+        self.touched = set()
+        return EventUpdate(
+            flows=np.asarray(flows_j, dtype=np.int64),
+            links=np.asarray(links_j, dtype=np.int64),
+            dt_flow=np.asarray(dtf, dtype=np.float32),
+            dt_link=np.asarray(dtl, dtype=np.float32),
+            reset=np.asarray(sorted(set(idle)), dtype=np.int64),
+        )
+
+
+def engine_schedule(s: PeriodSample) -> list[EventUpdate]:
+    """The online engine's bookkeeping (:class:`~m4ray.sim.m4.engine.M4Engine`, one update per
+    event) replayed over a recorded period: at each event the arrivals join (merging the
+    components they touch; a merged component keeps the oldest last-update time), the
+    departures leave (links left without a flow go idle and are reset), and only the touched
+    components advance, by the time since their own last update. Training replays this
+    schedule, so the model learns the updates it gets online."""
+    t_us = np.cumsum(s.dt_us.double().cpu().numpy())
+    flow_of, link_of = s.incidence.cpu().numpy()
+    paths: list[list[int]] = [[] for _ in range(len(s.arrival))]
+    for f, link in zip(flow_of.tolist(), link_of.tolist(), strict=True):
+        paths[f].append(link)
+    arrive_at: dict[int, list[int]] = {}
+    depart_at: dict[int, list[int]] = {}
+    for f, (a, d) in enumerate(zip(s.arrival.tolist(), s.departure.tolist(), strict=True)):
+        arrive_at.setdefault(a, []).append(f)
+        depart_at.setdefault(d, []).append(f)
+    state = _Components(paths, s.n_link_rows)
+    out = []
+    for j, t in enumerate(t_us.tolist()):
+        for f in arrive_at.get(j, ()):
+            state.arrive(f, t)
+        idle = [link for f in depart_at.get(j, ()) for link in state.depart(f)]
+        out.append(state.update(t, idle))
+    return out
+
+
 @dataclass(kw_only=True, slots=True)
 class PeriodBatch:
     """Busy periods side by side as one disjoint graph (flow and link rows offset per period).
@@ -257,6 +383,7 @@ class PeriodBatch:
     remain_ptr: torch.Tensor
     queue: torch.Tensor
     queue_ptr: torch.Tensor
+    updates: list[tuple[torch.Tensor, ...]]  # per event: flows, links, dt_flow, dt_link, reset
 
 
 def collate(samples: list[PeriodSample]) -> PeriodBatch:
@@ -298,6 +425,26 @@ def collate(samples: list[PeriodSample]) -> PeriodBatch:
     order = torch.argsort(queue_event, stable=True)
     queue, queue_event = queue[order], queue_event[order]
     steps = torch.arange(n_events + 1, device=device)
+    schedules = [engine_schedule(s) for s in samples]
+    updates = []
+    for j in range(n_events):
+        parts = [
+            (sched[j], f, lk)
+            for sched, f, lk in zip(schedules, flow_off, link_off, strict=True)
+            if j < len(sched)
+        ]
+        updates.append(
+            tuple(
+                torch.from_numpy(np.concatenate(arrays)).to(device)
+                for arrays in zip(
+                    *(
+                        (u.flows + f, u.links + lk, u.dt_flow, u.dt_link, u.reset + lk)
+                        for u, f, lk in parts
+                    ),
+                    strict=True,
+                )
+            )
+        )
     return PeriodBatch(
         n_samples=len(samples),
         size_bytes=torch.cat([s.size_bytes for s in samples]),
@@ -317,40 +464,41 @@ def collate(samples: list[PeriodSample]) -> PeriodBatch:
         remain_ptr=torch.searchsorted(remain[:, 0].contiguous(), steps.to(remain.dtype)),
         queue=queue,
         queue_ptr=torch.searchsorted(queue_event.contiguous(), steps),
+        updates=updates,
     )
 
 
 def forward_batch(
     model: M4Model, b: PeriodBatch
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Replay busy periods event by event in lockstep (``reference/m4.md`` §4).
+    """Replay busy periods event by event in lockstep (``reference/m4.md`` §4), updating what
+    the online engine updates (:func:`engine_schedule`).
 
-    At event ``j`` the active flows (``arrival ≤ j < departure``) and their links get the time
-    update (each period's own Δt), the aux heads are read, then the spatial update runs over
-    the union of the periods' flow–link graphs (disjoint, so periods do not interact). Returns
+    At event ``j`` the links that went idle are reset, the flows and links of the touched
+    components get the time update (each component's own Δt since its last update), the aux
+    heads are read, then the spatial update runs over those components' flow–link graphs
+    (periods are disjoint, so they do not interact). Returns
     the predicted slowdown ``[ΣF]`` (each flow read out from its state frozen at its departure)
     and the per-period mean absolute errors ``[B]`` of the remaining-size and queue heads.
     """
     n_flows, n_link_rows = len(b.size_bytes), len(b.link_bandwidth)
     device = b.size_bytes.device
     h_flow = model.flow_state(b.size_bytes, b.n_links)
-    h_link = model.link_state(b.link_bandwidth)
+    link_init = model.link_state(b.link_bandwidth)
+    h_link = link_init
+    in_update = torch.zeros(n_flows, dtype=torch.bool, device=device)
     flow_row = torch.full((n_flows,), -1, dtype=torch.long, device=device)
     link_row = torch.full((n_link_rows,), -1, dtype=torch.long, device=device)
     remain_err, remain_who, queue_err, queue_who = [], [], [], []
-    for j in range(b.dt_us.shape[1]):
-        active = (b.arrival <= j) & (b.departure > j)
-        flows = active.nonzero().squeeze(1)
-        if not len(flows):
-            continue
-        edges = b.incidence[:, active[b.incidence[0]]]
-        links = torch.unique(edges[1])
-        dt = b.dt_us[:, j]
-        new_flow, new_link = model.time_step(
-            h_flow[flows], h_link[links], dt[b.flow_sample[flows]], dt[b.link_sample[links]]
-        )
-        h_flow = h_flow.index_copy(0, flows, new_flow)
-        h_link = h_link.index_copy(0, links, new_link)
+    for j, (flows, links, dt_flow, dt_link, reset) in enumerate(b.updates):
+        if len(reset):  # links left idle at this event start over, as online
+            h_link = h_link.index_copy(0, reset, link_init[reset])
+        if len(flows):
+            new_flow, new_link = model.time_step(
+                h_flow[flows], h_link[links], dt_flow.to(h_flow.dtype), dt_link.to(h_flow.dtype)
+            )
+            h_flow = h_flow.index_copy(0, flows, new_flow)
+            h_link = h_link.index_copy(0, links, new_link)
         lo, hi = int(b.remain_ptr[j]), int(b.remain_ptr[j + 1])
         if hi > lo:
             rows = b.remain[lo:hi]
@@ -363,6 +511,11 @@ def forward_batch(
             who = rows[:, 1].long()
             queue_err.append((model.queue_head(h_link[who]).squeeze(1) - rows[:, 2]).abs())
             queue_who.append(b.link_sample[who])
+        if not len(flows):
+            continue
+        in_update[flows] = True
+        edges = b.incidence[:, in_update[b.incidence[0]]]
+        in_update[flows] = False
         flow_row[flows] = torch.arange(len(flows), device=device)
         link_row[links] = torch.arange(len(links), device=device)
         local = torch.stack([flow_row[edges[0]], link_row[edges[1]]])
