@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
+from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
@@ -197,7 +197,15 @@ class DatagenScenario:
             "reduction": self.reduction,
             "traffic": self.traffic.kind,
         }
-        if isinstance(self.traffic, OpenLoopTraffic):
+        if isinstance(self.traffic, IncastTraffic):
+            t = self.traffic
+            out.update(
+                n_flows_target=t.rounds * t.k,
+                incast_k=t.k,
+                size_mean_bytes=float(t.size_bytes),
+                incast_gap_s=t.gap_s,
+            )
+        elif isinstance(self.traffic, OpenLoopTraffic):
             t = self.traffic
             out.update(
                 n_flows_target=t.n_flows,
@@ -260,6 +268,53 @@ class OpenLoopFamily:
             min_size_bytes=self.min_size_bytes,
             sigma=round(_uniform(rng, self.arrival_sigma), 4),
             max_load=round(_uniform(rng, self.max_load), 4),
+        )
+        return DatagenScenario(
+            family=name,
+            index=index,
+            seed=seed,
+            topology=self.topology,
+            traffic=traffic,
+            ns3=self.network.sample(rng, wall_limit_s),
+            wire=self.wire,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class IncastFamily:
+    """k:1 incasts on a topology (ranges inclusive ``[low, high]``): per scenario a fan-in
+    ``k``, a flow size (log-uniform), a number of rounds and the gap between rounds as a
+    multiple of the time one round takes to drain at the receiver's link rate (< 1: rounds
+    overlap)."""
+
+    topology: Any = field(default_factory=M4FabricSpec)
+    k: list[int] = field(default_factory=lambda: [2, 32])
+    size_bytes: list[float] = field(default_factory=lambda: [10_000.0, 1_000_000.0])
+    rounds: list[int] = field(default_factory=lambda: [1, 8])
+    gap_drains: list[float] = field(default_factory=lambda: [0.5, 4.0])
+    wire: WireFormat = field(default_factory=WireFormat)
+    network: NetworkRanges = field(default_factory=NetworkRanges)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.network, dict):
+            self.network = NetworkRanges(**self.network)
+        _range(self.k, "k", lo=1)
+        _range(self.size_bytes, "size_bytes", lo=0, open_=True)
+        _range(self.rounds, "rounds", lo=1)
+        _range(self.gap_drains, "gap_drains", lo=0, open_=True)
+
+    def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> DatagenScenario:
+        rng = np.random.default_rng(seed)
+        k = _integer(rng, self.k)
+        size = round(_log_uniform(rng, self.size_bytes))
+        topo = self.topology.build()
+        host_rate = min(topo.bandwidth_bps[topo.link_src == topo.hosts[0]])
+        drain_s = k * self.wire.wire_bytes(size) * 8 / host_rate
+        traffic = IncastTraffic(
+            rounds=_integer(rng, self.rounds),
+            k=k,
+            size_bytes=size,
+            gap_s=float(f"{_uniform(rng, self.gap_drains) * drain_s:.6g}"),
         )
         return DatagenScenario(
             family=name,

@@ -15,7 +15,7 @@ import pyarrow as pa
 from m4ray.datagen.families import ALGORITHMS, DatagenScenario
 from m4ray.datagen.periods import busy_periods
 from m4ray.datagen.schema import TABLES
-from m4ray.datagen.traffic import OpenLoopTraffic
+from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import SimulationError
 from m4ray.sim.flows import Flow
 from m4ray.sim.flowsim import FlowSimConfig
@@ -32,7 +32,7 @@ def record(scenario: DatagenScenario) -> dict[str, pa.Table]:
     backend = scenario.ns3.build(topo, routing)
     backend.record()
     traffic = scenario.traffic
-    if isinstance(traffic, OpenLoopTraffic):
+    if isinstance(traffic, OpenLoopTraffic | IncastTraffic):  # explicit flows, open loop
         flows = _run_open_loop(backend, traffic.flows(routing, scenario.seed))
     else:
         workload = traffic.workload(len(topo.hosts))

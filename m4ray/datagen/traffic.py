@@ -128,4 +128,36 @@ class OpenLoopTraffic:
         ]
 
 
-__all__ = ["SIZE_KINDS", "OpenLoopTraffic", "SizeDistribution"]
+@dataclass(kw_only=True, slots=True)
+class IncastTraffic:
+    """Rounds of k:1 incasts: in each round ``k`` senders start ``size_bytes`` each to one
+    receiver together (within ``jitter_s``); a round starts ``gap_s`` after the previous one, so
+    rounds overlap when the gap is short. Receivers and senders are drawn per round."""
+
+    rounds: int
+    k: int
+    size_bytes: int
+    gap_s: float
+    jitter_s: float = 1e-6
+    kind: str = field(default="incast", init=False)
+
+    def flows(self, routing: Routing, seed: int) -> list[Flow]:
+        """The flows of this scenario on ``routing``'s topology (deterministic in ``seed``)."""
+        rng = np.random.default_rng(seed)
+        hosts = np.asarray(routing.topo.hosts)
+        if self.k >= len(hosts):
+            raise InputError(
+                f"a {self.k}:1 incast needs {self.k + 1} hosts, the topology has {len(hosts)}",
+                field="k",
+            )
+        out: list[Flow] = []
+        for r in range(self.rounds):
+            chosen = rng.choice(len(hosts), self.k + 1, replace=False)
+            receiver, senders = int(hosts[chosen[0]]), hosts[chosen[1:]]
+            for src in senders:
+                start = r * self.gap_s + float(rng.uniform(0, self.jitter_s))
+                out.append(Flow(len(out), int(src), receiver, self.size_bytes, start))
+        return sorted(out, key=lambda f: (f.start_s, f.id))
+
+
+__all__ = ["SIZE_KINDS", "IncastTraffic", "OpenLoopTraffic", "SizeDistribution"]

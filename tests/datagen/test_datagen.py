@@ -129,3 +129,19 @@ def test_bad_config_fails_before_any_scenario(tmp_path, override, message):
     assert "Traceback" not in proc.stderr
     run_dir = tmp_path / "datagen"  # Hydra may create the run directory; nothing is in it
     assert not (run_dir / "runs").exists() and not (run_dir / "dataset").exists()
+
+
+def test_a_4_to_1_incast_on_ns3_shares_the_receiver_link():
+    """The incast family on real ns-3: four senders into one receiver share its link, so the last
+    of them finishes about 4 ideal FCTs in (the link drained 4 flows' bytes); DCTCP shares
+    unevenly, so the others finish earlier (flowSim says exactly 4 for all: what m4 must learn
+    to beat)."""
+    from m4ray.datagen.families import IncastFamily
+    from m4ray.datagen.record import record
+
+    family = IncastFamily(k=[4, 4], rounds=[1, 1], size_bytes=[200_000, 200_000])
+    tables = record(family.sample("incast", 0, 3, 120.0))
+    flows = tables["flows"].to_pandas()
+    assert len(flows) == 4 and flows.dst.nunique() == 1
+    slowdown = flows.fct_s / flows.ideal_fct_s
+    assert 3.5 < slowdown.max() < 4.5 and slowdown.min() > 1.5, slowdown.tolist()

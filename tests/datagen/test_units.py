@@ -222,3 +222,34 @@ def test_a_failing_scenario_is_recorded_and_writes_no_partitions(tmp_path):
     assert stored["status"] == "failed" and stored["params13"] == broken.params13()
     assert not (tmp_path / "dataset").exists()
     assert load_done(tmp_path, broken) is None  # retried on the next run
+
+
+def test_incast_rounds_send_k_flows_to_one_receiver():
+    from m4ray.datagen.families import IncastFamily
+    from m4ray.sim.routing import Routing
+
+    family = IncastFamily(k=[4, 4], rounds=[3, 3], size_bytes=[50_000, 50_000])
+    scenario = family.sample("incast", 0, 11, 60.0)
+    assert scenario == family.sample("incast", 0, 11, 60.0)  # seeded
+    traffic = scenario.traffic
+    flows = traffic.flows(Routing(scenario.build_topology()), scenario.seed)
+    assert len(flows) == 12 and {f.size_bytes for f in flows} == {50_000}
+    by_round: dict[int, list] = {}
+    for f in flows:
+        by_round.setdefault(round(f.start_s / traffic.gap_s), []).append(f)
+    assert sorted(by_round) == [0, 1, 2]
+    for group in by_round.values():
+        assert len(group) == 4 and len({f.dst for f in group}) == 1  # 4 senders, one receiver
+        assert len({f.src for f in group}) == 4 and group[0].dst not in {f.src for f in group}
+    params = scenario.params()
+    assert params["traffic"] == "incast" and params["incast_k"] == 4
+
+
+def test_an_incast_wider_than_the_topology_is_refused():
+    from m4ray.datagen.traffic import IncastTraffic
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.topologies import M4FabricSpec
+
+    routing = Routing(M4FabricSpec().build())
+    with pytest.raises(InputError, match="needs 33 hosts"):
+        IncastTraffic(rounds=1, k=32, size_bytes=1000, gap_s=1e-6).flows(routing, 0)
