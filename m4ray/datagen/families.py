@@ -269,14 +269,8 @@ class OpenLoopFamily:
             sigma=round(_uniform(rng, self.arrival_sigma), 4),
             max_load=round(_uniform(rng, self.max_load), 4),
         )
-        return DatagenScenario(
-            family=name,
-            index=index,
-            seed=seed,
-            topology=self.topology,
-            traffic=traffic,
-            ns3=self.network.sample(rng, wall_limit_s),
-            wire=self.wire,
+        return _family_scenario(
+            self, name, index, seed, traffic=traffic, rng=rng, wall_limit_s=wall_limit_s
         )
 
 
@@ -316,15 +310,26 @@ class IncastFamily:
             size_bytes=size,
             gap_s=float(f"{_uniform(rng, self.gap_drains) * drain_s:.6g}"),
         )
-        return DatagenScenario(
-            family=name,
-            index=index,
-            seed=seed,
-            topology=self.topology,
-            traffic=traffic,
-            ns3=self.network.sample(rng, wall_limit_s),
-            wire=self.wire,
+        return _family_scenario(
+            self, name, index, seed, traffic=traffic, rng=rng, wall_limit_s=wall_limit_s
         )
+
+
+def _family_scenario(
+    family, name, index, seed, *, traffic, rng, wall_limit_s, **extra
+) -> DatagenScenario:
+    """A scenario of ``traffic`` on the family's topology and wire, its network drawn from the
+    family's ranges (after the traffic, as every family draws)."""
+    return DatagenScenario(
+        family=name,
+        index=index,
+        seed=seed,
+        topology=family.topology,
+        traffic=traffic,
+        ns3=family.network.sample(rng, wall_limit_s),
+        wire=family.wire,
+        **extra,
+    )
 
 
 def _size(name: str, spec: Any) -> SizeDistribution:
@@ -394,19 +399,13 @@ class CollectiveFamily:
             )
             for _ in range(_integer(rng, self.phases))
         )
-        return DatagenScenario(
-            family=name,
-            index=index,
-            seed=seed,
-            topology=self.topology,
-            degraded=degraded,
-            reduction=reduction,
-            traffic=CollectiveTraffic(
-                phases=phases, algorithm=algorithm, send_latency_s=self.send_latency_s
-            ),
-            ns3=self.network.sample(rng, wall_limit_s),
-            wire=self.wire,
+        traffic = CollectiveTraffic(
+            phases=phases, algorithm=algorithm, send_latency_s=self.send_latency_s
         )
+        return _family_scenario(
+            self, name, index, seed, traffic=traffic, rng=rng, wall_limit_s=wall_limit_s,
+            degraded=degraded, reduction=reduction,
+        )  # fmt: skip
 
     def _groups(self, rng: np.random.Generator, topo: Topology) -> tuple[tuple[int, ...], ...]:
         """Rank groups of one phase; every layout has the same member count on each server

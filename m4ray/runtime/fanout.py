@@ -46,6 +46,13 @@ def read_row(run_dir: Path, record: Any) -> Row | None:
         return None
 
 
+def read_ok_row(run_dir: Path, record: Any) -> Row | None:
+    """The stored row of a record that succeeded, else None (``run_many``'s ``load`` for tasks
+    whose row is their whole output)."""
+    row = read_row(run_dir, record)
+    return row if row is not None and row.get("status") == "ok" else None
+
+
 def store_row(run_dir: Path, record: Any, row: Row) -> None:
     """Write a record's row (atomically), stamped with the Ray node that wrote it."""
     import ray
@@ -206,4 +213,12 @@ def crashed_row(record: Any, err: BaseException) -> Row:
     return failed_row(record.describe(), crash_reason(err), float("nan"))
 
 
-__all__ = ["crash_reason", "crashed_row", "read_row", "row_path", "run_many", "store_row"]
+__all__ = [
+    "crash_reason",
+    "crashed_row",
+    "read_ok_row",
+    "read_row",
+    "row_path",
+    "run_many",
+    "store_row",
+]

@@ -30,7 +30,6 @@ import asyncio
 import collections
 import dataclasses
 import gc
-import resource
 import secrets
 import time
 import uuid
@@ -43,6 +42,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from m4ray.errors import InputError
+from m4ray.runtime.memory import rss_mb
 from m4ray.sim.m4.backend import load_model
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.m4.step import StepGraph, StepOut, chunks, step
@@ -173,10 +173,8 @@ def process_memory(top: int = 6) -> dict[str, Any]:
     the allocator's and Ray's own native memory show only in the RSS."""
     gc.collect()
     counts = collections.Counter(type(obj).__name__ for obj in gc.get_objects())
-    with open("/proc/self/statm") as statm:  # Linux: resident pages are the second field
-        rss = int(statm.read().split()[1]) * resource.getpagesize()
     return {
-        "rss_mb": rss / 2**20,
+        "rss_mb": rss_mb(),
         "objects": sum(counts.values()),
         "top": dict(counts.most_common(top)),
     }

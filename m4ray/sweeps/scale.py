@@ -14,8 +14,6 @@ Writes ``results.parquet``, ``runs/<run_id>.json`` (resumable), ``plots/scale_wa
 from __future__ import annotations
 
 import json
-import resource
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,15 +105,7 @@ def rungs(cfg) -> list[Rung]:
             model = {**w.get("model", {})}
             model["batch_size"] = w.get("batch_per_replica", 1) * parallel["dp"]
             workload = SyntheticWorkloadSpec(model=model, parallel=parallel, scale=ladder.scale)
-            job = workload.job()  # checks the layout (InputError with the field)
-            if job.n_gpus not in (None, len(topo.hosts)) or parallel["dp"] * tp * pp != len(
-                topo.hosts
-            ):
-                raise InputError(
-                    f"the job needs {parallel['dp'] * tp * pp} GPUs, the topology has "
-                    f"{len(topo.hosts)}",
-                    field=f"ladder.rungs[{i}]",
-                )
+            workload.job()  # checks the layout (ep, batch) before any task: InputError
             for backend in ladder.backends:
                 out.append(
                     Rung(
@@ -140,43 +130,17 @@ def rungs(cfg) -> list[Rung]:
     return out
 
 
-class _PeakRss:
-    """The resident-memory high-water mark of this process while inside (sampled every 20 ms;
-    a Ray worker runs many tasks, so ``ru_maxrss`` would carry earlier ones)."""
-
-    def __enter__(self) -> _PeakRss:
-        self.peak = self.start = _rss_mb()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, _rss_mb())
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_mb())
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
-
-
 def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
     """Build, synthesize and replay one rung; store and return its row (a Ray task)."""
-    from m4ray.errors import M4rayError
     from m4ray.runtime.fanout import store_row
+    from m4ray.runtime.memory import PeakRss
     from m4ray.sim.replay import Replay
     from m4ray.sim.routing import Routing
 
     row: dict[str, Any] = {"run_id": rung.run_id, **rung.labels}
     started = time.perf_counter()
     try:
-        with _PeakRss() as memory:
+        with PeakRss() as memory:
             topo = rung.topology.build()
             workload = rung.workload.build(n_hosts=len(topo.hosts))
             routing = Routing(topo, wire=rung.wire)
@@ -191,34 +155,25 @@ def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
             )
             result = replay.run()
         wall = time.perf_counter() - started
-        flows = result.flows
+        events = 2 * len(result.flows.flow_id)  # an arrival and a completion per flow
         row.update(
             status="ok",
             error="",
             completion_time_s=result.completion_time_s,
-            flows=len(flows.flow_id),
+            flows=events // 2,
             ranks=workload.n_ranks,
-            events=2 * len(flows.flow_id),
+            events=events,
             wall_s=wall,
             build_s=build_s,
-            events_per_s=2 * len(flows.flow_id) / max(wall - build_s, 1e-9),
+            events_per_s=events / max(wall - build_s, 1e-9),
             peak_rss_mb=memory.peak,
             rss_growth_mb=memory.peak - memory.start,
         )
-    except M4rayError as err:
-        row.update(status="failed", error=f"{type(err).__name__}: {err}")
-    except Exception as err:  # a bug: keep the reason
+    except Exception as err:  # bad input or a bug: the row keeps the reason, the ladder goes on
         row.update(status="failed", error=f"{type(err).__name__}: {err}")
     row.setdefault("wall_s", time.perf_counter() - started)
     store_row(Path(run_dir), rung, row)
     return row
-
-
-def _load(run_dir: Path, rung: Rung) -> dict[str, Any] | None:
-    from m4ray.runtime.fanout import read_row
-
-    row = read_row(run_dir, rung)
-    return row if row is not None and row.get("status") == "ok" else None
 
 
 def _crashed(rung: Rung, err: BaseException) -> dict[str, Any]:
@@ -295,7 +250,7 @@ def plot(frame: pd.DataFrame, path: Path) -> Path:
 
 
 def run(cfg, raw_config: dict[str, Any]) -> Path:
-    from m4ray.runtime.fanout import run_many
+    from m4ray.runtime.fanout import read_ok_row, run_many
 
     started = time.perf_counter()
     todo = rungs(cfg)
@@ -305,7 +260,7 @@ def run(cfg, raw_config: dict[str, Any]) -> Path:
         f"scale ladder: {len(cfg.ladder.rungs)} clusters x {len(cfg.ladder.workloads)} jobs x "
         f"{len(cfg.ladder.backends)} backends = {len(todo)} simulations into {run_dir}"
     )
-    rows = run_many(todo, run_dir, cfg.ray, progress=cfg.progress, task=run_rung, load=_load,
+    rows = run_many(todo, run_dir, cfg.ray, progress=cfg.progress, task=run_rung, load=read_ok_row,
                     crashed=_crashed)  # fmt: skip
     frame = pd.DataFrame(rows)
     frame.to_parquet(run_dir / "results.parquet", index=False)

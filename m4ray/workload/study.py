@@ -180,13 +180,6 @@ def run_point(point: Point, run_dir: str) -> dict[str, Any]:
     return row
 
 
-def _load(run_dir: Path, point: Point) -> dict[str, Any] | None:
-    from m4ray.runtime.fanout import read_row
-
-    row = read_row(run_dir, point)
-    return row if row is not None and row.get("status") == "ok" else None
-
-
 def _crashed(point: Point, err: BaseException) -> dict[str, Any]:
     from m4ray.runtime.fanout import crash_reason
 
@@ -303,7 +296,7 @@ def _save(fig, path: Path) -> Path:
 
 def run(cfg, raw_config: dict[str, Any]) -> Path:
     """The workload experiment (``cfg`` is the resolved sweep config with a ``study`` node)."""
-    from m4ray.runtime.fanout import run_many
+    from m4ray.runtime.fanout import read_ok_row, run_many
 
     started = time.perf_counter()
     study: StudyConfig = cfg.study
@@ -313,7 +306,7 @@ def run(cfg, raw_config: dict[str, Any]) -> Path:
     run_dir = Path(cfg.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"workload studies: {len(todo)} synthetic jobs on flowSim into {run_dir}")
-    rows = run_many(todo, run_dir, cfg.ray, progress=cfg.progress, task=run_point, load=_load,
+    rows = run_many(todo, run_dir, cfg.ray, progress=cfg.progress, task=run_point, load=read_ok_row,
                     crashed=_crashed)  # fmt: skip
     frame = pd.DataFrame(rows)
     frame.to_parquet(run_dir / "results.parquet", index=False)
