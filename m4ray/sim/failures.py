@@ -45,19 +45,31 @@ def gray_failure_gpus(
 
 def degrade(topo: Topology, hosts: tuple[int, ...] | list[int], reduction: int) -> Topology:
     """A copy of ``topo`` with every cable touching ``hosts`` at ``bandwidth // reduction``."""
-    if not isinstance(reduction, int) or reduction < 1:
-        raise InputError(f"must be an integer >= 1, got {reduction!r}", field="reduction")
+    return degrade_cables(topo, host_cables(topo, hosts), reduction)
+
+
+def host_cables(topo: Topology, hosts: tuple[int, ...] | list[int] | set[int]) -> list[int]:
+    """Indices of the cables touching ``hosts`` (which must be hosts of ``topo``)."""
     host_set = set(hosts)
     unknown = host_set - set(topo.hosts)
     if unknown:
         raise InputError(f"not hosts of this topology: {sorted(unknown)}", field="degraded hosts")
-    cables = tuple(
-        Cable(c.a, c.b, _reduced(c.bandwidth_bps, reduction), c.latency_s, c.error_rate)
-        if c.a in host_set or c.b in host_set
-        else c
-        for c in topo.cables
-    )
-    return topo.replace_cables(cables)
+    return [i for i, c in enumerate(topo.cables) if c.a in host_set or c.b in host_set]
+
+
+def degrade_cables(
+    topo: Topology, cables: list[int], reduction: int, loss_rate: float = 0.0
+) -> Topology:
+    """A copy of ``topo`` with the cables at these indices at ``bandwidth // reduction`` (both
+    directions) and, when ``loss_rate`` is set, that packet-loss rate."""
+    if not isinstance(reduction, int) or reduction < 1:
+        raise InputError(f"must be an integer >= 1, got {reduction!r}", field="reduction")
+    out = list(topo.cables)
+    for i in cables:
+        c = out[i]
+        error_rate = loss_rate if loss_rate else c.error_rate
+        out[i] = Cable(c.a, c.b, _reduced(c.bandwidth_bps, reduction), c.latency_s, error_rate)
+    return topo.replace_cables(tuple(out))
 
 
 def _reduced(bandwidth_bps: float, reduction: int) -> float:
@@ -141,9 +153,8 @@ class GrayFailure:
             return topo
         if self.target == "gpus":
             servers = len(topo.hosts) // topo.gpus_per_server
-            gpus = set(gray_failure_gpus(self.n_degraded, topo.gpus_per_server, servers))
-            host_set = {topo.hosts[g] for g in gpus}
-            hit = [i for i, c in enumerate(topo.cables) if c.a in host_set or c.b in host_set]
+            gpus = gray_failure_gpus(self.n_degraded, topo.gpus_per_server, servers)
+            hit = host_cables(topo, {topo.hosts[g] for g in gpus})
         else:
             tier = 1 if self.target == "asw_uplinks" else 2
             uplinks = uplink_cables(topo, tier)
@@ -155,19 +166,7 @@ class GrayFailure:
                     field="n_degraded",
                 )
             hit = uplinks[: self.n_degraded]
-        if not isinstance(self.reduction, int) or self.reduction < 1:
-            raise InputError(f"must be an integer >= 1, got {self.reduction!r}", field="reduction")
-        cables = list(topo.cables)
-        for i in hit:
-            c = cables[i]
-            cables[i] = Cable(
-                c.a,
-                c.b,
-                _reduced(c.bandwidth_bps, self.reduction),
-                c.latency_s,
-                self.loss_rate if self.loss_rate else c.error_rate,
-            )
-        return topo.replace_cables(tuple(cables))
+        return degrade_cables(topo, hit, self.reduction, self.loss_rate)
 
     def apply(self, topo: Topology) -> Topology:
         """The topology a run starts with (rates still nominal when the onset is later)."""
