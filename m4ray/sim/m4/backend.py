@@ -104,31 +104,31 @@ class M4Config:
             return None
         return ("m4", self.checkpoint, self.max_flows_per_step, self.threads), self.share_steps
 
+    def _stepper(self):
+        """A stepper of its own over the checkpoint's model (torch threads set)."""
+        import torch
+
+        from m4ray.sim.m4.step import LocalStepper
+
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        return LocalStepper(load_model(self.checkpoint), max_flows=self.max_flows_per_step)
+
     def shared_stepper(self) -> SharedStepper:
         """The stepper a group of this config's scenarios shares (see :meth:`group`)."""
-        import torch
-
         from m4ray.sim.m4.shared import SharedStepper
-        from m4ray.sim.m4.step import LocalStepper
 
-        if self.threads > 0:
-            torch.set_num_threads(self.threads)
-        model = load_model(self.checkpoint)
-        return SharedStepper(LocalStepper(model, max_flows=self.max_flows_per_step))
+        return SharedStepper(self._stepper())
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
-        import torch
-
         from m4ray.sim.m4.engine import M4Engine
         from m4ray.sim.m4.shared import CURRENT
-        from m4ray.sim.m4.step import LocalStepper
 
-        if self.threads > 0:
-            torch.set_num_threads(self.threads)
-        model = load_model(self.checkpoint)
+        own = self._stepper()
+        model = own.model
         stepper = CURRENT.get()  # set when this simulation runs in a group (shared.py)
         if stepper is None:
-            stepper = LocalStepper(model, max_flows=self.max_flows_per_step)
+            stepper = own
         elif stepper.stepper.model is not model:
             raise SimulationError(f"the shared stepper runs another model than '{self.checkpoint}'")
         engine = M4Engine(
