@@ -8,11 +8,25 @@ import hashlib
 import json
 from typing import Any
 
+# A field added to a hashed record after ids were published carries ``metadata={SINCE: "<why>"}``:
+# at its default it is left out of the hash, so every existing scenario, run and dataset keeps its
+# id (and a resumed sweep its finished rows).
+SINCE = "m4ray.fingerprint.added"
+
+
+def added_field(default: Any, why: str) -> Any:
+    """A dataclass field that leaves ids unchanged while it holds ``default``."""
+    return dataclasses.field(default=default, metadata={SINCE: why})
+
 
 def canonical(obj: Any) -> Any:
     """A JSON-able form of dataclasses, enums, mappings and sequences, tagged with class names."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        fields = {f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        fields = {
+            f.name: canonical(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not (f.metadata.get(SINCE) and getattr(obj, f.name) == f.default)
+        }
         return {"__type__": type(obj).__qualname__, **fields}
     if isinstance(obj, enum.Enum):
         return obj.value

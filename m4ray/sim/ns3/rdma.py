@@ -97,6 +97,7 @@ struct RdmaParams {
     bool pfc = true;
     uint64_t pfc_threshold = 500000;  // bytes held from one ingress port before PAUSE
     int64_t rto_ps = 1000000000;  // retransmission timeout
+    double max_rate = 0;          // bits/s cap on every sender (0: the NIC's line rate)
 };
 
 struct Qp {  // sender state of one flow
@@ -200,6 +201,7 @@ class RdmaNetwork : public Fabric {
         q.port = path.front();
         q.window = window;
         q.line_rate = m_ports[q.port].rate;
+        if (m_p.max_rate > 0) q.line_rate = std::min(q.line_rate, m_p.max_rate);
         q.rate = q.line_rate;
         m_qp.push_back(q);
         Arrived(slot, path);

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
+from m4ray.fingerprint import added_field
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Path, Routing
 from m4ray.sim.topology import Topology
@@ -56,6 +57,9 @@ class RdmaConfig:
     pfc_threshold_bytes: int = 500_000
     ack_bytes: int = 64
     rto_s: float = 1e-3
+    # a sender never exceeds this rate even on a faster NIC (HPCC's MAX_RATE; m3's parking lots
+    # pace mid-path senders on fast access links at the edge rate); None = the NIC's line rate
+    max_rate_bps: float | None = added_field(None, "m3 parking lots (issue 16)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,6 +74,7 @@ class RdmaConfig:
             (self.buffer_bytes > 0, "buffer_bytes", "> 0"),
             (self.ack_bytes >= RDMA_HEADER_BYTES, "ack_bytes", f">= {RDMA_HEADER_BYTES}"),
             (self.rto_s > 0, "rto_s", "> 0"),
+            (self.max_rate_bps is None or self.max_rate_bps > 0, "max_rate_bps", "> 0 or null"),
             (
                 0 < self.pfc_threshold_bytes < self.buffer_bytes,
                 "pfc_threshold_bytes",
@@ -156,6 +161,7 @@ class RdmaFabric:
         p.gain, p.rate_ai, p.min_rate = cfg.dctcp_gain, cfg.rate_ai_bps, cfg.min_rate_bps
         p.var_window, p.buffer, p.pfc = cfg.var_window, cfg.buffer_bytes, cfg.pfc
         p.pfc_threshold, p.rto_ps = cfg.pfc_threshold_bytes, to_ps(cfg.rto_s)
+        p.max_rate = cfg.max_rate_bps or 0.0
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         self.net = native.RdmaNetwork(

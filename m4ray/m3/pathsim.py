@@ -1,0 +1,149 @@
+"""flowSim on one path (a "parking lot"): max-min fair fluid rates for flows that enter and leave a
+chain of ``L`` directed links at any point (``reference/flowsim_m3.md`` A.1, A.2, B.4).
+
+A flow of class ``(a, b)`` crosses links ``a .. b-1``. Every flow of a class gets the same max-min
+rate, so the rates are a water-filling over at most ``L(L+1)/2`` classes weighted by their flow
+counts, and within a class flows finish in order of the bits they still have: each class keeps the
+service (bits) one of its flows has received since the class began, and a heap of the service at
+which each of its flows is done. An event costs O(L² + log n) instead of O(links × flows), with
+the same answers as the generic :mod:`m4ray.sim.flowsim` on the equivalent topology.
+
+Every flow is also capped at ``nic_cap_bps`` (m3: a flow entering mid-path still comes from a host
+NIC, so a lone flow on a 40G middle link runs at 10G). Completion wins ties with arrivals; flows
+finishing at the same instant finish together. The output is each flow's *sojourn*: arrival until
+its last bit has drained; latency terms are the caller's (:mod:`m4ray.m3.lot`).
+
+Units: bits, bits/s, seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from m4ray.errors import InputError, SimulationError
+
+_REL_TIE = 1e-9  # as m4ray.sim.flowsim: events this close (relative) happen together
+
+
+def class_rates(
+    classes: list[tuple[int, int]],
+    counts: list[int],
+    capacity_bps: list[float],
+    nic_cap_bps: float | None,
+) -> list[float]:
+    """Max-min fair per-flow rate (bits/s) of each class ``(a, b)`` holding ``counts`` flows, by
+    progressive filling; classes with no flows get 0."""
+    rate = [0.0] * len(classes)
+    open_ = [i for i, n in enumerate(counts) if n > 0]
+    remaining = list(capacity_bps)
+    cap = math.inf if nic_cap_bps is None else nic_cap_bps
+    while open_:
+        load = [0] * len(remaining)
+        for i in open_:
+            a, b = classes[i]
+            for link in range(a, b):
+                load[link] += counts[i]
+        level = min(remaining[link] / n for link, n in enumerate(load) if n)
+        if cap <= level:
+            for i in open_:
+                rate[i] = cap
+            return rate
+        level = max(level, 0.0)
+        limit = level * (1 + _REL_TIE)
+        bottleneck = [n > 0 and remaining[link] / n <= limit for link, n in enumerate(load)]
+        still = []
+        for i in open_:
+            a, b = classes[i]
+            if any(bottleneck[a:b]):
+                rate[i] = level
+                for link in range(a, b):
+                    remaining[link] -= counts[i] * level
+            else:
+                still.append(i)
+        open_ = still
+    return rate
+
+
+def check_flows(n_links: int, a: np.ndarray, b: np.ndarray, bits: np.ndarray, start_s: np.ndarray):
+    """Reject flows that do not fit the path (field named; nothing is simulated)."""
+    if not len(a) == len(b) == len(bits) == len(start_s):
+        raise InputError("a, b, bits and start_s must have one entry per flow", field="flows")
+    if len(a) and (a.min() < 0 or (b <= a).any() or b.max() > n_links):
+        raise InputError(f"every flow needs 0 <= a < b <= {n_links} (path links)", field="a/b")
+    if len(bits) and (bits <= 0).any():
+        raise InputError("every flow must carry > 0 bits", field="bits")
+    if len(start_s) and not np.isfinite(start_s).all():
+        raise InputError("start times must be finite", field="start_s")
+
+
+def path_drain_times(
+    a: np.ndarray,
+    b: np.ndarray,
+    bits: np.ndarray,
+    start_s: np.ndarray,
+    capacity_bps: np.ndarray | list[float],
+    *,
+    nic_cap_bps: float | None = None,
+) -> np.ndarray:
+    """Seconds from each flow's arrival until its last bit drained (index order of the input).
+
+    ``a``/``b``: first path link and last link + 1 of each flow; ``bits``: wire bits; ``start_s``:
+    arrival times; ``capacity_bps``: the path's links in order.
+    """
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    bits, start_s = np.asarray(bits, dtype=np.float64), np.asarray(start_s, dtype=np.float64)
+    capacity = [float(c) for c in capacity_bps]
+    check_flows(len(capacity), a, b, bits, start_s)
+    n = len(a)
+    finish = np.full(n, np.nan)
+    class_of: dict[tuple[int, int], int] = {}
+    flow_class = np.empty(n, dtype=np.int64)
+    for i, key in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        flow_class[i] = class_of.setdefault(key, len(class_of))
+    classes = list(class_of)
+    k = len(classes)
+    counts, service = [0] * k, [0.0] * k
+    heaps: list[list[tuple[float, int]]] = [[] for _ in range(k)]
+    order = np.argsort(start_s, kind="stable").tolist()
+    starts = start_s[order].tolist()
+    rates: list[float] = [0.0] * k
+    now, nxt, active, dirty = 0.0, 0, 0, False
+    while nxt < n or active:
+        t_done = math.inf
+        if active:
+            if dirty:
+                rates = class_rates(classes, counts, capacity, nic_cap_bps)
+                dirty = False
+            for c in range(k):
+                if counts[c]:
+                    if rates[c] <= 0:
+                        raise SimulationError("flows with zero rate: a path link has no capacity")
+                    t_done = min(t_done, now + max(heaps[c][0][0] - service[c], 0.0) / rates[c])
+        t_arrive = starts[nxt] if nxt < n else math.inf
+        t = t_done if t_done <= t_arrive else t_arrive
+        for c in range(k):
+            if counts[c]:
+                service[c] += rates[c] * (t - now)
+        now = t
+        if t_done <= t_arrive:
+            for c in range(k):  # every flow whose last bit drains now (ties included)
+                heap = heaps[c]
+                while heap and heap[0][0] - service[c] <= _REL_TIE * max(heap[0][0], 1.0):
+                    _, i = heapq.heappop(heap)
+                    finish[i] = now
+                    counts[c] -= 1
+                    active -= 1
+                    dirty = True
+        else:
+            while nxt < n and starts[nxt] <= now:
+                i = order[nxt]
+                c = int(flow_class[i])
+                heapq.heappush(heaps[c], (service[c] + bits[i], i))
+                counts[c] += 1
+                active += 1
+                nxt += 1
+                dirty = True
+    return finish - start_s

@@ -1,0 +1,107 @@
+"""Feature tokens, targets and the aggregation of per-path percentiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.m3.aggregate import aggregate, empirical
+from m4ray.m3.features import (
+    CONFIG_FIELDS,
+    N_BUCKETS_IN,
+    N_CONFIG,
+    N_PCT,
+    TOKEN_DIM,
+    NetConfig,
+    percentiles,
+    targets,
+    tokens,
+)
+
+
+def test_nearest_percentiles():
+    values = np.arange(1, 11, dtype=float)  # 10 values
+    pct = percentiles(values)
+    assert pct.shape == (100,)
+    assert pct[0] == 1 and pct[-1] == 10 and pct[49] == np.percentile(values, 50, method="nearest")
+    assert set(pct) <= set(values)  # nearest rank: only observed values
+
+
+def _path():
+    # L = 4: fg (0,4); background (0,1) small, (1,3) mid, (2,4) big
+    a = np.array([0, 0, 0, 1, 2])
+    b = np.array([4, 4, 1, 3, 4])
+    size = np.array([300, 20_000, 600, 4000, 60_000])
+    slowdown = np.array([1.5, 2.0, 3.0, 4.0, 5.0])
+    fg = np.array([True, True, False, False, False])
+    return slowdown, size, a, b, fg
+
+
+def test_token_shapes_and_empty_buckets():
+    config = NetConfig(buffer_bytes=3e5, window_bytes=1.5e4, ecn_k_bytes=1e4).vector(
+        4, np.array([10e9, 40e9, 40e9, 10e9]), 15_000
+    )
+    assert config.shape == (N_CONFIG,) == (len(CONFIG_FIELDS),)
+    tok, empty = tokens(*_path(), config)
+    assert tok.shape == (5, TOKEN_DIM) and empty.shape == (5, N_BUCKETS_IN)
+    # token 0: fg flows of 300 B (bucket 1) and 20 KB (bucket 8)
+    assert np.flatnonzero(~empty[0]).tolist() == [1, 8]
+    assert (tok[0, 100:200] == 1.5).all() and (tok[0, 800:900] == 2.0).all()
+    assert (tok[0, :100] == 0).all()  # empty bucket: zeros, flagged
+    # link 0: the (0,1) 600 B flow; link 1: the (1,3) flow; link 2: (1,3) and (2,4); link 3: (2,4)
+    assert np.flatnonzero(~empty[1]).tolist() == [2]
+    assert np.flatnonzero(~empty[3]).tolist() == [5, 9]
+    assert np.flatnonzero(~empty[4]).tolist() == [9] and (tok[4, 900:1000] == 5.0).all()
+    assert (tok[:, N_BUCKETS_IN * N_PCT :] == config.astype(np.float32)).all()
+    assert (
+        config[CONFIG_FIELDS.index("hops4")] == 1 and config[CONFIG_FIELDS.index("cc_dctcp")] == 1
+    )
+
+
+def test_targets_mask_empty_output_buckets():
+    target, mask = targets(np.array([1.2, 1.4, 3.0]), np.array([500, 700, 70_000]))
+    assert target.shape == (4, 100) and mask.tolist() == [True, False, False, True]
+    assert (target[1] == 1.0).all() and target[3, -1] == 3.0 and target[0, 0] == 1.2
+
+
+def test_bad_inputs():
+    with pytest.raises(InputError, match="congestion control 'cubic'"):
+        NetConfig(buffer_bytes=1, window_bytes=1, ecn_k_bytes=1, cc="cubic")
+    with pytest.raises(InputError, match="3 links"):
+        NetConfig(buffer_bytes=1, window_bytes=1, ecn_k_bytes=1).vector(3, np.ones(3), 1.0)
+    slowdown, size, a, b, _ = _path()
+    with pytest.raises(InputError, match="no foreground"):
+        tokens(slowdown, size, a, b, np.zeros(5, dtype=bool), np.zeros(N_CONFIG))
+
+
+def test_aggregation_gives_the_mixture_quantiles():
+    """Path A: 3 fg flows < 1 KB, percentiles 1..100; path B: 1 fg flow in 1-10 KB, 101..200.
+    Overall mixture = 0.75 × U{1..100} + 0.25 × U{101..200}."""
+    pred = np.ones((2, 4, 100))
+    pred[0, 0] = np.arange(1, 101)
+    pred[1, 1] = np.arange(101, 201)
+    counts = np.array([[3, 0, 0, 0], [0, 1, 0, 0]])
+    est = aggregate(pred, counts, draws=np.array([5, 1]))
+    assert est.bucket_weight == {"<1KB": 0.75, "1-10KB": 0.25}
+    assert est.overall.quantile(0.5) == 67  # 0.5 / 0.75 of the first pool
+    assert est.overall.quantile(0.99) == 196  # (0.99 - 0.75) / 0.25 = 0.96 of the second
+    assert est.buckets["1-10KB"].quantile(0.99) == 199 and est.buckets["1-10KB"].quantile(1) == 200
+    # draws weight paths within a bucket: A twice as likely as C in bucket 0
+    pred2 = np.ones((2, 4, 100))
+    pred2[0, 0], pred2[1, 0] = 1.0, 3.0
+    est2 = aggregate(pred2, np.array([[1, 0, 0, 0], [1, 0, 0, 0]]), draws=np.array([2, 1]))
+    assert est2.overall.quantile(0.66) == 1.0 and est2.overall.quantile(0.67) == 3.0
+
+
+def test_empirical_matches_nearest_rank():
+    values = np.arange(1.0, 101.0)
+    est = empirical(values, np.full(100, 500))
+    assert est.overall.quantile(0.99) == 99 and est.buckets["<1KB"].quantile(1.0) == 100
+
+
+def test_aggregate_rejects_empty_samples():
+    with pytest.raises(InputError, match="paths > 0"):
+        aggregate(np.zeros((0, 4, 100)), np.zeros((0, 4)), np.zeros(0))
+    with pytest.raises(InputError, match="no foreground"):
+        aggregate(np.ones((1, 4, 100)), np.zeros((1, 4)), np.ones(1))

@@ -1,0 +1,72 @@
+"""Path decomposition, sampling and per-path scenarios on a small fat-tree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.m3.paths import RoutedFlows, _stretches
+from m4ray.sim.flows import Flow
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import fat_tree
+
+
+@pytest.fixture(scope="module")
+def routed():
+    topo = fat_tree(k=4, bandwidth_bps=10e9)
+    rng = np.random.default_rng(3)
+    flows = []
+    for i in range(400):
+        s, d = rng.choice(topo.hosts, 2, replace=False)
+        flows.append(Flow(i, int(s), int(d), int(rng.integers(100, 100_000)), float(i) * 1e-6))
+    return RoutedFlows(flows, Routing(topo, seed=1))
+
+
+def test_every_flow_is_foreground_of_exactly_one_path(routed):
+    owners = sorted(i for members in routed.by_path.values() for i in members)
+    assert owners == list(range(len(routed.flows)))
+    for path, members in routed.by_path.items():
+        assert all(routed.routes[i] == path for i in members)
+    assert {len(p) for p in routed.by_path} <= {2, 4, 6}
+
+
+def test_sampling_is_seeded_and_counts_draws(routed):
+    one, two = routed.sample(500, seed=7), routed.sample(500, seed=7)
+    assert one == two
+    assert sum(n for _, n in one) == 500
+    assert len({p for p, _ in one}) == len(one)
+    assert routed.sample(500, seed=8) != one
+
+
+def test_scenario_holds_foreground_and_every_crossing_flow(routed):
+    path = max(routed.by_path, key=lambda p: (len(p), len(routed.by_path[p])))
+    scn = routed.scenario(path, draws=3)
+    assert scn.n_links == 6 and scn.draws == 3
+    fg = scn.foreground
+    assert sorted(scn.origin[fg]) == sorted(routed.by_path[path])
+    assert (scn.a[fg] == 0).all() and (scn.b[fg] == 6).all()
+    crossing = {i for link in path for i in routed.by_link[link]} - set(routed.by_path[path])
+    assert set(scn.origin[~fg].tolist()) == crossing
+    for a, b, i in zip(scn.a[~fg], scn.b[~fg], scn.origin[~fg], strict=True):
+        assert set(path[a:b]) <= set(routed.routes[i])  # it uses every link of its stretch
+    assert (scn.capacity_bps == 10e9).all()
+    np.testing.assert_array_equal(scn.size_bytes, routed.size_bytes[scn.origin])
+
+
+def test_leave_and_rejoin_becomes_two_pseudo_flows():
+    position = {10: 0, 11: 1, 12: 2, 13: 3}
+    assert _stretches((10, 11, 99, 13), position) == [(0, 2), (3, 4)]
+    assert _stretches((5, 11, 12, 6), position) == [(1, 3)]
+    assert _stretches((12, 11), position) == [(2, 3), (1, 2)]
+
+
+def test_unknown_hosts_and_empty_input_are_named():
+    topo = fat_tree(k=4)
+    with pytest.raises(InputError, match=r"flow 7 .* node 999"):
+        RoutedFlows([Flow(7, 0, 999, 100)], Routing(topo))
+    switch = topo.switches[0]
+    with pytest.raises(InputError, match="not a host"):
+        RoutedFlows([Flow(1, switch, 0, 100)], Routing(topo))
+    with pytest.raises(InputError, match="no flows"):
+        RoutedFlows([], Routing(topo))

@@ -1,0 +1,110 @@
+"""Path flowSim: the analytic cases of reference/flowsim_m3.md A.4, exactly, and agreement with the
+generic flowSim on the same parking-lot topology."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.m3.lot import LotNetwork
+from m4ray.m3.pathsim import class_rates, path_drain_times
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSim
+from m4ray.sim.routing import WireFormat
+
+G = 1e9
+LOT5 = [10 * G, 40 * G, 40 * G, 10 * G]
+
+
+def bits(size: int) -> float:
+    return WireFormat().wire_bytes(size) * 8.0
+
+
+def drain_ns(a, b, size, start_ns, capacity):
+    out = path_drain_times(
+        a, b, [bits(s) for s in size], np.asarray(start_ns) * 1e-9, capacity, nic_cap_bps=10 * G
+    )
+    return out * 1e9
+
+
+def test_equal_flows_on_one_link_finish_together():
+    assert drain_ns([0] * 4, [1] * 4, [1000] * 4, [0] * 4, [10 * G]) == pytest.approx(
+        [3353.6] * 4, rel=1e-12
+    )
+
+
+def test_two_flows_share_the_first_link():
+    out = drain_ns([0, 0], [2, 1], [10_000] * 2, [0, 0], [10 * G, 10 * G])
+    assert out == pytest.approx([16_768, 16_768], rel=1e-12)
+
+
+def test_staggered_arrival():
+    out = drain_ns([0, 1], [2, 2], [10_000] * 2, [0, 5000], [10 * G, 10 * G])
+    assert out == pytest.approx([11_768, 11_768], rel=1e-12)  # A done at 11,768; B's FCT 11,768
+
+
+@pytest.mark.parametrize(
+    ("classes", "counts", "expected"),
+    [
+        ([(0, 4), (1, 3)], [1, 5], [40 / 6, 40 / 6]),
+        ([(0, 4), (1, 3)], [1, 3], [10, 10]),
+        ([(1, 3)], [1], [10]),
+        ([(0, 4), (0, 1), (2, 4), (1, 3)], [1, 1, 1, 1], [5, 5, 5, 10]),
+    ],
+)
+def test_five_host_rates(classes, counts, expected):
+    rates = class_rates(classes, counts, LOT5, 10 * G)
+    assert np.array(rates) / G == pytest.approx(expected, rel=1e-12)
+
+
+def test_lone_flow_and_conservation():
+    out = drain_ns([1], [3], [123_456], [0], LOT5)
+    assert out[0] == pytest.approx(bits(123_456) / 10, rel=1e-12)  # NIC cap, not 40G
+
+
+def _random_lot(rng, n_links, n_flows):
+    a = rng.integers(0, n_links, n_flows)
+    b = np.array([rng.integers(x + 1, n_links + 1) for x in a])
+    size = rng.integers(50, 200_000, n_flows)
+    start = np.sort(rng.uniform(0, 2e-4, n_flows))
+    start[5:9] = start[4]  # simultaneous arrivals
+    return a, b, size, start
+
+
+@pytest.mark.parametrize("n_links", [2, 4, 6])
+def test_matches_generic_flowsim_on_the_lot_topology(n_links):
+    """Same drain times as m4ray.sim.flowsim (an independent implementation) on the lot."""
+    rng = np.random.default_rng(n_links)
+    a, b, size, start = _random_lot(rng, n_links, 120)
+    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
+    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
+    wire = WireFormat()
+    ours = path_drain_times(a, b, [bits(int(s)) for s in size], start, capacity, nic_cap_bps=10 * G)
+    routing = lot.routing(wire)
+    sim = FlowSim(lot.topology(), routing, rate_cap_bps=10 * G)
+    done: dict[int, float] = {}
+    flows = [
+        Flow(i, int(x), int(y), int(s), float(t))
+        for i, (x, y, s, t) in enumerate(zip(a, b, size, start, strict=True))
+    ]
+    for f in flows:
+        sim.schedule(f.start_s, lambda f=f: sim.send(f, done.__setitem__))
+    sim.run()
+    theirs = np.array(
+        [
+            done[f.id]
+            - f.start_s
+            - routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst))
+            for f in flows
+        ]
+    )
+    assert ours == pytest.approx(theirs, rel=1e-9)
+    assert (ours >= np.array([bits(int(s)) for s in size]) / (10 * G) * (1 - 1e-12)).all()
+
+
+def test_bad_flows_are_rejected():
+    with pytest.raises(InputError, match="a < b"):
+        path_drain_times([1], [1], [8000.0], [0.0], [10 * G, 10 * G])
+    with pytest.raises(InputError, match="bits"):
+        path_drain_times([0], [1], [0.0], [0.0], [10 * G])
