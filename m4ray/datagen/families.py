@@ -19,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 
+from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
@@ -160,6 +162,32 @@ class DatagenScenario:
     traffic: Any = None
     ns3: Ns3Config = field(default_factory=Ns3Config)
     wire: WireFormat = field(default_factory=WireFormat)
+
+    TABLES: ClassVar[dict[str, pa.Schema]] = TABLES
+
+    def record(self) -> dict[str, pa.Table]:
+        """Run in ns-3 with recording on: the tables of ``schema.TABLES`` (inside a worker)."""
+        from m4ray.datagen.record import record  # imports ns-3 only inside the worker
+
+        return record(self)
+
+    @staticmethod
+    def stats(tables: dict[str, pa.Table]) -> dict[str, Any]:
+        slowdown = tables["flows"].column("slowdown").to_numpy()
+        return {
+            "n_flows": tables["flows"].num_rows,
+            "n_events": tables["events"].num_rows,
+            "n_periods": tables["periods"].num_rows,
+            "median_slowdown": float(np.median(slowdown)),
+            # raw slowdowns below 1 (ns-3 a hair under the ideal): training clamps these targets
+            "n_below_ideal": int((slowdown < 1).sum()),
+        }
+
+    @staticmethod
+    def write_plots(run_dir, frame) -> list:
+        from m4ray.datagen import plots
+
+        return plots.write_all(run_dir, frame)
 
     @property
     def scenario_id(self) -> str:

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from m4ray.datagen.families import DatagenScenario
-from m4ray.datagen.schema import SCENARIOS, SCHEMA_VERSION, TABLES, render
+from m4ray.datagen.schema import SCENARIOS, SCHEMA_VERSION, render
 from m4ray.errors import InputError, M4rayError
 from m4ray.runtime.fanout import crash_reason, read_row, run_many, store_row
 from m4ray.sim.textio import atomic_write_text
@@ -98,13 +98,11 @@ def partition(dataset: Path, table: str, scenario_id: str) -> Path:
 
 def run_scenario(scenario: DatagenScenario, run_dir: str) -> dict[str, Any]:
     """Record one scenario, write its partitions, then its row (inside a Ray worker)."""
-    from m4ray.datagen.record import record  # imports ns-3 only inside the worker
-
     run_dir_path = Path(run_dir)
     row = scenario_row(scenario)
     start = time.perf_counter()
     try:
-        tables = record(scenario)
+        tables = scenario.record()
     except Exception as err:
         reason = (
             f"{type(err).__name__}: {err}"
@@ -125,13 +123,8 @@ def run_scenario(scenario: DatagenScenario, run_dir: str) -> dict[str, Any]:
     row.update(
         status="ok",
         wall_s=time.perf_counter() - start,
-        n_flows=tables["flows"].num_rows,
-        n_events=tables["events"].num_rows,
-        n_periods=tables["periods"].num_rows,
         sha256=digest.hexdigest(),
-        median_slowdown=float(np.median(tables["flows"].column("slowdown").to_numpy())),
-        # raw slowdowns below 1 (ns-3 a hair under the ideal): training clamps these targets
-        n_below_ideal=int((tables["flows"].column("slowdown").to_numpy() < 1).sum()),
+        **scenario.stats(tables),
     )
     store_row(run_dir_path, scenario, row)
     return row
@@ -159,7 +152,9 @@ def load_done(run_dir: Path, scenario: DatagenScenario) -> dict[str, Any] | None
     if row is None or row.get("status") != "ok":
         return None
     dataset = run_dir / "dataset"
-    complete = all(partition(dataset, t, scenario.scenario_id).exists() for t in TABLES)
+    complete = all(
+        partition(dataset, t, scenario.scenario_id).exists() for t in type(scenario).TABLES
+    )
     return row if complete else None
 
 
@@ -177,6 +172,13 @@ def run(cfg, raw_config: dict[str, Any]) -> Path:
     if not isinstance(datagen, DatagenConfig):
         raise InputError("this experiment needs a 'datagen' section", field="datagen")
     scenarios = expand(datagen, cfg.seed)  # every bad range fails here, before any task
+    kinds = {type(s) for s in scenarios}
+    if len(kinds) > 1:
+        raise InputError(
+            "one dataset holds one kind of scenario; these families record different tables: "
+            + ", ".join(sorted(k.__name__ for k in kinds)),
+            field="datagen.families",
+        )
     run_dir = Path(cfg.paths.run_dir).resolve()
     dataset = run_dir / "dataset"
     dataset.mkdir(parents=True, exist_ok=True)
@@ -196,7 +198,7 @@ def run(cfg, raw_config: dict[str, Any]) -> Path:
         crashed=crashed,
     )
     frame = pd.DataFrame(rows)
-    finish(run_dir, frame, raw_config)
+    finish(run_dir, frame, raw_config, kinds.pop())
     print()
     print(summary_text(frame))
     failed = frame[frame.status != "ok"]
@@ -216,22 +218,23 @@ def run(cfg, raw_config: dict[str, Any]) -> Path:
     return run_dir
 
 
-def finish(run_dir: Path, frame: pd.DataFrame, raw_config: dict[str, Any]) -> list[Path]:
-    """Scenario table, schema document, plots, content hash and the manifest (last)."""
-    from m4ray.datagen import plots
-
+def finish(
+    run_dir: Path, frame: pd.DataFrame, raw_config: dict[str, Any], kind=DatagenScenario
+) -> list[Path]:
+    """Scenario table, schema document, plots, content hash and the manifest (last); ``kind``:
+    the scenario class (its ``TABLES`` and ``write_plots``)."""
     dataset = run_dir / "dataset"
     table = pa.Table.from_pandas(frame[[f.name for f in SCENARIOS]], preserve_index=False)
     table = table.cast(SCENARIOS)
     pq.write_table(table, dataset / "scenarios.parquet")
-    atomic_write_text(dataset / "SCHEMA.md", render())
+    atomic_write_text(dataset / "SCHEMA.md", render(kind.TABLES))
     ok = frame[frame.status == "ok"].sort_values("scenario_id")
     digest = hashlib.sha256(f"m4ray-dataset-v{SCHEMA_VERSION}".encode())
     for scenario_id, sha in zip(ok.scenario_id, ok.sha256, strict=True):
         digest.update(f"{scenario_id}:{sha}\n".encode())
     dataset_version = digest.hexdigest()[:16]
     atomic_write_text(dataset / "VERSION", dataset_version + "\n")
-    files = plots.write_all(run_dir, frame)
+    files = kind.write_plots(run_dir, frame)
     manifest = {
         "dataset_version": dataset_version,
         "schema_version": SCHEMA_VERSION,

@@ -93,13 +93,19 @@ SCENARIOS = _schema(
     ("n_flows", pa.int64(), "flows recorded"),
     ("n_events", pa.int64(), "events recorded"),
     ("n_periods", pa.int64(), "busy periods"),
-    ("params13", pa.list_(pa.float32()), "m4 network/CC vector (reference/m4.md §3.1)"),
+    (
+        "params13",
+        pa.list_(pa.float32()),
+        "network/CC vector: m4's params13 (reference/m4.md §3.1); m3 lots: m4ray.m3.features."
+        "CONFIG_FIELDS",
+    ),
     ("params", pa.string(), "every sampled parameter as JSON"),
 )
 
 
-def render() -> str:
-    """The ``SCHEMA.md`` text."""
+def render(tables: dict[str, pa.Schema] | None = None) -> str:
+    """The ``SCHEMA.md`` text of a dataset with ``tables`` (default: m4's)."""
+    tables = TABLES if tables is None else tables
     lines = [
         f"# m4ray training dataset (schema version {SCHEMA_VERSION})",
         "",
@@ -109,7 +115,7 @@ def render() -> str:
         "Units: bytes, seconds, bit/s.",
         "",
     ]
-    for name, schema in [*TABLES.items(), ("scenarios", SCENARIOS)]:
+    for name, schema in [*tables.items(), ("scenarios", SCENARIOS)]:
         lines += [f"## {name}", "", schema.metadata[b"doc"].decode(), ""]
         lines += ["| column | type | meaning |", "|---|---|---|"]
         for f in schema:

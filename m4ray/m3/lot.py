@@ -66,6 +66,15 @@ class LotNetwork:
         return Routing(self.topology(), wire=wire)
 
 
+def fg_bdp_bytes(routing: Routing, n_links: int, ack_bytes: int) -> float:
+    """The foreground's bandwidth-delay product on a lot (bytes): edge rate × (one-way latency
+    both ways + a data packet and an ACK stored and forwarded at every hop)."""
+    path = routing.path(0, n_links)
+    packet = routing.wire.mtu_bytes + routing.wire.header_bytes
+    rtt = 2 * path.latency_s + (packet + ack_bytes) * 8 * path.inverse_bw_sum
+    return path.bottleneck_bps * rtt / 8
+
+
 def class_paths(routing: Routing, a: np.ndarray, b: np.ndarray, cap_bps: float) -> dict:
     """The lot route of each class ``(a, b)`` present, its bottleneck lowered to the NIC cap."""
     out: dict[tuple[int, int], Path] = {}
