@@ -9,30 +9,52 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from m4ray.errors import InputError
-from m4ray.train.model import M4Model, ModelConfig
 
 FORMAT = "m4ray-m4-v1"
 
 
-def export(model: M4Model, directory: str | Path, meta: dict[str, Any], card: str) -> Path:
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """What a checkpoint directory holds: its format tag and how to build the model (module and
+    class names, imported on use so that loading m3 never imports m4 and vice versa)."""
+
+    format: str
+    module: str
+    model: str
+    config: str
+
+    def build(self, model_cfg: dict):
+        import importlib
+
+        mod = importlib.import_module(self.module)
+        return getattr(mod, self.model)(getattr(mod, self.config)(**model_cfg))
+
+
+M4 = Kind(format=FORMAT, module="m4ray.train.model", model="M4Model", config="ModelConfig")
+
+
+def export(
+    model, directory: str | Path, meta: dict[str, Any], card: str, *, kind: Kind = M4
+) -> Path:
     """Write the weights, the config + ``meta`` and the model card; returns the directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     torch.save(state, directory / "model.pt")
-    info = {"format": FORMAT, "model": dataclasses.asdict(model.cfg), **meta}
+    info = {"format": kind.format, "model": dataclasses.asdict(model.cfg), **meta}
     (directory / "model.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
     (directory / "model_card.md").write_text(card)
     return directory
 
 
-def load(directory: str | Path, device: str | torch.device = "cpu") -> tuple[M4Model, dict]:
+def load(directory: str | Path, device: str | torch.device = "cpu", *, kind: Kind = M4):
     """The model (eval mode) and its ``model.json`` contents."""
     directory = Path(directory)
     info_path, weights = directory / "model.json", directory / "model.pt"
@@ -43,14 +65,14 @@ def load(directory: str | Path, device: str | torch.device = "cpu") -> tuple[M4M
         info = json.loads(info_path.read_text())
     except json.JSONDecodeError as err:
         raise InputError(f"not valid JSON: {err.msg}", file=info_path, line=err.lineno) from None
-    if info.get("format") != FORMAT:
+    if info.get("format") != kind.format:
         raise InputError(
-            f"format {info.get('format')!r}, this code reads {FORMAT!r}",
+            f"format {info.get('format')!r}, this loader reads {kind.format!r}",
             file=info_path,
             field="format",
         )
     try:
-        cfg = ModelConfig(**info["model"])
+        model = kind.build(info["model"]).to(device)
     except (KeyError, TypeError, ValueError) as err:
         raise InputError(f"cannot build the model: {err}", file=info_path, field="model") from None
     try:
@@ -59,7 +81,6 @@ def load(directory: str | Path, device: str | torch.device = "cpu") -> tuple[M4M
         raise InputError(
             f"unreadable weights ({type(err).__name__}: {err})", file=weights
         ) from None
-    model = M4Model(cfg).to(device)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -80,4 +101,4 @@ def load(directory: str | Path, device: str | torch.device = "cpu") -> tuple[M4M
     return model.eval(), info
 
 
-__all__ = ["FORMAT", "export", "load"]
+__all__ = ["FORMAT", "M4", "Kind", "export", "load"]

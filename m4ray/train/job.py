@@ -65,6 +65,42 @@ def mlflow_run(uri: str, experiment: str, name: str, raw_config: dict, version: 
         return run.info.run_id
 
 
+def fit(loop, loop_config: dict, cfg, ray_cfg, *, name: str, run_dir: Path):
+    """Fit a ``TorchTrainer`` running ``loop`` on ``cfg.num_workers`` workers (GPUs when
+    ``cfg.use_gpu``, or when the cluster has them if None), checkpoints under ``<run_dir>/ray``
+    named ``name`` (a re-run resumes). Returns the result, whether GPUs ran, and the wall time."""
+    ray = start_ray(ray_cfg)
+    use_gpu = cfg.use_gpu
+    if use_gpu is None:
+        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    print(
+        f"training: {cfg.num_workers} worker(s) on {'GPU (nccl)' if use_gpu else 'CPU (gloo)'}, "
+        f"{cfg.epochs} epochs"
+    )
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(
+            num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(run_dir / "ray"),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    started = time.perf_counter()
+    result = trainer.fit()
+    wall = time.perf_counter() - started
+    if result.error is not None:
+        raise result.error
+    return result, use_gpu, wall
+
+
 def run(sweep, raw_config: dict[str, Any]) -> Path:
     cfg: TrainConfig = sweep.train
     if not isinstance(cfg, TrainConfig):
@@ -80,35 +116,15 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     name = f"{sweep.name}-{fingerprint([raw_config.get('train'), version], 8)}"
     run_id = mlflow_run(uri, cfg.experiment, name, raw_config, version)
 
-    ray = start_ray(sweep.ray)
-    use_gpu = cfg.use_gpu
-    if use_gpu is None:
-        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    print(
-        f"train: dataset {version}, {cfg.num_workers} worker(s) on "
-        f"{'GPU (nccl)' if use_gpu else 'CPU (gloo)'}, {cfg.epochs} epochs; MLflow {uri} run {name}"
-    )
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-    trainer = TorchTrainer(
+    print(f"train: dataset {version}; MLflow {uri} run {name}")
+    result, use_gpu, train_wall = fit(
         train_loop,
-        train_loop_config={"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": uri},
-        scaling_config=ScalingConfig(
-            num_workers=cfg.num_workers, use_gpu=use_gpu, resources_per_worker=resources
-        ),
-        run_config=RunConfig(
-            name=name,
-            storage_path=str(run_dir / "ray"),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
-        ),
+        {"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": uri},
+        cfg,
+        sweep.ray,
+        name=name,
+        run_dir=run_dir,
     )
-    train_started = time.perf_counter()
-    result = trainer.fit()
-    train_wall = time.perf_counter() - train_started
-    if result.error is not None:
-        raise result.error
     with result.checkpoint.as_directory() as d:
         state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
     model = M4Model(cfg.model)
@@ -229,4 +245,4 @@ slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.train.checkpoint.l
 """
 
 
-__all__ = ["error_table", "error_text", "run"]
+__all__ = ["error_table", "error_text", "fit", "mlflow_run", "run", "tracking_uri"]

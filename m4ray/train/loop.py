@@ -160,7 +160,7 @@ def train_loop(config: dict[str, Any]) -> None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start_epoch = state["epoch"] + 1
-    logger = _mlflow_logger(config) if rank == 0 else None
+    logger = mlflow_logger(config) if rank == 0 else None
     val_shard = shard(splits["val"], rank, world)
     for epoch in range(start_epoch, cfg.epochs):
         ddp.train()
@@ -205,22 +205,20 @@ def train_loop(config: dict[str, Any]) -> None:
             "epoch_s": epoch_s,  # training part of the epoch, rank 0's wall clock
             "periods_per_s": train_sums[3] / epoch_s if epoch_s > 0 else float("nan"),
         }
-        _report(metrics, model, optimizer, scheduler, epoch=epoch, rank=rank, logger=logger)
+        state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+        report(metrics, state, epoch=epoch, rank=rank, logger=logger)
 
 
-def _report(metrics, model, optimizer, scheduler, *, epoch: int, rank: int, logger) -> None:
-    """Every rank reports; rank 0 attaches the checkpoint and logs to MLflow."""
+def report(metrics, parts: dict[str, Any], *, epoch: int, rank: int, logger) -> None:
+    """Every rank reports; rank 0 attaches the checkpoint (the ``state_dict`` of each of
+    ``parts`` and the epoch, as ``state.pt``) and logs to MLflow."""
     import ray.train
 
     with tempfile.TemporaryDirectory() as d:
         ckpt = None
         if rank == 0:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "epoch": epoch,
-            }
+            state = {name: part.state_dict() for name, part in parts.items()}
+            state["epoch"] = epoch
             torch.save(state, os.path.join(d, "state.pt"))
             ckpt = ray.train.Checkpoint.from_directory(d)
             if logger is not None:
@@ -228,7 +226,7 @@ def _report(metrics, model, optimizer, scheduler, *, epoch: int, rank: int, logg
         ray.train.report(metrics, checkpoint=ckpt)
 
 
-def _mlflow_logger(config: dict[str, Any]):
+def mlflow_logger(config: dict[str, Any]):
     """Per-epoch metrics into the driver's MLflow run (rank 0 only), one batch per epoch."""
     run_id = config.get("mlflow_run_id")
     if not run_id:
@@ -248,4 +246,13 @@ def _mlflow_logger(config: dict[str, Any]):
     return log
 
 
-__all__ = ["TrainConfig", "batches", "evaluate", "flow_errors", "shard", "train_loop"]
+__all__ = [
+    "TrainConfig",
+    "batches",
+    "evaluate",
+    "flow_errors",
+    "mlflow_logger",
+    "report",
+    "shard",
+    "train_loop",
+]
