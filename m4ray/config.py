@@ -55,6 +55,7 @@ class SweepConfig:
     study: Any = None  # the workload experiment's section (m4ray.workload.study.StudyConfig)
     serve: Any = None  # the serve experiment's section (m4ray.serve.job.ServeSettings)
     ladder: Any = None  # the scale experiment's section (m4ray.sweeps.scale.LadderConfig)
+    m3: Any = None  # the m3 experiment's section (m4ray.m3.estimate.M3Config)
 
 
 @dataclass(kw_only=True, slots=True)

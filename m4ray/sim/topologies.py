@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m4ray.errors import InputError
+from m4ray.fingerprint import added_field
 from m4ray.sim.topology import Cable, Topology, read_topology
 
 
@@ -59,12 +60,25 @@ def rail_cluster(
     )
 
 
-def fat_tree(*, k: int = 4, bandwidth_bps: float = 100e9, latency_s: float = 1e-6) -> Topology:
-    """k-ary fat-tree with uniform links; k must be even and >= 2."""
+def fat_tree(
+    *,
+    k: int = 4,
+    bandwidth_bps: float = 100e9,
+    latency_s: float = 1e-6,
+    fabric_bandwidth_bps: float | None = None,
+    oversubscription: int = 1,
+) -> Topology:
+    """k-ary fat-tree; k must be even and >= 2. Host links run at ``bandwidth_bps``, switch-switch
+    links at ``fabric_bandwidth_bps`` (default: the same); each edge switch has
+    ``k/2 × oversubscription`` hosts for its ``k/2`` uplinks (an ``oversubscription``:1 fabric)."""
     if k < 2 or k % 2:
         raise InputError(f"fat-tree arity must be an even number >= 2, got {k}", field="k")
+    if oversubscription < 1:
+        raise InputError(f"must be >= 1, got {oversubscription}", field="oversubscription")
+    fabric = bandwidth_bps if fabric_bandwidth_bps is None else fabric_bandwidth_bps
     half = k // 2
-    n_hosts = k * half * half
+    per_edge = half * oversubscription
+    n_hosts = k * half * per_edge
     first_edge = n_hosts
     first_agg = first_edge + k * half
     first_core = first_agg + k * half
@@ -73,15 +87,15 @@ def fat_tree(*, k: int = 4, bandwidth_bps: float = 100e9, latency_s: float = 1e-
     for pod in range(k):
         for e in range(half):
             edge = first_edge + pod * half + e
-            for h in range(half):
-                host = (pod * half + e) * half + h
+            for h in range(per_edge):
+                host = (pod * half + e) * per_edge + h
                 cables.append(Cable(host, edge, bandwidth_bps, latency_s))
             for a in range(half):
-                cables.append(Cable(edge, first_agg + pod * half + a, bandwidth_bps, latency_s))
+                cables.append(Cable(edge, first_agg + pod * half + a, fabric, latency_s))
         for a in range(half):
             agg = first_agg + pod * half + a
             for c in range(half):
-                cables.append(Cable(agg, first_core + a * half + c, bandwidth_bps, latency_s))
+                cables.append(Cable(agg, first_core + a * half + c, fabric, latency_s))
     return Topology(
         n_nodes=n_nodes, switches=tuple(range(first_edge, n_nodes)), cables=tuple(cables)
     )
@@ -168,9 +182,17 @@ class FatTreeSpec:
     k: int = 4
     bandwidth_bps: float = 100e9
     latency_s: float = 1e-6
+    fabric_bandwidth_bps: float | None = added_field(None, "m3 / m4 v2 fat-trees")
+    oversubscription: int = added_field(1, "m3 / m4 v2 fat-trees")
 
     def build(self) -> Topology:
-        return fat_tree(k=self.k, bandwidth_bps=self.bandwidth_bps, latency_s=self.latency_s)
+        return fat_tree(
+            k=self.k,
+            bandwidth_bps=self.bandwidth_bps,
+            latency_s=self.latency_s,
+            fabric_bandwidth_bps=self.fabric_bandwidth_bps,
+            oversubscription=self.oversubscription,
+        )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -14,6 +14,9 @@ from m4ray.errors import InputError
 
 register_configs()
 
+# experiment sections (SweepConfig fields) built from their ``_target_`` when present
+SECTIONS = ("datagen", "train", "tune", "study", "serve", "ladder", "m3")
+
 
 def resolve(cfg: DictConfig) -> SweepConfig:
     """Typed config with every ``_target_`` component instantiated."""
@@ -32,12 +35,10 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         backend_options={  # plain values: they cross Ray boundaries inside Scenarios
             name: instantiate(node, _convert_="all") for name, node in cfg.backend_options.items()
         },
-        datagen=None if cfg.datagen is None else instantiate(cfg.datagen, _convert_="all"),
-        train=None if cfg.train is None else instantiate(cfg.train, _convert_="all"),
-        tune=None if cfg.tune is None else instantiate(cfg.tune, _convert_="all"),
-        study=None if cfg.study is None else instantiate(cfg.study, _convert_="all"),
-        serve=None if cfg.serve is None else instantiate(cfg.serve, _convert_="all"),
-        ladder=None if cfg.ladder is None else instantiate(cfg.ladder, _convert_="all"),
+        **{
+            name: None if cfg[name] is None else instantiate(cfg[name], _convert_="all")
+            for name in SECTIONS
+        },
     )
 
 

@@ -1,0 +1,310 @@
+"""``python -m m4ray.sweeps +experiment=m3``: network-wide FCT-slowdown estimates by m3.
+
+A topology (the sweep's ``topology`` group: fat-tree builder, SimAI / ns-3 text file) and a
+workload (open-loop traffic drawn like the datagen families, or an m4 ``flows.txt``) are routed;
+``n_paths`` paths are sampled ∝ foreground flows; the sampled paths' parking lots run through path
+flowSim into feature tokens in Ray tasks; the checkpoint corrects every path's foreground
+percentiles in one batch; the mixture gives overall and per-size-bucket p50/p90/p99
+(``reference/flowsim_m3.md`` B.2-B.8). ``compare=[ns3, flowsim]`` runs the same flows through
+network-wide ns-3 and flowSim for reference (each cached by content under ``<run_dir>/cache``, so
+a re-run does not redo them). Writes ``estimate.parquet``, ``plots/slowdown_cdf.png`` and
+``manifest.json``, and prints the table.
+
+Units: bytes, bits/s, seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
+from m4ray.errors import InputError, choice_error
+from m4ray.fingerprint import fingerprint
+from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, empirical
+from m4ray.m3.features import HOPS, NetConfig, targets, tokens
+from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct
+from m4ray.m3.paths import RoutedFlows
+from m4ray.sim.flows import Flow, read_flows
+from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.textio import atomic_write_text
+
+COMPARE = ("ns3", "flowsim")
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass(kw_only=True, slots=True)
+class M3Workload:
+    """Open-loop traffic (as the datagen families) or, when ``flows_file`` is set, its flows."""
+
+    flows_file: str | None = None
+    n_flows: int = 20_000
+    size: dict[str, Any] = field(default_factory=lambda: {"kind": "exponential"})
+    size_mean_bytes: float = 20_000.0
+    min_size_bytes: int = 50
+    arrival_sigma: float = 1.5
+    max_load: float = 0.5
+
+    def flows(self, routing: Routing, seed: int) -> list[Flow]:
+        if self.flows_file:
+            return read_flows(self.flows_file)  # unknown hosts are caught by RoutedFlows
+        size = SizeDistribution(**self.size)
+        traffic = OpenLoopTraffic(
+            n_flows=self.n_flows,
+            size_name=size.kind,
+            size=size,
+            size_mean_bytes=self.size_mean_bytes,
+            min_size_bytes=self.min_size_bytes,
+            sigma=self.arrival_sigma,
+            max_load=self.max_load,
+        )
+        return traffic.flows(routing, seed)
+
+
+@dataclass(kw_only=True, slots=True)
+class M3Network:
+    """The network's CC settings (bytes): what ns-3 runs and what the model is told."""
+
+    buffer_bytes: int = 400_000
+    window_bytes: int = 18_000
+    ecn_k_bytes: int = 12_000  # at the host link rate; scaled with link rate
+    pfc: bool = True
+    cc: str = "dctcp"
+
+    def net_config(self) -> NetConfig:
+        return NetConfig(
+            buffer_bytes=self.buffer_bytes,
+            window_bytes=self.window_bytes,
+            ecn_k_bytes=self.ecn_k_bytes,
+            pfc=self.pfc,
+            cc=self.cc,
+        )
+
+    def ns3(self, edge_bps: float, core_bps: float):
+        from m4ray.sim.ns3.backend import Ns3Config
+        from m4ray.sim.ns3.transports import RdmaConfig
+
+        if self.cc != "dctcp":
+            raise InputError(f"ns-3 here runs DCTCP only, not {self.cc!r}", field="m3.network.cc")
+        k = float(self.ecn_k_bytes)
+        points = [[edge_bps, k]] + (
+            [[core_bps, k * core_bps / edge_bps]] if core_bps > edge_bps else []
+        )
+        return Ns3Config(
+            rdma=RdmaConfig(
+                buffer_bytes=self.buffer_bytes,
+                pfc=self.pfc,
+                pfc_threshold_bytes=self.buffer_bytes // 4,
+                ecn_k_bytes=points,
+                window_bytes=self.window_bytes,
+            )
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class M3Config:
+    """The m3 experiment's ``m3`` section."""
+
+    workload: M3Workload = field(default_factory=M3Workload)
+    network: M3Network = field(default_factory=M3Network)
+    n_paths: int = 500
+    checkpoint: str = "checkpoints/m3-small"
+    compare: list[str] = field(default_factory=list)
+    tasks: int = 8  # Ray tasks the sampled paths are spread over
+    ns3_wall_limit_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workload, dict):
+            self.workload = M3Workload(**self.workload)
+        if isinstance(self.network, dict):
+            self.network = M3Network(**self.network)
+        for name in self.compare:
+            if name not in COMPARE:
+                raise choice_error("comparison backend", name, COMPARE)
+        if self.n_paths < 1:
+            raise InputError(f"must be >= 1, got {self.n_paths}", field="m3.n_paths")
+        self.network.net_config()  # an unknown CC fails here
+
+
+def load_model(directory: str, cc: str):
+    """The m3 checkpoint, refusing a CC it was not trained on."""
+    from m4ray.m3.train import M3
+    from m4ray.train import checkpoint
+
+    model, info = checkpoint.load(directory, kind=M3)
+    supported = info.get("supported_cc", [])
+    if cc not in supported:
+        raise InputError(
+            f"the checkpoint {directory} was trained on {supported}, not {cc!r}",
+            field="m3.network.cc",
+        )
+    return model, info
+
+
+def path_features(routed: RoutedFlows, sampled, wire: WireFormat, network: NetConfig) -> list:
+    """Per sampled path: tokens, empty flags, foreground counts per output bucket, path flowSim's
+    foreground percentiles, and the draw count (a Ray task runs one chunk)."""
+    out = []
+    for path, draws in sampled:
+        scn = routed.scenario(path, draws)
+        if scn.n_links not in HOPS:
+            raise InputError(
+                f"a path of {scn.n_links} links (links {list(path)}); m3 knows {HOPS}",
+                field="topology",
+            )
+        lot = LotNetwork.of(scn)
+        _, slowdown = flowsim_fct(scn, wire, lot)
+        bdp = fg_bdp_bytes(lot.routing(wire), scn.n_links, 64)
+        config = network.vector(scn.n_links, scn.capacity_bps, bdp)
+        fg = scn.foreground
+        tok, empty = tokens(slowdown, scn.size_bytes, scn.a, scn.b, fg, config)
+        pct, _ = targets(slowdown[fg], scn.size_bytes[fg])
+        counts = np.bincount(np.digitize(scn.size_bytes[fg], [1000, 10000, 50000]), minlength=4)
+        out.append((tok, empty, counts, pct, draws))
+    return out
+
+
+def estimate(
+    routed: RoutedFlows, cfg: M3Config, *, seed: int, ray, model, wire
+) -> dict[str, Estimate]:
+    """m3's estimate and path flowSim's (the same sampled paths, uncorrected)."""
+    import torch
+
+    sampled = routed.sample(cfg.n_paths, seed)
+    network = cfg.network.net_config()
+    task = ray.remote(path_features)
+    ref = ray.put(routed)
+    chunks = [sampled[k :: cfg.tasks] for k in range(min(cfg.tasks, len(sampled)))]
+    rows = [
+        r for part in ray.get([task.remote(ref, c, wire, network) for c in chunks]) for r in part
+    ]
+    lmax = max(len(r[0]) for r in rows)
+    tok = np.zeros((len(rows), lmax, rows[0][0].shape[1]), dtype=np.float32)
+    empty = np.ones((len(rows), lmax, rows[0][1].shape[1]), dtype=bool)
+    for i, r in enumerate(rows):
+        tok[i, : len(r[0])], empty[i, : len(r[1])] = r[0], r[1]
+    lengths = torch.tensor([len(r[0]) - 1 for r in rows])
+    t, e = torch.from_numpy(tok), torch.from_numpy(empty)
+    with torch.no_grad():
+        pred = model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], lengths).numpy()
+    counts = np.stack([r[2] for r in rows])
+    draws = np.array([r[4] for r in rows])
+    return {
+        "m3": aggregate(pred, counts, draws),
+        "path_flowsim": aggregate(np.stack([r[3] for r in rows]), counts, draws),
+    }
+
+
+def _reference(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
+    """Network-wide ``ns3`` or ``flowsim`` slowdowns and wall time, cached by content."""
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.trace import run_trace
+
+    host = topo.bandwidth_bps[np.isin(topo.link_src, topo.hosts)]
+    edge, core = float(host.min()), float(topo.bandwidth_bps.max())
+    backend = FlowSimConfig() if name == "flowsim" else cfg.network.ns3(edge, core)
+    if name == "ns3":
+        backend = dataclasses.replace(backend, wall_limit_s=cfg.ns3_wall_limit_s)
+    key = fingerprint([name, topo, flows, routing.seed, routing.wire, backend], 16)
+    path = cache / f"{name}-{key}.parquet"
+    if path.exists():
+        frame = pd.read_parquet(path)
+        return frame.slowdown.to_numpy(), float(frame.attrs_wall_s.iloc[0])
+
+    def simulate():
+        began = time.perf_counter()
+        table = run_trace(topo, flows, backend, routing)
+        return table.column("slowdown").to_numpy(), time.perf_counter() - began
+
+    slowdown, wall = ray.get(ray.remote(max_calls=1)(simulate).remote())
+    cache.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame({"slowdown": slowdown, "attrs_wall_s": wall})
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(tmp)
+    tmp.replace(path)
+    return slowdown, wall
+
+
+def summary(estimates: dict[str, Estimate], walls: dict[str, float]) -> pd.DataFrame:
+    rows = []
+    for method, est in estimates.items():
+        for bucket, mix in [("overall", est.overall), *est.buckets.items()]:
+            row = {"method": method, "bucket": bucket, "wall_s": walls.get(method, np.nan)}
+            for q in QUANTILES:
+                row[f"p{round(q * 100)}"] = float(mix.quantile(q))
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    if "ns3" in estimates:
+        ref = frame[frame.method == "ns3"].set_index("bucket").p99
+        frame["p99_err_vs_ns3"] = frame.p99 / frame.bucket.map(ref) - 1
+    return frame
+
+
+def run(sweep, raw_config: dict[str, Any]) -> Path:
+    from m4ray.m3.plots import estimate_cdf
+    from m4ray.runtime.cluster import start_ray
+
+    cfg: M3Config = sweep.m3
+    if not isinstance(cfg, M3Config):
+        raise InputError("this experiment needs an 'm3' section", field="m3")
+    model, info = load_model(cfg.checkpoint, cfg.network.cc)
+    run_dir = Path(sweep.paths.run_dir).resolve()
+    wire: WireFormat = sweep.wire
+    topo = sweep.topology.build()
+    routing = Routing(topo, seed=sweep.seed, wire=wire)
+    flows = cfg.workload.flows(routing, sweep.seed)
+    ray = start_ray(sweep.ray)
+    began = time.perf_counter()
+    routed = RoutedFlows(flows, routing)
+    estimates = estimate(routed, cfg, seed=sweep.seed, ray=ray, model=model, wire=wire)
+    walls = {"m3": time.perf_counter() - began}
+    walls["path_flowsim"] = walls["m3"]
+    size = routed.size_bytes
+    for name in cfg.compare:
+        print(f"m3: running network-wide {name} on {len(flows)} flows for comparison")
+        slowdown, walls[name] = _reference(
+            name, topo, flows, routing, cfg=cfg, cache=run_dir / "cache", ray=ray
+        )
+        estimates[name] = empirical(slowdown, size)
+    frame = summary(estimates, walls)
+    tag = fingerprint([raw_config.get("topology"), raw_config.get("m3"), sweep.seed], 10)
+    out = run_dir / f"estimate-{tag}.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(out)
+    curves = {name: (est.overall.values, est.overall.weights) for name, est in estimates.items()}
+    plot = estimate_cdf(
+        curves,
+        f"{len(topo.hosts)} hosts, {len(flows)} flows",
+        run_dir / "plots" / f"slowdown_cdf-{tag}.png",
+    )
+    manifest = {
+        "estimate": out.name,
+        "plot": str(plot.relative_to(run_dir)),
+        "checkpoint": cfg.checkpoint,
+        "checkpoint_dataset": info.get("dataset_version"),
+        "hosts": len(topo.hosts),
+        "flows": len(flows),
+        "paths_sampled": cfg.n_paths,
+        "unique_paths": len(routed.sample(cfg.n_paths, sweep.seed)),
+        "config": raw_config,
+    }
+    atomic_write_text(run_dir / f"manifest-{tag}.json", json.dumps(manifest, indent=1, default=str))
+    print()
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if "ns3" in walls:
+        print(
+            f"\nm3 {walls['m3']:.1f} s vs ns-3 {walls['ns3']:.1f} s: "
+            f"{walls['ns3'] / walls['m3']:.0f}x faster"
+        )
+    print(f"outputs: {out}, {plot}")
+    return run_dir
+
+
+__all__ = ["BUCKET_NAMES", "M3Config", "M3Network", "M3Workload", "estimate", "run", "summary"]
