@@ -1,0 +1,158 @@
+"""m3 end to end with real parts: parking lots in ns-3 (datagen_m3), Ray Train + MLflow
+(train_m3), the exported checkpoint, and the estimate on a small fat-tree (+experiment=m3)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from m4ray.datagen.traffic import SizeDistribution
+from m4ray.m3.datagen import LotScenario, LotTraffic
+from m4ray.m3.train import M3, load_lots, predict
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.ns3.transports import RdmaConfig
+from m4ray.train import checkpoint
+from tests.conftest import PYTHON, REPO
+
+TINY_MODEL = [
+    "train.model.dim=16",
+    "train.model.heads=2",
+    "train.model.ffn=32",
+    "train.model.mlp=32",
+]
+
+
+def sweep(output_dir, *args, timeout=600):
+    return subprocess.run(
+        [PYTHON, "-m", "m4ray.sweeps", *args, "ray.num_cpus=2", f"paths.output_dir={output_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_lone_flows_on_a_lot_run_at_the_nic_cap_in_ns3():
+    """ns-3 on a 4-link lot [10, 40, 40, 10] G: a lone foreground flow and, later, a lone
+    mid-path (1, 3) flow — paced at 10G, not the 40G of its links — both finish at their ideal."""
+    traffic = LotTraffic(
+        pairs=((0, 4), (1, 3)),
+        weights=(0.0, 1.0),  # the first flow is always foreground, the second (1, 3)
+        n_flows=2,
+        size_name="exponential",
+        size=SizeDistribution(kind="exponential"),
+        size_mean_bytes=50_000,
+        max_load=0.001,  # far apart: each flow alone
+    )
+    scenario = LotScenario(
+        family="lot",
+        index=0,
+        seed=5,
+        capacity_bps=(10e9, 40e9, 40e9, 10e9),
+        latency_s=(1e-6,) * 4,
+        traffic=traffic,
+        ns3=Ns3Config(
+            rdma=RdmaConfig(
+                buffer_bytes=400_000,
+                pfc_threshold_bytes=100_000,
+                ecn_k_bytes=[[10e9, 10_000.0]],
+                window_bytes=0,
+            )
+        ),
+    )
+    flows = scenario.record()["lot_flows"].to_pandas()
+    assert list(zip(flows.a, flows.b, strict=True)) == [(0, 4), (1, 3)]
+    assert flows.slowdown.to_numpy() == pytest.approx(1.0, abs=0.02)
+    assert flows.flowsim_slowdown.to_numpy() == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def m3_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("m3")
+    data = sweep(out, "+experiment=datagen_m3", "datagen.scenarios=6",
+                 "datagen.families.lot.n_flows=[100,200]")  # fmt: skip
+    assert data.returncode == 0, data.stderr[-3000:]
+    train = sweep(out, "+experiment=train_m3", "train.epochs=2", "train.num_workers=1",
+                  "train.val_fraction=0.2", "train.test_fraction=0.2", *TINY_MODEL)  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    return out, data, train
+
+
+def test_datagen_m3_writes_versioned_lot_samples(m3_run):
+    out, data, _ = m3_run
+    dataset = out / "datagen_m3" / "dataset"
+    assert "lot" in data.stdout and (dataset / "VERSION").read_text().strip()
+    lots = load_lots(dataset)
+    assert len(lots) == 6 and set(lots.n_links) <= {2, 4, 6}
+    assert lots.tokens.shape[1:] == (int(lots.n_links.max()) + 1, 1013)
+    assert (lots.target[lots.mask] > 0.5).all() and (lots.target[~lots.mask] == 1.0).all()
+    assert "## lot_samples" in (dataset / "SCHEMA.md").read_text()
+    assert (out / "datagen_m3" / "plots" / "lot_slowdown_cdf.png").stat().st_size > 5000
+    scenarios = pq.read_table(dataset / "scenarios.parquet").to_pandas()
+    assert (scenarios.status == "ok").all()
+
+
+def test_train_m3_exports_a_checkpoint_that_round_trips(m3_run):
+    out, _, train = m3_run
+    assert "1 worker(s) on CPU (gloo)" in train.stdout and "flowsim" in train.stdout
+    export = out / "train_m3" / "export"
+    model, info = checkpoint.load(export, kind=M3)
+    assert info["format"] == "m4ray-m3-v1" and info["supported_cc"] == ["dctcp"]
+    assert info["epochs"] == 2 and "dataset version" in (export / "model_card.md").read_text()
+    lots = load_lots(out / "datagen_m3" / "dataset")
+    again, _ = checkpoint.load(export, kind=M3)
+    np.testing.assert_array_equal(predict(model, lots), predict(again, lots))
+    with pytest.raises(Exception, match="m4ray-m3-v1"):
+        checkpoint.load(export)  # an m3 checkpoint is not an m4 one
+
+
+def test_estimate_on_a_small_fat_tree_with_flowsim_comparison(m3_run):
+    out, _, _ = m3_run
+    export = out / "train_m3" / "export"
+    proc = sweep(out, "+experiment=m3", f"m3.checkpoint={export}", "topology.k=4",
+                 "m3.workload.n_flows=400", "m3.n_paths=50", "m3.tasks=2",
+                 "m3.compare=[flowsim]")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [estimate] = (out / "m3").glob("estimate-*.parquet")
+    frame = pq.read_table(estimate).to_pandas()
+    assert set(frame.method) == {"m3", "path_flowsim", "flowsim"}
+    overall = frame[frame.bucket == "overall"].set_index("method")
+    assert (overall.p50 <= overall.p90).all() and (overall.p90 <= overall.p99).all()
+    assert list((out / "m3" / "plots").glob("slowdown_cdf-*.png"))
+    [manifest] = (out / "m3").glob("manifest-*.json")
+    assert json.loads(manifest.read_text())["paths_sampled"] == 50
+
+
+def test_estimate_bad_inputs_write_nothing(m3_run, tmp_path):
+    out, _, _ = m3_run
+    export = out / "train_m3" / "export"
+    flows = tmp_path / "flows.txt"
+    flows.write_text("2\n0 0 1 3 100 1000 0.0\n1 0 99 3 100 1000 0.0\n")
+    cases = [
+        ([f"m3.workload.flows_file={flows}"], "flow 1 (#1) references node 99"),
+        (["m3.network.cc=hpcc"], "trained on ['dctcp'], not 'hpcc'"),
+        (["m3.network.cc=cubic"], "unknown congestion control 'cubic'"),
+        (["m3.n_paths=0"], "must be >= 1"),
+    ]
+    for overrides, message in cases:
+        proc = sweep(tmp_path / "o", "+experiment=m3", f"m3.checkpoint={export}", "topology.k=4",
+                     *overrides)  # fmt: skip
+        assert proc.returncode == 2, (overrides, proc.stderr[-2000:])
+        assert message in proc.stderr + proc.stdout, (overrides, proc.stderr[-2000:])
+        assert not list((tmp_path / "o").rglob("estimate-*.parquet"))
+
+
+def test_model_inference_is_batched_consistently(m3_run):
+    out, _, _ = m3_run
+    model, _ = checkpoint.load(out / "train_m3" / "export", kind=M3)
+    lots = load_lots(out / "datagen_m3" / "dataset")
+    together = predict(model, lots)
+    alone = np.concatenate([predict(model, lots.take([i])) for i in range(len(lots))])
+    np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(torch.from_numpy(together)).all()
