@@ -202,7 +202,7 @@ def estimate(
     }
 
 
-def _reference(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
+def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
     """Network-wide ``ns3`` or ``flowsim`` slowdowns and wall time, cached by content."""
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.trace import run_trace
@@ -269,7 +269,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     size = routed.size_bytes
     for name in cfg.compare:
         print(f"m3: running network-wide {name} on {len(flows)} flows for comparison")
-        slowdown, walls[name] = _reference(
+        slowdown, walls[name] = reference_run(
             name, topo, flows, routing, cfg=cfg, cache=run_dir / "cache", ray=ray
         )
         estimates[name] = empirical(slowdown, size)
