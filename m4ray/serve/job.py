@@ -27,6 +27,7 @@ class ServeSettings:
     route_prefix: str = "/m4"
     app: dict[str, Any] = field(default_factory=dict)
     hold: bool = True
+    m3_checkpoint: str | None = None  # also serve this m3 checkpoint at <host:port>/m3
 
     @property
     def url(self) -> str:
@@ -65,6 +66,15 @@ def start(settings: ServeSettings, ray_cfg) -> str:
     start_ray(ray_cfg)
     serve.start(http_options={"host": settings.host, "port": settings.port})
     serve.run(build(args), name="m4", route_prefix=settings.route_prefix)
+    if settings.m3_checkpoint:
+        from m4ray.serve import m3
+
+        serve.run(
+            m3.build(m3.M3Args(checkpoint=settings.m3_checkpoint)), name="m3", route_prefix="/m3"
+        )
+        print(
+            f"m3 corrections serving at http://{settings.host}:{settings.port}/m3 (POST /predict)"
+        )
     return settings.url
 
 
