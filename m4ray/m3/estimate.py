@@ -192,13 +192,14 @@ def estimate(
         tok[i, : len(r[0])], empty[i, : len(r[1])] = r[0], r[1]
     lengths = torch.tensor([len(r[0]) - 1 for r in rows])
     t, e = torch.from_numpy(tok), torch.from_numpy(empty)
+    baseline = np.stack([r[3] for r in rows])
     with torch.no_grad():
-        pred = model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], lengths).numpy()
+        pred = model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], lengths, torch.from_numpy(baseline))
     counts = np.stack([r[2] for r in rows])
     draws = np.array([r[4] for r in rows])
     return {
-        "m3": aggregate(pred, counts, draws),
-        "path_flowsim": aggregate(np.stack([r[3] for r in rows]), counts, draws),
+        "m3": aggregate(pred.numpy(), counts, draws),
+        "path_flowsim": aggregate(baseline, counts, draws),
     }
 
 

@@ -87,12 +87,13 @@ class Lots:
         return len(self.n_links)
 
     def tensors(self, device="cpu") -> tuple[torch.Tensor, ...]:
-        """Model inputs ``(fg, fg_empty, links, links_empty, lengths)``."""
+        """Model inputs ``(fg, fg_empty, links, links_empty, lengths, baseline)``."""
         tok = torch.from_numpy(self.tokens).to(device)
         empty = torch.from_numpy(self.empty).to(device)
         n = int(self.n_links.max())
         lengths = torch.from_numpy(self.n_links).to(device)
-        return tok[:, 0], empty[:, 0], tok[:, 1 : n + 1], empty[:, 1 : n + 1], lengths
+        baseline = torch.from_numpy(self.flowsim).to(device)
+        return tok[:, 0], empty[:, 0], tok[:, 1 : n + 1], empty[:, 1 : n + 1], lengths, baseline
 
 
 def load_lots(dataset: str | Path) -> Lots:

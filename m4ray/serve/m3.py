@@ -11,7 +11,8 @@ changes. Run with ``python -m m4ray.sweeps +experiment=serve serve.m3_checkpoint
 ``/m3``) or ``serve run m4ray.serve.m3:app``.
 """
 
-
+# no `from __future__ import annotations`: FastAPI resolves the route types of the pickled
+# ingress class at runtime (as in m4ray/serve/app.py)
 import itertools
 from typing import Any
 
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from m4ray.errors import InputError
-from m4ray.m3.features import N_BUCKETS_IN, N_BUCKETS_OUT, TOKEN_DIM
+from m4ray.m3.features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
 
 
 class PathFeatures(BaseModel):
@@ -29,6 +30,9 @@ class PathFeatures(BaseModel):
 
     tokens: list[list[float]] = Field(min_length=2, max_length=17)
     empty: list[list[bool]]
+    baseline: list[list[float]] | None = Field(
+        None, description="path flowSim's foreground percentiles, 4 x 100 (residual models)"
+    )
     counts: list[int] | None = Field(None, description="foreground flows per output bucket (4)")
     draws: int | None = Field(None, ge=1, description="how often sampling drew this path")
 
@@ -49,8 +53,9 @@ class M3Args(BaseModel):
     threads: int = Field(1, ge=1)
 
 
-def _arrays(paths: list[PathFeatures]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Padded tokens ``(P, T, TOKEN_DIM)``, flags and link counts; a bad shape raises InputError."""
+def _arrays(paths: list[PathFeatures], residual: bool) -> tuple[np.ndarray, ...]:
+    """Padded tokens ``(P, T, TOKEN_DIM)``, flags, link counts and baselines; a bad shape raises
+    InputError."""
     lmax = max(len(p.tokens) for p in paths)
     tok = np.zeros((len(paths), lmax, TOKEN_DIM), dtype=np.float32)
     empty = np.ones((len(paths), lmax, N_BUCKETS_IN), dtype=bool)
@@ -64,7 +69,18 @@ def _arrays(paths: list[PathFeatures]) -> tuple[np.ndarray, np.ndarray, np.ndarr
                 field=f"paths[{i}]",
             )
         tok[i, : len(t)], empty[i, : len(e)] = t, e
-    return tok, empty, np.array([len(p.tokens) - 1 for p in paths])
+    base = np.ones((len(paths), N_BUCKETS_OUT, N_PCT), dtype=np.float32)
+    if residual:
+        for i, p in enumerate(paths):
+            b = np.asarray(p.baseline if p.baseline is not None else [], dtype=np.float32)
+            if b.shape != (N_BUCKETS_OUT, N_PCT):
+                raise InputError(
+                    f"this checkpoint corrects path flowSim: baseline must be "
+                    f"{N_BUCKETS_OUT} x {N_PCT}, got {b.shape}",
+                    field=f"paths[{i}].baseline",
+                )
+            base[i] = b
+    return tok, empty, np.array([len(p.tokens) - 1 for p in paths]), base
 
 
 api = FastAPI(title="m4ray m3", version="1")
@@ -103,9 +119,10 @@ class M3Service:
             ]
         )
         lengths = torch.from_numpy(np.concatenate([r[2] for r in requests]))
+        base = torch.from_numpy(np.concatenate([r[3] for r in requests]))
         t, e = torch.from_numpy(tok), torch.from_numpy(empty)
         with torch.no_grad():
-            out = self.model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], lengths).numpy()
+            out = self.model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], lengths, base).numpy()
         sizes = np.cumsum([0] + [len(r[2]) for r in requests])
         return [out[a:b] for a, b in itertools.pairwise(sizes.tolist())]
 
@@ -128,7 +145,7 @@ class M3Service:
                 400, f"the checkpoint was trained on {supported}, not {request.cc!r}"
             )
         try:
-            arrays = _arrays(request.paths)
+            arrays = _arrays(request.paths, self.model.cfg.residual)
         except InputError as err:
             raise HTTPException(400, str(err)) from None
         pred = await self.predict_batch(arrays)

@@ -20,7 +20,8 @@ def _batch(lengths, seed=0):
         links[i, n:] = 0
     fg = torch.rand(b, TOKEN_DIM, generator=g) * 3 + 1
     fg_empty = torch.rand(b, N_BUCKETS_IN, generator=g) < 0.3
-    return fg, fg_empty, links, empty, torch.tensor(lengths)
+    baseline = 1 + torch.rand(b, 4, 100, generator=g)
+    return fg, fg_empty, links, empty, torch.tensor(lengths), baseline
 
 
 def test_shapes_and_offset():
@@ -34,21 +35,32 @@ def test_shapes_and_offset():
 def test_padding_does_not_change_a_path():
     torch.manual_seed(0)
     model = M3Model(TINY).eval()
-    fg, fg_empty, links, empty, lengths = _batch([2, 6])
-    together = model(fg, fg_empty, links, empty, lengths)
-    alone = model(fg[:1], fg_empty[:1], links[:1, :2], empty[:1, :2], lengths[:1])
+    fg, fg_empty, links, empty, lengths, base = _batch([2, 6])
+    together = model(fg, fg_empty, links, empty, lengths, base)
+    alone = model(fg[:1], fg_empty[:1], links[:1, :2], empty[:1, :2], lengths[:1], base[:1])
     torch.testing.assert_close(together[:1], alone, rtol=1e-5, atol=1e-5)
 
 
 def test_empty_buckets_use_the_learned_vector():
     torch.manual_seed(0)
     model = M3Model(TINY).eval()
-    fg, fg_empty, links, empty, lengths = _batch([4])
-    base = model(fg, fg_empty, links, empty, lengths)
+    fg, fg_empty, links, empty, lengths, baseline = _batch([4])
+    base = model(fg, fg_empty, links, empty, lengths, baseline)
     scrambled = links.clone().view(1, 4, -1)
     block = scrambled[..., : N_BUCKETS_IN * 100].view(1, 4, N_BUCKETS_IN, 100)
     block[empty] = 123.0  # whatever sits in an empty bucket is ignored
-    torch.testing.assert_close(model(fg, fg_empty, scrambled, empty, lengths), base)
+    torch.testing.assert_close(model(fg, fg_empty, scrambled, empty, lengths, baseline), base)
+
+
+def test_residual_scales_path_flowsim_and_plain_m3_does_not_need_it():
+    torch.manual_seed(0)
+    batch = _batch([2, 4])
+    residual = M3Model(TINY).eval()
+    with torch.no_grad():
+        ratio = residual(*batch) / batch[-1]
+        torch.testing.assert_close(residual(*batch[:-1], 2 * batch[-1]) / (2 * batch[-1]), ratio)
+    plain = M3Model(M3ModelConfig(**{**TINY.to_dict(), "residual": False})).eval()
+    assert plain(*batch[:-1]).shape == (2, 4, 100)
 
 
 def test_loss_masks_buckets_but_keeps_the_denominator():

@@ -62,9 +62,10 @@ def _body(rows, with_counts=True):
             {
                 "tokens": tok.tolist(),
                 "empty": empty.tolist(),
+                "baseline": base.tolist(),
                 **({"counts": counts.tolist(), "draws": int(draws)} if with_counts else {}),
             }
-            for tok, empty, counts, _, draws in rows
+            for tok, empty, counts, base, draws in rows
         ]
     }
 
@@ -75,12 +76,11 @@ def test_served_predictions_and_estimate_equal_local(served, features):
     assert reply.status_code == 200, reply.text
     got = np.array(reply.json()["percentiles"])
     local = []
-    for tok, empty, *_ in features:
+    for tok, empty, _, base, _ in features:
         t, e = torch.from_numpy(tok[None]), torch.from_numpy(empty[None])
+        n, b = torch.tensor([len(tok) - 1]), torch.from_numpy(base[None])
         with torch.no_grad():
-            local.append(
-                model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], torch.tensor([len(tok) - 1]))[0].numpy()
-            )
+            local.append(model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], n, b)[0].numpy())
     np.testing.assert_allclose(got, np.stack(local), rtol=1e-4, atol=1e-5)
     est = aggregate(
         np.stack(local), np.stack([r[2] for r in features]), np.array([r[4] for r in features])
@@ -101,5 +101,8 @@ def test_bad_requests_get_400(served, features):
     short = {"paths": [{"tokens": [[1.0] * 5, [1.0] * 5], "empty": [[True] * 10] * 2}]}
     bad = httpx.post(f"{url}/predict", json=short, timeout=60)
     assert bad.status_code == 400 and "paths[0]" in bad.text
+    no_base = {"paths": [{k: v for k, v in body["paths"][0].items() if k != "baseline"}]}
+    bad = httpx.post(f"{url}/predict", json=no_base, timeout=60)
+    assert bad.status_code == 400 and "paths[0].baseline" in bad.text
     health = httpx.get(f"{url}/health", timeout=30).json()
     assert health["supported_cc"] == ["dctcp"] and health["batches"] >= 1
