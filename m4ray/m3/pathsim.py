@@ -79,6 +79,17 @@ def check_flows(n_links: int, a: np.ndarray, b: np.ndarray, bits: np.ndarray, st
         raise InputError("start times must be finite", field="start_s")
 
 
+def _drained(heaps, service, rates, tick: float) -> list[tuple[int, int]]:
+    """Pop ``(class, flow)`` of every flow whose last bit has drained."""
+    out = []
+    for c, heap in enumerate(heaps):
+        while heap and heap[0][0] - service[c] <= max(
+            _REL_TIE * max(heap[0][0], 1.0), rates[c] * tick
+        ):
+            out.append((c, heapq.heappop(heap)[1]))
+    return out
+
+
 def path_drain_times(
     a: np.ndarray,
     b: np.ndarray,
@@ -129,14 +140,15 @@ def path_drain_times(
                 service[c] += rates[c] * (t - now)
         now = t
         if t_done <= t_arrive:
-            for c in range(k):  # every flow whose last bit drains now (ties included)
-                heap = heaps[c]
-                while heap and heap[0][0] - service[c] <= _REL_TIE * max(heap[0][0], 1.0):
-                    _, i = heapq.heappop(heap)
-                    finish[i] = now
-                    counts[c] -= 1
-                    active -= 1
-                    dirty = True
+            # every flow whose last bit drains now, ties included: within a relative tolerance
+            # in bits, or closer than the clock can resolve (a few ulps of `now`: a remainder
+            # that advances no time must still finish, or the loop would spin)
+            done = _drained(heaps, service, rates, 4 * math.ulp(now))
+            for c, i in done:
+                finish[i] = now
+                counts[c] -= 1
+            active -= len(done)
+            dirty = True
         else:
             while nxt < n and starts[nxt] <= now:
                 i = order[nxt]

@@ -108,3 +108,17 @@ def test_bad_flows_are_rejected():
         path_drain_times([1], [1], [8000.0], [0.0], [10 * G, 10 * G])
     with pytest.raises(InputError, match="bits"):
         path_drain_times([0], [1], [0.0], [0.0], [10 * G])
+
+
+@pytest.mark.timeout(60)
+def test_small_flows_late_in_a_run_always_finish():
+    """Regression: a remainder of a small flow below the clock's resolution at t ~ 1 s (the HPCC
+    traces start there) advanced no time and the loop spun forever."""
+    for seed in (98, *range(10)):  # 98 spun before the fix
+        rng = np.random.default_rng(seed)
+        a = rng.integers(0, 4, 150)
+        b = np.array([rng.integers(x + 1, 5) for x in a])
+        bits = (np.maximum(rng.pareto(1.2, 150) * 2000, 50) + 48) * 8
+        start = 1.0 + np.sort(rng.uniform(0, 0.02, 150))
+        out = path_drain_times(a, b, bits, start, LOT5, nic_cap_bps=10 * G)
+        assert np.isfinite(out).all() and (out >= bits / (10 * G) - 1e-14).all()  # ulps of 1 s
