@@ -66,6 +66,17 @@ class M3TrainConfig:
         if not 0 <= self.val_fraction + self.test_fraction < 1:
             raise InputError("val + test fractions must be in [0, 1)", field="train.val_fraction")
 
+    def loop(self):
+        """The Ray Train per-worker function for this config."""
+        return train_loop
+
+    def dataset_dir(self) -> str:
+        return self.dataset
+
+    def resolved(self) -> M3TrainConfig:
+        """The config with an absolute dataset path (workers run in other directories)."""
+        return dataclasses.replace(self, dataset=str(Path(self.dataset).resolve()))
+
 
 @dataclass(kw_only=True, slots=True)
 class Lots:
@@ -249,7 +260,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     run_dir = Path(sweep.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     version = dataset_version(cfg.dataset)
-    cfg = dataclasses.replace(cfg, dataset=str(Path(cfg.dataset).resolve()))
+    cfg = cfg.resolved()
     lots = load_lots(cfg.dataset)  # fails here, not in a worker, on a bad dataset
     uri = tracking_uri(cfg, run_dir)
     name = f"{sweep.name}-{fingerprint([raw_config.get('train'), version], 8)}"

@@ -9,11 +9,13 @@ calls ``ray.train.report``. A restarted run resumes from the latest checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,18 @@ class TrainConfig:
             raise InputError("must be > 0", field="train.lr")
         if self.loss not in ("flow", "period"):
             raise InputError(f"unknown loss {self.loss!r} (flow, period)", field="train.loss")
+
+    def loop(self):
+        """The Ray Train per-worker function for this config."""
+        return train_loop
+
+    def dataset_dir(self) -> str:
+        return self.data.dataset
+
+    def resolved(self) -> TrainConfig:
+        """The config with an absolute dataset path (workers run in other directories)."""
+        data = dataclasses.replace(self.data, dataset=str(Path(self.data.dataset).resolve()))
+        return dataclasses.replace(self, data=data)
 
 
 def shard(items: list, rank: int, world: int) -> list:

@@ -1,9 +1,11 @@
 """``python -m m4ray.sweeps +experiment=tune``: Ray Tune (ASHA) around the training driver.
 
 Each trial is a function trainable that builds and fits the same ``TorchTrainer`` as
-``+experiment=train`` with its sampled settings (dotted keys into ``TrainConfig``: ``lr``,
-``model.hidden``, ``weight_remain``, ``batch_size`` …); ``TuneReportCallback`` forwards rank 0's
-per-epoch metrics, so ASHA stops weak trials early on ``val_loss``. Every trial has its own MLflow
+``+experiment=train`` (or ``train_m3``: ``+experiment=tune_m3``) with its sampled settings (dotted
+keys into the train config: ``lr``, ``model.hidden``, ``weight_remain``, ``batch_size`` …); the
+train config names its training loop and dataset (``loop()``, ``dataset_dir()``,
+``resolved()``); ``TuneReportCallback`` forwards rank 0's per-epoch metrics, so ASHA stops weak
+trials early on ``val_loss``. Every trial has its own MLflow
 run in the experiment ``<train.experiment>-tune``. The end prints every trial, the best config and
 the best trial's checkpoint directory.
 """
@@ -19,7 +21,7 @@ from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
 from m4ray.runtime.cluster import start_ray
 from m4ray.train.job import mlflow_run, tracking_uri
-from m4ray.train.loop import TrainConfig, train_loop
+from m4ray.train.loop import TrainConfig
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice")
 
@@ -97,7 +99,7 @@ def trial(config: dict[str, Any]) -> None:
     name = f"trial-{fingerprint(values, 8)}"
     run_id = mlflow_run(meta["uri"], meta["experiment"], name, {"train": values}, meta["version"])
     TorchTrainer(
-        train_loop,
+        cfg.loop(),
         train_loop_config={"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": meta["uri"]},
         scaling_config=ScalingConfig(
             num_workers=cfg.num_workers, resources_per_worker={"CPU": meta["worker_cpus"]}
@@ -122,9 +124,8 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         check_key(cfg, key)
     run_dir = Path(sweep.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    version = dataset_version(cfg.data.dataset)
-    data = dataclasses.replace(cfg.data, dataset=str(Path(cfg.data.dataset).resolve()))
-    cfg = dataclasses.replace(cfg, data=data)
+    version = dataset_version(cfg.dataset_dir())
+    cfg = cfg.resolved()  # trials run in other directories
     uri = tracking_uri(cfg, run_dir)
     start_ray(sweep.ray)
     meta = {

@@ -156,3 +156,20 @@ def test_model_inference_is_batched_consistently(m3_run):
     alone = np.concatenate([predict(model, lots.take([i])) for i in range(len(lots))])
     np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-5)
     assert torch.isfinite(torch.from_numpy(together)).all()
+
+
+@pytest.mark.slow
+def test_tune_m3_runs_trials_with_their_own_mlflow_runs(m3_run):
+    import mlflow
+
+    out, _, _ = m3_run
+    proc = sweep(out, "+experiment=tune_m3", "train.epochs=2", "tune.num_samples=2",
+                 "tune.grace_period=1", "train.num_workers=1", "train.val_fraction=0.2",
+                 "train.test_fraction=0.2", "train.model.heads=2",
+                 "tune.space={lr: {choice: [0.001]}, model.dim: {choice: [16, 32]}, "
+                 "model.layers: {choice: [1]}, batch_size: {choice: [4]}}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "best:" in proc.stdout
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{out / 'tune_m3' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("m3-tune").experiment_id])
+    assert len(runs) == 2
