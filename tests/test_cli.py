@@ -10,6 +10,7 @@ import time
 import pandas as pd
 import pytest
 
+from m4ray.config import CONF_DIR
 from tests.conftest import PYTHON, REPO
 
 
@@ -72,8 +73,8 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
     [
         (
             [],
-            "choose an experiment with +experiment=<name>; "
-            "available: datagen, gray_failure, scale, serve, train, tune, workload",
+            "choose an experiment with +experiment=<name>; available: "
+            + ", ".join(sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))),
         ),
         (["+experiment=gray_failure", "backends=[nope]"], "unknown backend 'nope'; valid choices"),
         (["+experiment=gray_failure", "workload.path=/no/such.txt"], "/no/such.txt"),
