@@ -156,8 +156,7 @@ class LotScenario:
         )
 
     def config_vector(self) -> np.ndarray:
-        routing = self.lot().routing(self.wire)
-        bdp = fg_bdp_bytes(routing, self.n_links, self.ns3.rdma.ack_bytes)
+        bdp = fg_bdp_bytes(self.lot(), self.wire, self.ns3.rdma.ack_bytes)
         return self.net_config().vector(self.n_links, np.asarray(self.capacity_bps), bdp)
 
     def params13(self) -> list[float]:
@@ -212,7 +211,7 @@ class LotScenario:
             )
         ]
         fct = run_trace(lot.topology(), flows, ns3, routing).column("fct_s").to_numpy()
-        ideal, _ = ideal_and_delay(routing, scn, lot.nic_cap_bps)
+        ideal, _ = ideal_and_delay(lot, self.wire, scn)
         _, flowsim = flowsim_fct(scn, self.wire, lot)
         slowdown = fct / ideal
         fg = scn.foreground

@@ -161,7 +161,7 @@ def path_features(routed: RoutedFlows, sampled, wire: WireFormat, network: NetCo
             )
         lot = LotNetwork.of(scn)
         _, slowdown = flowsim_fct(scn, wire, lot)
-        bdp = fg_bdp_bytes(lot.routing(wire), scn.n_links, 64)
+        bdp = fg_bdp_bytes(lot, wire, 64)
         config = network.vector(scn.n_links, scn.capacity_bps, bdp)
         fg = scn.foreground
         tok, empty = tokens(slowdown, scn.size_bytes, scn.a, scn.b, fg, config)

@@ -75,21 +75,35 @@ class NetConfig:
         return vec
 
 
+_QUANTILES = np.arange(1, N_PCT + 1) / 100
+
+
+def nearest_ranks(n: np.ndarray | int) -> np.ndarray:
+    """Indices into ``n`` sorted values of the 1st..100th percentiles, nearest rank: numpy's
+    ``method='nearest'`` (round half to even), shape ``(*shape(n), 100)``."""
+    n = np.asarray(n)
+    return np.around((n[..., None] - 1) * _QUANTILES).astype(np.int64)
+
+
 def percentiles(values: np.ndarray) -> np.ndarray:
     """The 1st..100th percentiles, nearest rank (m3's ``method='nearest'``)."""
-    return np.percentile(values, np.arange(1, N_PCT + 1), method="nearest")
+    return np.sort(values)[nearest_ranks(len(values))]
 
 
 def bucket_percentiles(
     values: np.ndarray, size_bytes: np.ndarray, edges: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(len(edges)+1, 100)`` percentiles of ``values`` per size bucket, and the empty mask."""
+    """``(len(edges)+1, 100)`` percentiles of ``values`` per size bucket, and the empty mask
+    (one sort for all buckets)."""
+    n_buckets = len(edges) + 1
     bucket = np.digitize(size_bytes, edges)
-    out = np.zeros((len(edges) + 1, N_PCT))
-    empty = np.ones(len(edges) + 1, dtype=bool)
-    for k in np.unique(bucket).tolist():
-        out[k] = percentiles(values[bucket == k])
-        empty[k] = False
+    ordered = np.asarray(values)[np.lexsort((values, bucket))]
+    count = np.bincount(bucket, minlength=n_buckets)
+    offset = np.concatenate([[0], np.cumsum(count)[:-1]])
+    empty = count == 0
+    out = np.zeros((n_buckets, N_PCT))
+    full = ~empty
+    out[full] = ordered[offset[full, None] + nearest_ranks(count[full])]
     return out, empty
 
 

@@ -65,39 +65,68 @@ class LotNetwork:
     def routing(self, wire: WireFormat) -> Routing:
         return Routing(self.topology(), wire=wire)
 
+    def path(self, a: int, b: int) -> Path:
+        """The route of class ``(a, b)`` on :meth:`topology`, as ``routing(...).path(a, b)`` gives
+        it (same sums in the same order), without building a router: the access link from host
+        ``a`` unless ``a == 0``, path links ``a .. b-1``, the access link to host ``b`` unless
+        ``b == L``."""
+        access = self.nic_cap_bps * ACCESS_SPEEDUP
+        hops = [(self.latency_s[k], self.capacity_bps[k]) for k in range(a, b)]
+        if a > 0:
+            hops.insert(0, (self.access_latency_s, access))
+        if b < self.n_links:
+            hops.append((self.access_latency_s, access))
+        return Path(
+            links=(),  # not needed by the latency terms
+            latency_s=sum(lat for lat, _ in hops),
+            inverse_bw_sum=sum(1.0 / bw for _, bw in hops),
+            bottleneck_bps=min(bw for _, bw in hops),
+        )
 
-def fg_bdp_bytes(routing: Routing, n_links: int, ack_bytes: int) -> float:
+
+def fg_bdp_bytes(lot: LotNetwork, wire: WireFormat, ack_bytes: int) -> float:
     """The foreground's bandwidth-delay product on a lot (bytes): edge rate × (one-way latency
     both ways + a data packet and an ACK stored and forwarded at every hop)."""
-    path = routing.path(0, n_links)
-    packet = routing.wire.mtu_bytes + routing.wire.header_bytes
+    path = lot.path(0, lot.n_links)
+    packet = wire.mtu_bytes + wire.header_bytes
     rtt = 2 * path.latency_s + (packet + ack_bytes) * 8 * path.inverse_bw_sum
     return path.bottleneck_bps * rtt / 8
 
 
-def class_paths(routing: Routing, a: np.ndarray, b: np.ndarray, cap_bps: float) -> dict:
+def class_paths(lot: LotNetwork, a: np.ndarray, b: np.ndarray) -> dict:
     """The lot route of each class ``(a, b)`` present, its bottleneck lowered to the NIC cap."""
     out: dict[tuple[int, int], Path] = {}
-    for key in set(zip(a.tolist(), b.tolist(), strict=True)):
-        path = routing.path(*key)
-        out[key] = dataclasses.replace(path, bottleneck_bps=min(path.bottleneck_bps, cap_bps))
+    width = lot.n_links + 1
+    for key in np.unique(np.asarray(a) * width + np.asarray(b)).tolist():
+        path = lot.path(*divmod(key, width))
+        out[divmod(key, width)] = dataclasses.replace(
+            path, bottleneck_bps=min(path.bottleneck_bps, lot.nic_cap_bps)
+        )
     return out
 
 
 def ideal_and_delay(
-    routing: Routing, scenario: PathScenario, cap_bps: float
+    lot: LotNetwork, wire: WireFormat, scenario: PathScenario
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per flow: the ideal FCT and the part of it that does not drain at the bottleneck (s)."""
-    paths = class_paths(routing, scenario.a, scenario.b, cap_bps)
-    ideal = np.empty(len(scenario.a))
-    delay = np.empty(len(scenario.a))
-    for i, (a, b, size) in enumerate(
-        zip(scenario.a.tolist(), scenario.b.tolist(), scenario.size_bytes.tolist(), strict=True)
-    ):
-        path = paths[(a, b)]
-        ideal[i] = routing.ideal_fct(size, path)
-        delay[i] = routing.delivery_delay(size, path)
+    """Per flow: the ideal FCT and the part of it that does not drain at the bottleneck (s):
+    :meth:`Routing.ideal_fct` and :meth:`Routing.delivery_delay`, vectorised per class."""
+    paths = class_paths(lot, scenario.a, scenario.b)
+    size = np.asarray(scenario.size_bytes, dtype=np.int64)
+    first = wire_bytes(np.minimum(size, wire.mtu_bytes), wire)
+    wire_bits = wire_bytes(size, wire) * 8
+    ideal = np.empty(len(size))
+    delay = np.empty(len(size))
+    for (a, b), path in paths.items():
+        mask = (scenario.a == a) & (scenario.b == b)
+        d = path.latency_s + first[mask] * 8 * (path.inverse_bw_sum - 1 / path.bottleneck_bps)
+        delay[mask] = d
+        ideal[mask] = d + wire_bits[mask] / path.bottleneck_bps
     return ideal, delay
+
+
+def wire_bytes(size_bytes: np.ndarray, wire: WireFormat) -> np.ndarray:
+    """:meth:`WireFormat.wire_bytes` of an integer array."""
+    return size_bytes + -(-size_bytes // wire.mtu_bytes) * wire.header_bytes
 
 
 def flowsim_fct(
@@ -105,7 +134,7 @@ def flowsim_fct(
 ) -> tuple[np.ndarray, np.ndarray]:
     """flowSim on the path's lot: FCT (s) and slowdown of every (pseudo-)flow."""
     lot = lot or LotNetwork.of(scenario)
-    bits = np.array([wire.wire_bytes(int(s)) * 8.0 for s in scenario.size_bytes.tolist()])
+    bits = wire_bytes(np.asarray(scenario.size_bytes, dtype=np.int64), wire) * 8.0
     drain = path_drain_times(
         scenario.a,
         scenario.b,
@@ -114,6 +143,6 @@ def flowsim_fct(
         lot.capacity_bps,
         nic_cap_bps=lot.nic_cap_bps,
     )
-    ideal, delay = ideal_and_delay(lot.routing(wire), scenario, lot.nic_cap_bps)
+    ideal, delay = ideal_and_delay(lot, wire, scenario)
     fct = drain + delay
     return fct, fct / ideal

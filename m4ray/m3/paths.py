@@ -15,7 +15,7 @@ Units: bytes, seconds.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +55,12 @@ class PathScenario:
 
 
 class RoutedFlows:
-    """A network-wide flow set with every flow's route, indexed by path and by link."""
+    """A network-wide flow set with every flow's route, indexed by path and by link.
+
+    Holds arrays only (it travels to the Ray tasks that build path scenarios): ``paths`` are the
+    unique routes, ``path_of`` each flow's index into them, ``by_path`` each route's flows, and a
+    CSR index of (flow, hop) by directed link.
+    """
 
     def __init__(self, flows: list[Flow], routing: Routing) -> None:
         if not flows:
@@ -70,67 +75,84 @@ class RoutedFlows:
                         f"the topology ({len(hosts)} hosts)",
                         field=name,
                     )
-        self.flows = flows
-        self.routing = routing
-        self.routes = [routing.path(f.src, f.dst, f.id).links for f in flows]
-        self.by_path: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        self.by_link: dict[int, list[int]] = defaultdict(list)
-        for i, route in enumerate(self.routes):
-            self.by_path[route].append(i)
-            for link in route:
-                self.by_link[link].append(i)
+        topo = routing.topo
+        self.capacity_bps = np.asarray(topo.bandwidth_bps, dtype=np.float64)
+        self.latency_s = np.asarray(topo.latency_s, dtype=np.float64)
+        index: dict[tuple[int, ...], int] = {}
+        path_of = [
+            index.setdefault(routing.path(f.src, f.dst, f.id).links, len(index)) for f in flows
+        ]
+        self.paths: list[tuple[int, ...]] = list(index)
+        self.path_of = np.array(path_of, dtype=np.int64)
+        self.n_flows = len(flows)
+        members = np.argsort(self.path_of, kind="stable")
+        split = np.cumsum(np.bincount(self.path_of, minlength=len(self.paths)))[:-1]
+        self.by_path = dict(zip(self.paths, np.split(members, split), strict=True))
+        # every (flow, hop) on every link, grouped by link
+        length = np.array([len(p) for p in self.paths])
+        table = np.full((len(self.paths), length.max()), -1, dtype=np.int64)
+        for k, p in enumerate(self.paths):
+            table[k, : len(p)] = p
+        hops = length[self.path_of]
+        flow = np.repeat(np.arange(self.n_flows), hops)
+        hop = np.arange(hops.sum()) - np.repeat(np.cumsum(hops) - hops, hops)
+        link = table[self.path_of[flow], hop]
+        order = np.lexsort((hop, flow, link))
+        self._link_flow, self._link_hop = flow[order], hop[order]
+        self._link_ptr = np.searchsorted(link[order], np.arange(len(self.capacity_bps) + 1))
         self.size_bytes = np.array([f.size_bytes for f in flows], dtype=np.int64)
         self.start_s = np.array([f.start_s for f in flows], dtype=np.float64)
+
+    def route(self, i: int) -> tuple[int, ...]:
+        """The directed links flow ``i`` takes."""
+        return self.paths[self.path_of[i]]
+
+    def on_link(self, link: int) -> tuple[np.ndarray, np.ndarray]:
+        """The flows crossing directed ``link`` (ascending) and the hop at which each does."""
+        lo, hi = self._link_ptr[link], self._link_ptr[link + 1]
+        return self._link_flow[lo:hi], self._link_hop[lo:hi]
 
     def sample(self, n_paths: int, seed: int) -> list[tuple[tuple[int, ...], int]]:
         """``n_paths`` draws of a path ∝ its foreground flows: the unique paths with their draw
         counts (which sum to ``n_paths``), in order of first draw."""
         if n_paths < 1:
             raise InputError(f"must be >= 1, got {n_paths}", field="n_paths")
-        picks = np.random.default_rng(seed).integers(len(self.flows), size=n_paths)
-        return list(Counter(self.routes[i] for i in picks.tolist()).items())
+        picks = np.random.default_rng(seed).integers(self.n_flows, size=n_paths)
+        return list(Counter(self.paths[k] for k in self.path_of[picks].tolist()).items())
 
     def scenario(self, path: tuple[int, ...], draws: int = 1) -> PathScenario:
-        """The parking lot of ``path``: its foreground, then background (pseudo-)flows."""
+        """The parking lot of ``path``: its foreground, then background (pseudo-)flows in flow
+        order, each flow's stretches in route order."""
         if path not in self.by_path:
             raise InputError(f"no flow takes the path {list(path)}", field="path")
-        position = {link: k for k, link in enumerate(path)}
-        rows: list[tuple[int, int, int]] = [(0, len(path), i) for i in self.by_path[path]]
-        n_fg = len(rows)
-        crossing = sorted(
-            {i for link in path for i in self.by_link[link]} - set(self.by_path[path])
-        )
-        for i in crossing:
-            rows.extend((a, b, i) for a, b in _stretches(self.routes[i], position))
-        a, b, origin = (np.array(col, dtype=np.int64) for col in zip(*rows, strict=True))
-        topo = self.routing.topo
+        fg = self.by_path[path]
+        parts = [self.on_link(link) for link in path]
+        flow = np.concatenate([f for f, _ in parts])
+        hop = np.concatenate([h for _, h in parts])
+        pos = np.repeat(np.arange(len(path)), [len(f) for f, _ in parts])
+        other = self.path_of[flow] != self.path_of[fg[0]]
+        flow, hop, pos = flow[other], hop[other], pos[other]
+        order = np.lexsort((hop, flow))
+        flow, hop, pos = flow[order], hop[order], pos[order]
+        # a stretch goes on while the flow's next hop is the path's next link
+        new = np.ones(len(flow), dtype=bool)
+        new[1:] = (flow[1:] != flow[:-1]) | (hop[1:] != hop[:-1] + 1) | (pos[1:] != pos[:-1] + 1)
+        first = np.flatnonzero(new)
+        last = np.append(first[1:], len(flow)) - 1
+        n_links = len(path)
+        a = np.concatenate([np.zeros(len(fg), dtype=np.int64), pos[first]])
+        b = np.concatenate([np.full(len(fg), n_links, dtype=np.int64), pos[last] + 1])
+        origin = np.concatenate([fg, flow[first]])
         links = np.asarray(path, dtype=np.int64)
         return PathScenario(
             links=tuple(path),
-            capacity_bps=topo.bandwidth_bps[links].copy(),
-            latency_s=topo.latency_s[links].copy(),
+            capacity_bps=self.capacity_bps[links].copy(),
+            latency_s=self.latency_s[links].copy(),
             a=a,
             b=b,
             size_bytes=self.size_bytes[origin],
             start_s=self.start_s[origin],
             origin=origin,
-            foreground=np.arange(len(rows)) < n_fg,
+            foreground=np.arange(len(origin)) < len(fg),
             draws=draws,
         )
-
-
-def _stretches(route: tuple[int, ...], position: dict[int, int]) -> list[tuple[int, int]]:
-    """``(a, b)`` of each maximal run of the route on consecutive path links."""
-    out: list[tuple[int, int]] = []
-    start = last = None
-    for link in route:
-        k = position.get(link)
-        if k is not None and last is not None and k == last + 1:
-            last = k
-            continue
-        if start is not None:
-            out.append((start, last + 1))
-        start = last = k
-    if start is not None:
-        out.append((start, last + 1))
-    return out

@@ -24,6 +24,8 @@ import math
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
+from m4ray.m3.native import library as native_library
+from m4ray.m3.native import path_finish as native_finish
 
 _REL_TIE = 1e-9  # as m4ray.sim.flowsim: events this close (relative) happen together
 
@@ -98,28 +100,55 @@ def path_drain_times(
     capacity_bps: np.ndarray | list[float],
     *,
     nic_cap_bps: float | None = None,
+    native: bool | None = None,
 ) -> np.ndarray:
     """Seconds from each flow's arrival until its last bit drained (index order of the input).
 
     ``a``/``b``: first path link and last link + 1 of each flow; ``bits``: wire bits; ``start_s``:
-    arrival times; ``capacity_bps``: the path's links in order.
+    arrival times; ``capacity_bps``: the path's links in order. ``native``: run the compiled loop
+    (:mod:`m4ray.m3.native`, same answers to rounding; ``None``: where it builds) or this module's.
     """
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     bits, start_s = np.asarray(bits, dtype=np.float64), np.asarray(start_s, dtype=np.float64)
     capacity = [float(c) for c in capacity_bps]
     check_flows(len(capacity), a, b, bits, start_s)
-    n = len(a)
+    flow_class, classes = _classes(a, b, len(capacity))
+    order = np.argsort(start_s, kind="stable")
+    if native is None:
+        native = native_library() is not None
+    run = native_finish if native else _finish
+    finish = run(flow_class, bits, start_s, order, classes, capacity, nic_cap_bps=nic_cap_bps)
+    return finish - start_s
+
+
+def _classes(a: np.ndarray, b: np.ndarray, n_links: int) -> tuple[np.ndarray, list]:
+    """Each flow's class index and the classes ``(a, b)``, numbered in order of first appearance."""
+    uniq, first, inverse = np.unique(a * (n_links + 1) + b, return_index=True, return_inverse=True)
+    by_first = np.argsort(first)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[by_first] = np.arange(len(uniq))
+    classes = [divmod(int(k), n_links + 1) for k in uniq[by_first]]
+    return rank[inverse.reshape(-1)], classes
+
+
+def _finish(  # noqa: PLR0917 (the compiled loop's signature)
+    flow_class: np.ndarray,
+    bits: np.ndarray,
+    start_s: np.ndarray,
+    order: np.ndarray,
+    classes: list[tuple[int, int]],
+    capacity: list[float],
+    *,
+    nic_cap_bps: float | None,
+) -> np.ndarray:
+    """The event loop in Python: the time each flow's last bit drained."""
+    n, k = len(flow_class), len(classes)
     finish = np.full(n, np.nan)
-    class_of: dict[tuple[int, int], int] = {}
-    flow_class = np.empty(n, dtype=np.int64)
-    for i, key in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
-        flow_class[i] = class_of.setdefault(key, len(class_of))
-    classes = list(class_of)
-    k = len(classes)
     counts, service = [0] * k, [0.0] * k
     heaps: list[list[tuple[float, int]]] = [[] for _ in range(k)]
-    order = np.argsort(start_s, kind="stable").tolist()
+    order = order.tolist()
     starts = start_s[order].tolist()
+    cls, bits = flow_class.tolist(), bits.tolist()
     rates: list[float] = [0.0] * k
     now, nxt, active, dirty = 0.0, 0, 0, False
     while nxt < n or active:
@@ -152,10 +181,10 @@ def path_drain_times(
         else:
             while nxt < n and starts[nxt] <= now:
                 i = order[nxt]
-                c = int(flow_class[i])
+                c = cls[i]
                 heapq.heappush(heaps[c], (service[c] + bits[i], i))
                 counts[c] += 1
                 active += 1
                 nxt += 1
                 dirty = True
-    return finish - start_s
+    return finish

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from m4ray.errors import InputError
-from m4ray.m3.paths import RoutedFlows, _stretches
+from m4ray.m3.paths import RoutedFlows
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import fat_tree
@@ -25,9 +25,9 @@ def routed():
 
 def test_every_flow_is_foreground_of_exactly_one_path(routed):
     owners = sorted(i for members in routed.by_path.values() for i in members)
-    assert owners == list(range(len(routed.flows)))
+    assert owners == list(range(routed.n_flows))
     for path, members in routed.by_path.items():
-        assert all(routed.routes[i] == path for i in members)
+        assert all(routed.route(i) == path for i in members)
     assert {len(p) for p in routed.by_path} <= {2, 4, 6}
 
 
@@ -46,19 +46,56 @@ def test_scenario_holds_foreground_and_every_crossing_flow(routed):
     fg = scn.foreground
     assert sorted(scn.origin[fg]) == sorted(routed.by_path[path])
     assert (scn.a[fg] == 0).all() and (scn.b[fg] == 6).all()
-    crossing = {i for link in path for i in routed.by_link[link]} - set(routed.by_path[path])
+    crossing = {i for link in path for i in routed.on_link(link)[0].tolist()} - set(
+        routed.by_path[path].tolist()
+    )
     assert set(scn.origin[~fg].tolist()) == crossing
     for a, b, i in zip(scn.a[~fg], scn.b[~fg], scn.origin[~fg], strict=True):
-        assert set(path[a:b]) <= set(routed.routes[i])  # it uses every link of its stretch
+        assert set(path[a:b]) <= set(routed.route(i))  # it uses every link of its stretch
     assert (scn.capacity_bps == 10e9).all()
     np.testing.assert_array_equal(scn.size_bytes, routed.size_bytes[scn.origin])
 
 
-def test_leave_and_rejoin_becomes_two_pseudo_flows():
+def _stretches(route: tuple[int, ...], position: dict[int, int]) -> list[tuple[int, int]]:
+    """Reference: ``(a, b)`` of each maximal run of the route on consecutive path links."""
+    out: list[tuple[int, int]] = []
+    start = last = None
+    for link in route:
+        k = position.get(link)
+        if k is not None and last is not None and k == last + 1:
+            last = k
+            continue
+        if start is not None:
+            out.append((start, last + 1))
+        start = last = k
+    if start is not None:
+        out.append((start, last + 1))
+    return out
+
+
+def test_stretch_reference():
     position = {10: 0, 11: 1, 12: 2, 13: 3}
     assert _stretches((10, 11, 99, 13), position) == [(0, 2), (3, 4)]
     assert _stretches((5, 11, 12, 6), position) == [(1, 3)]
     assert _stretches((12, 11), position) == [(2, 3), (1, 2)]
+
+
+def test_scenarios_match_the_flow_by_flow_reference(routed):
+    """Every path's lot equals the scalar construction; in a fat-tree a flow that shares the edge
+    uplink and the downlink of a path but not its core switch leaves and rejoins: pseudo-flows."""
+    split = 0
+    for path, members in routed.by_path.items():
+        scn = routed.scenario(path)
+        position = {link: k for k, link in enumerate(path)}
+        rows = [(0, len(path), i) for i in members.tolist()]
+        crossing = {i for link in path for i in routed.on_link(link)[0].tolist()}
+        for i in sorted(crossing - set(members.tolist())):
+            rows += [(a, b, i) for a, b in _stretches(routed.route(i), position)]
+        expected = np.array(rows).T
+        np.testing.assert_array_equal(np.stack([scn.a, scn.b, scn.origin]), expected)
+        bg = scn.origin[~scn.foreground]
+        split += len(bg) - len(set(bg.tolist()))
+    assert split > 0
 
 
 def test_unknown_hosts_and_empty_input_are_named():

@@ -1,5 +1,5 @@
 """Path flowSim: the analytic cases of reference/flowsim_m3.md A.4, exactly, and agreement with the
-generic flowSim on the same parking-lot topology."""
+generic flowSim on the same parking-lot topology; each for the Python loop and the compiled one."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from m4ray.errors import InputError
+from m4ray.m3 import native
 from m4ray.m3.lot import LotNetwork
 from m4ray.m3.pathsim import class_rates, path_drain_times
 from m4ray.sim.flows import Flow
@@ -15,6 +16,18 @@ from m4ray.sim.routing import WireFormat
 
 G = 1e9
 LOT5 = [10 * G, 40 * G, 40 * G, 10 * G]
+
+
+@pytest.fixture(params=["python", "native"], autouse=True)
+def engine(request, monkeypatch):
+    """Every test here runs on both loops; the compiled one must build on this machine."""
+    if request.param == "python":
+        monkeypatch.setenv("M4RAY_NATIVE", "0")
+    native.library.cache_clear()
+    yield request.param
+    native.library.cache_clear()
+    if request.param == "native":
+        assert native.library() is not None  # no silent fallback
 
 
 def bits(size: int) -> float:
@@ -122,3 +135,33 @@ def test_small_flows_late_in_a_run_always_finish():
         start = 1.0 + np.sort(rng.uniform(0, 0.02, 150))
         out = path_drain_times(a, b, bits, start, LOT5, nic_cap_bps=10 * G)
         assert np.isfinite(out).all() and (out >= bits / (10 * G) - 1e-14).all()  # ulps of 1 s
+
+
+@pytest.mark.parametrize("n_links", [2, 4, 6])
+def test_compiled_loop_matches_python(engine, n_links):
+    if engine == "python":
+        pytest.skip("compares the two loops once")
+    rng = np.random.default_rng(10 + n_links)
+    a, b, size, start = _random_lot(rng, n_links, 3000)
+    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
+    wire = [bits(int(s)) for s in size]
+    c = path_drain_times(a, b, wire, start, capacity, nic_cap_bps=10 * G, native=True)
+    py = path_drain_times(a, b, wire, start, capacity, nic_cap_bps=10 * G, native=False)
+    assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("n_links", [2, 4, 6])
+def test_lot_path_formula_is_the_routers_path(n_links):
+    """LotNetwork.path (used for every ideal FCT) gives what routing the lot topology gives."""
+    capacity = [10 * G] + [40 * G] * (n_links - 2) + [25 * G]
+    latency = tuple(1e-6 * (k + 1) for k in range(n_links))
+    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=latency, nic_cap_bps=10 * G)
+    routing = lot.routing(WireFormat())
+    for a in range(n_links):
+        for b in range(a + 1, n_links + 1):
+            ours, theirs = lot.path(a, b), routing.path(a, b)
+            assert (ours.latency_s, ours.inverse_bw_sum, ours.bottleneck_bps) == (
+                theirs.latency_s,
+                theirs.inverse_bw_sum,
+                theirs.bottleneck_bps,
+            )

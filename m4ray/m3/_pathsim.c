@@ -1,0 +1,185 @@
+/* flowSim on one path, compiled: the same algorithm, operation for operation, as
+ * m4ray/m3/pathsim.py (class water-filling, per-class service heaps, NIC cap, tie rules), so the
+ * two agree to rounding. Built and loaded by m4ray/m3/native.py; no Python API, called through
+ * ctypes. Units: bits, bits/s, seconds.
+ *
+ * Returns 0, or 1 when a class with flows has zero rate (a path link without capacity), 2 when
+ * memory runs out. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define REL_TIE 1e-9
+
+typedef struct {
+    double key;  /* service at which the flow is done */
+    int64_t flow;
+} item;
+
+typedef struct {
+    item *v;
+    int64_t n;
+} heap;
+
+static int less(const item *x, const item *y) {
+    /* Python compares (key, flow) tuples */
+    return x->key < y->key || (x->key == y->key && x->flow < y->flow);
+}
+
+static void push(heap *h, item it) {
+    int64_t i = h->n++;
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (!less(&it, &h->v[p])) break;
+        h->v[i] = h->v[p];
+        i = p;
+    }
+    h->v[i] = it;
+}
+
+static item pop(heap *h) {
+    item top = h->v[0];
+    item last = h->v[--h->n];
+    int64_t i = 0, n = h->n;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && less(&h->v[c + 1], &h->v[c])) c++;
+        if (!less(&h->v[c], &last)) break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (n) h->v[i] = last;
+    return top;
+}
+
+/* Max-min fair per-flow rate of each class, by progressive filling (pathsim.class_rates). */
+static void class_rates(int k, const int *ca, const int *cb, const int64_t *counts, int L,
+                        const double *capacity, double cap, double *rate, int *open_,
+                        double *remaining, int64_t *load, char *bottleneck) {
+    int n_open = 0;
+    for (int i = 0; i < k; i++) {
+        rate[i] = 0.0;
+        if (counts[i] > 0) open_[n_open++] = i;
+    }
+    for (int l = 0; l < L; l++) remaining[l] = capacity[l];
+    while (n_open) {
+        for (int l = 0; l < L; l++) load[l] = 0;
+        for (int j = 0; j < n_open; j++) {
+            int i = open_[j];
+            for (int l = ca[i]; l < cb[i]; l++) load[l] += counts[i];
+        }
+        double level = INFINITY;
+        for (int l = 0; l < L; l++)
+            if (load[l]) {
+                double s = remaining[l] / (double)load[l];
+                if (s < level) level = s;
+            }
+        if (cap <= level) {
+            for (int j = 0; j < n_open; j++) rate[open_[j]] = cap;
+            return;
+        }
+        if (level < 0.0) level = 0.0;
+        double limit = level * (1 + REL_TIE);
+        for (int l = 0; l < L; l++)
+            bottleneck[l] = load[l] > 0 && remaining[l] / (double)load[l] <= limit;
+        int still = 0;
+        for (int j = 0; j < n_open; j++) {
+            int i = open_[j];
+            int hit = 0;
+            for (int l = ca[i]; l < cb[i]; l++)
+                if (bottleneck[l]) { hit = 1; break; }
+            if (hit) {
+                rate[i] = level;
+                for (int l = ca[i]; l < cb[i]; l++) remaining[l] -= (double)counts[i] * level;
+            } else {
+                open_[still++] = i;
+            }
+        }
+        n_open = still;
+    }
+}
+
+/* n flows; cls[i]: class index of flow i (0..k-1, numbered in order of first appearance);
+ * ca/cb: each class's first link and last link + 1; order: flow indices by start time (stable);
+ * finish: out, the time each flow's last bit drained. */
+int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const double *start_s,
+                      const int64_t *order, int k, const int *ca, const int *cb, int L,
+                      const double *capacity, double nic_cap, double *finish) {
+    int rc = 2;
+    double cap = nic_cap > 0 ? nic_cap : INFINITY;
+    int64_t *counts = calloc(k, sizeof *counts), *size = calloc(k, sizeof *size);
+    double *service = calloc(k, sizeof *service), *rate = calloc(k, sizeof *rate);
+    heap *heaps = calloc(k, sizeof *heaps);
+    int *open_ = calloc(k, sizeof *open_);
+    double *remaining = calloc(L, sizeof *remaining);
+    int64_t *load = calloc(L, sizeof *load);
+    char *bottleneck = calloc(L, 1);
+    if (!counts || !size || !service || !rate || !heaps || !open_ || !remaining || !load ||
+        !bottleneck)
+        goto out;
+    for (int64_t i = 0; i < n; i++) size[cls[i]]++;
+    for (int c = 0; c < k; c++) {
+        heaps[c].v = malloc((size[c] ? size[c] : 1) * sizeof(item));
+        if (!heaps[c].v) goto out;
+    }
+    for (int64_t i = 0; i < n; i++) finish[i] = NAN;
+    double now = 0.0;
+    int64_t nxt = 0, active = 0;
+    int dirty = 0;
+    while (nxt < n || active) {
+        double t_done = INFINITY;
+        if (active) {
+            if (dirty) {
+                class_rates(k, ca, cb, counts, L, capacity, cap, rate, open_, remaining, load,
+                            bottleneck);
+                dirty = 0;
+            }
+            for (int c = 0; c < k; c++)
+                if (counts[c]) {
+                    if (rate[c] <= 0) { rc = 1; goto out; }
+                    double left = heaps[c].v[0].key - service[c];
+                    double t = now + (left > 0 ? left : 0.0) / rate[c];
+                    if (t < t_done) t_done = t;
+                }
+        }
+        double t_arrive = nxt < n ? start_s[order[nxt]] : INFINITY;
+        double t = t_done <= t_arrive ? t_done : t_arrive;
+        for (int c = 0; c < k; c++)
+            if (counts[c]) service[c] += rate[c] * (t - now);
+        now = t;
+        if (t_done <= t_arrive) {
+            double tick = 4 * (nextafter(now, INFINITY) - now);
+            for (int c = 0; c < k; c++) {
+                heap *h = &heaps[c];
+                while (h->n) {
+                    double key = h->v[0].key;
+                    double tol = REL_TIE * (key > 1.0 ? key : 1.0);
+                    double step = rate[c] * tick;
+                    if (!(key - service[c] <= (tol > step ? tol : step))) break;
+                    finish[pop(h).flow] = now;
+                    counts[c]--;
+                    active--;
+                }
+            }
+            dirty = 1;
+        } else {
+            while (nxt < n && start_s[order[nxt]] <= now) {
+                int64_t i = order[nxt];
+                int64_t c = cls[i];
+                push(&heaps[c], (item){service[c] + bits[i], i});
+                counts[c]++;
+                active++;
+                nxt++;
+                dirty = 1;
+            }
+        }
+    }
+    rc = 0;
+out:
+    if (heaps)
+        for (int c = 0; c < k; c++) free(heaps[c].v);
+    free(counts); free(size); free(service); free(rate); free(heaps); free(open_);
+    free(remaining); free(load); free(bottleneck);
+    return rc;
+}
