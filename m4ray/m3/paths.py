@@ -78,25 +78,26 @@ class RoutedFlows:
         topo = routing.topo
         self.capacity_bps = np.asarray(topo.bandwidth_bps, dtype=np.float64)
         self.latency_s = np.asarray(topo.latency_s, dtype=np.float64)
-        index: dict[tuple[int, ...], int] = {}
-        path_of = [
-            index.setdefault(routing.path(f.src, f.dst, f.id).links, len(index)) for f in flows
-        ]
-        self.paths: list[tuple[int, ...]] = list(index)
-        self.path_of = np.array(path_of, dtype=np.int64)
         self.n_flows = len(flows)
+        ends = np.array([(f.src, f.dst) for f in flows], dtype=np.int64).reshape(-1, 2)
+        table = routing.links_many(ends[:, 0], ends[:, 1], [f.id for f in flows])
+        # unique routes, numbered in order of first appearance
+        row = np.dtype((np.void, table.itemsize * table.shape[1]))
+        rows = np.ascontiguousarray(table).view(row)
+        _, first, inverse = np.unique(rows.reshape(-1), return_index=True, return_inverse=True)
+        by_first = np.argsort(first)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[by_first] = np.arange(len(first))
+        self.path_of = rank[inverse.reshape(-1)]
+        self.paths: list[tuple[int, ...]] = [
+            tuple(x for x in table[i].tolist() if x >= 0) for i in first[by_first].tolist()
+        ]
         members = np.argsort(self.path_of, kind="stable")
         split = np.cumsum(np.bincount(self.path_of, minlength=len(self.paths)))[:-1]
         self.by_path = dict(zip(self.paths, np.split(members, split), strict=True))
-        # every (flow, hop) on every link, grouped by link
-        length = np.array([len(p) for p in self.paths])
-        table = np.full((len(self.paths), length.max()), -1, dtype=np.int64)
-        for k, p in enumerate(self.paths):
-            table[k, : len(p)] = p
-        hops = length[self.path_of]
-        flow = np.repeat(np.arange(self.n_flows), hops)
-        hop = np.arange(hops.sum()) - np.repeat(np.cumsum(hops) - hops, hops)
-        link = table[self.path_of[flow], hop]
+        # every (flow, hop) on every link, grouped by link, then by flow
+        flow, hop = np.nonzero(table >= 0)
+        link = table[flow, hop]
         order = np.lexsort((hop, flow, link))
         self._link_flow, self._link_hop = flow[order], hop[order]
         self._link_ptr = np.searchsorted(link[order], np.arange(len(self.capacity_bps) + 1))

@@ -69,6 +69,17 @@ def mix64(*values: int) -> int:
     return h
 
 
+def mix64_array(*values: np.ndarray) -> np.ndarray:
+    """:func:`mix64` elementwise over integer arrays (uint64 arithmetic wraps as ``& _MASK``)."""
+    h = np.full(np.broadcast(*values).shape, 0x9E3779B97F4A7C15, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for value in values:
+            h = (h ^ np.asarray(value).astype(np.uint64)) * np.uint64(0xBF58476D1CE4E5B9)
+            h = (h ^ (h >> np.uint64(31))) * np.uint64(0x94D049BB133111EB)
+            h ^= h >> np.uint64(29)
+    return h
+
+
 class Routing:
     """Routes flows over a :class:`Topology`; distances are computed lazily per destination host."""
 
@@ -116,6 +127,68 @@ class Routing:
         path = self._path(src, dst, flow_key)
         self._last = (key, path)
         return path
+
+    def links_many(
+        self, src: np.ndarray, dst: np.ndarray, flow_key: np.ndarray, *, chunk: int = 1 << 16
+    ) -> np.ndarray:
+        """The links of many flows at once, hop by hop in numpy: row ``i`` holds
+        ``path(src[i], dst[i], flow_key[i]).links``, padded with -1 (same choices, same errors
+        naming the first bad flow by its index)."""
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        keys = np.array([int(k) & _MASK for k in np.asarray(flow_key).tolist()], dtype=np.uint64)
+        is_host = np.zeros(self.topo.n_nodes + 1, dtype=bool)
+        is_host[list(self._host_set)] = True
+        for name, nodes in (("src", src), ("dst", dst)):
+            bad = np.flatnonzero((nodes < 0) | (nodes >= self.topo.n_nodes) | ~is_host[nodes])
+            if len(bad):
+                raise InputError(
+                    f"flow #{bad[0]}: node {nodes[bad[0]]} is not a host of the topology",
+                    field=name,
+                )
+        if (same := np.flatnonzero(src == dst)).size:
+            raise InputError(
+                f"flow #{same[0]}: source and destination are the same host {src[same[0]]}",
+                field="dst",
+            )
+        targets, target_of = np.unique(dst, return_inverse=True)
+        dist = np.stack([self._distances_to(int(d)) for d in targets.tolist()])
+        dist = np.concatenate([dist, np.full((len(targets), 1), -2)], axis=1)  # pad column
+        if (cut := np.flatnonzero(dist[target_of, src] < 0)).size:
+            i = cut[0]
+            raise InputError(
+                f"flow #{i}: hosts {src[i]} and {dst[i]} are not connected", field="dst"
+            )
+        degree = max(len(out) for out in self.topo.out_links)
+        out = np.full((self.topo.n_nodes, degree), -1, dtype=np.int64)
+        for node, links in enumerate(self.topo.out_links):
+            out[node, : len(links)] = links
+        link_dst = np.append(self.topo.link_dst, self.topo.n_nodes)  # link -1 -> the pad node
+        hops = int(dist[target_of, src].max())
+        table = np.full((len(src), hops), -1, dtype=np.int64)
+        for lo in range(0, len(src), chunk):
+            rows = np.arange(lo, min(lo + chunk, len(src)))
+            node = src[rows].copy()
+            for hop in range(hops):
+                live = node != dst[rows]
+                if not live.any():
+                    break
+                r, v, d, t = rows[live], node[live], dst[rows][live], target_of[rows][live]
+                cand = out[v]
+                nxt = link_dst[cand]
+                here = dist[t, v]
+                ok = (cand >= 0) & (dist[t[:, None], nxt] == here[:, None] - 1)
+                ok &= (nxt == d[:, None]) | ~is_host[nxt]
+                count = ok.sum(axis=1)
+                pick = np.zeros(len(r), dtype=np.int64)
+                many = count > 1
+                if many.any():
+                    h = mix64_array(self.seed, src[r[many]], d[many], keys[r[many]], v[many])
+                    pick[many] = (h % count[many].astype(np.uint64)).astype(np.int64)
+                col = np.argmax(np.cumsum(ok, axis=1) > pick[:, None], axis=1)
+                link = cand[np.arange(len(r)), col]
+                table[r, hop] = link
+                node[live] = self.topo.link_dst[link]
+        return table
 
     def _path(self, src: int, dst: int, flow_key: int) -> Path:
         for name, node in (("src", src), ("dst", dst)):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from m4ray.errors import InputError
@@ -85,3 +86,29 @@ def test_routing_errors():
         Routing(rail_cluster()).path(0, 40)
     with pytest.raises(InputError, match="same host"):
         Routing(rail_cluster()).path(3, 3)
+    many = Routing(two_islands).links_many
+    with pytest.raises(InputError, match=r"flow #0: hosts 0 and 1 are not connected"):
+        many(np.array([0, 0]), np.array([1, 1]), [5, 6])
+    with pytest.raises(InputError, match=r"flow #0: node 40 is not a host"):
+        Routing(rail_cluster()).links_many([40], [3], [0])
+    with pytest.raises(InputError, match=r"flow #1: .*same host 3"):
+        Routing(rail_cluster()).links_many([1, 3], [2, 3], [0, 0])
+
+
+@pytest.mark.parametrize(
+    "topo",
+    [
+        pytest.param(fat_tree(k=8, bandwidth_bps=10e9, oversubscription=2), id="fat-tree"),
+        pytest.param(rail_cluster(), id="rail-cluster"),
+    ],
+)
+def test_links_many_takes_the_same_paths_as_path(topo):
+    routing = Routing(topo, seed=11)
+    rng = np.random.default_rng(0)
+    hosts = np.array(topo.hosts)
+    src, dst = rng.choice(hosts, 3000), rng.choice(hosts, 3000)
+    src, dst = src[src != dst], dst[src != dst]
+    keys = rng.integers(-(2**40), 2**62, len(src))
+    table = Routing(topo, seed=11).links_many(src, dst, keys, chunk=700)
+    for row, s, d, k in zip(table.tolist(), src.tolist(), dst.tolist(), keys.tolist(), strict=True):
+        assert tuple(x for x in row if x >= 0) == routing.path(s, d, k).links
