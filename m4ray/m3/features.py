@@ -90,21 +90,24 @@ def percentiles(values: np.ndarray) -> np.ndarray:
     return np.sort(values)[nearest_ranks(len(values))]
 
 
-def bucket_percentiles(
-    values: np.ndarray, size_bytes: np.ndarray, edges: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(len(edges)+1, 100)`` percentiles of ``values`` per size bucket, and the empty mask
-    (one sort for all buckets)."""
-    n_buckets = len(edges) + 1
-    bucket = np.digitize(size_bytes, edges)
-    ordered = np.asarray(values)[np.lexsort((values, bucket))]
-    count = np.bincount(bucket, minlength=n_buckets)
+def grouped_percentiles(values: np.ndarray, key: np.ndarray, n_keys: int):
+    """``(n_keys, 100)`` percentiles of ``values`` per integer ``key`` (one sort for all), and the
+    mask of keys with no value (their row is zeros)."""
+    ordered = np.asarray(values)[np.lexsort((values, key))]
+    count = np.bincount(key, minlength=n_keys)
     offset = np.concatenate([[0], np.cumsum(count)[:-1]])
     empty = count == 0
-    out = np.zeros((n_buckets, N_PCT))
+    out = np.zeros((n_keys, N_PCT))
     full = ~empty
     out[full] = ordered[offset[full, None] + nearest_ranks(count[full])]
     return out, empty
+
+
+def bucket_percentiles(
+    values: np.ndarray, size_bytes: np.ndarray, edges: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(len(edges)+1, 100)`` percentiles of ``values`` per size bucket, and the empty mask."""
+    return grouped_percentiles(values, np.digitize(size_bytes, edges), len(edges) + 1)
 
 
 def tokens(  # noqa: PLR0917 (the path's columns, in their natural order)
@@ -123,15 +126,23 @@ def tokens(  # noqa: PLR0917 (the path's columns, in their natural order)
     if not foreground.any():
         raise InputError("the path has no foreground flow", field="foreground")
     n_links = int(b[foreground][0])
-    out = np.zeros((n_links + 1, TOKEN_DIM), dtype=np.float32)
-    empty = np.ones((n_links + 1, N_BUCKETS_IN), dtype=bool)
-    groups = [foreground] + [~foreground & (a <= k) & (k < b) for k in range(n_links)]
-    for t, mask in enumerate(groups):
-        if mask.any():
-            pct, empty[t] = bucket_percentiles(slowdown[mask], size_bytes[mask], IN_EDGES)
-            out[t, : N_BUCKETS_IN * N_PCT] = pct.reshape(-1)
-        out[t, N_BUCKETS_IN * N_PCT :] = config
-    return out, empty
+    # one entry per (flow, token): token 0 for the foreground, k + 1 for each link k a
+    # background (pseudo-)flow crosses
+    bg = np.flatnonzero(~foreground)
+    span = b[bg] - a[bg]
+    row = np.concatenate([np.flatnonzero(foreground), np.repeat(bg, span)])
+    step = np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
+    token = np.concatenate(
+        [np.zeros(foreground.sum(), dtype=np.int64), a[bg].repeat(span) + step + 1]
+    )
+    bucket = np.digitize(size_bytes[row], IN_EDGES)
+    pct, empty = grouped_percentiles(
+        slowdown[row], token * N_BUCKETS_IN + bucket, (n_links + 1) * N_BUCKETS_IN
+    )
+    out = np.empty((n_links + 1, TOKEN_DIM), dtype=np.float32)
+    out[:, : N_BUCKETS_IN * N_PCT] = pct.reshape(n_links + 1, -1)
+    out[:, N_BUCKETS_IN * N_PCT :] = config
+    return out, empty.reshape(n_links + 1, N_BUCKETS_IN)
 
 
 def targets(slowdown: np.ndarray, size_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -58,8 +58,8 @@ class RoutedFlows:
     """A network-wide flow set with every flow's route, indexed by path and by link.
 
     Holds arrays only (it travels to the Ray tasks that build path scenarios): ``paths`` are the
-    unique routes, ``path_of`` each flow's index into them, ``by_path`` each route's flows, and a
-    CSR index of (flow, hop) by directed link.
+    unique routes, ``path_of`` each flow's index into them, and CSR indexes of each route's
+    flows (:meth:`members`) and of (flow, hop) by directed link (:meth:`on_link`).
     """
 
     def __init__(self, flows: list[Flow], routing: Routing) -> None:
@@ -92,9 +92,11 @@ class RoutedFlows:
         self.paths: list[tuple[int, ...]] = [
             tuple(x for x in table[i].tolist() if x >= 0) for i in first[by_first].tolist()
         ]
-        members = np.argsort(self.path_of, kind="stable")
-        split = np.cumsum(np.bincount(self.path_of, minlength=len(self.paths)))[:-1]
-        self.by_path = dict(zip(self.paths, np.split(members, split), strict=True))
+        self._index = {path: k for k, path in enumerate(self.paths)}
+        self._members = np.argsort(self.path_of, kind="stable")
+        self._member_ptr = np.concatenate(
+            [[0], np.cumsum(np.bincount(self.path_of, minlength=len(self.paths)))]
+        )
         # every (flow, hop) on every link, grouped by link, then by flow
         flow, hop = np.nonzero(table >= 0)
         link = table[flow, hop]
@@ -103,6 +105,18 @@ class RoutedFlows:
         self._link_ptr = np.searchsorted(link[order], np.arange(len(self.capacity_bps) + 1))
         self.size_bytes = np.array([f.size_bytes for f in flows], dtype=np.int64)
         self.start_s = np.array([f.start_s for f in flows], dtype=np.float64)
+
+    @property
+    def by_path(self) -> dict[tuple[int, ...], np.ndarray]:
+        """Every route and its foreground flows (ascending)."""
+        return {path: self.members(path) for path in self.paths}
+
+    def members(self, path: tuple[int, ...]) -> np.ndarray:
+        """The flows whose route is exactly ``path`` (its foreground), ascending."""
+        k = self._index.get(path)
+        if k is None:
+            raise InputError(f"no flow takes the path {list(path)}", field="path")
+        return self._members[self._member_ptr[k] : self._member_ptr[k + 1]]
 
     def route(self, i: int) -> tuple[int, ...]:
         """The directed links flow ``i`` takes."""
@@ -124,9 +138,7 @@ class RoutedFlows:
     def scenario(self, path: tuple[int, ...], draws: int = 1) -> PathScenario:
         """The parking lot of ``path``: its foreground, then background (pseudo-)flows in flow
         order, each flow's stretches in route order."""
-        if path not in self.by_path:
-            raise InputError(f"no flow takes the path {list(path)}", field="path")
-        fg = self.by_path[path]
+        fg = self.members(path)
         parts = [self.on_link(link) for link in path]
         flow = np.concatenate([f for f, _ in parts])
         hop = np.concatenate([h for _, h in parts])

@@ -9,6 +9,7 @@ from m4ray.errors import InputError
 from m4ray.m3.aggregate import aggregate, empirical
 from m4ray.m3.features import (
     CONFIG_FIELDS,
+    IN_EDGES,
     N_BUCKETS_IN,
     N_CONFIG,
     N_PCT,
@@ -57,6 +58,28 @@ def test_token_shapes_and_empty_buckets():
     assert (
         config[CONFIG_FIELDS.index("hops4")] == 1 and config[CONFIG_FIELDS.index("cc_dctcp")] == 1
     )
+
+
+def test_tokens_equal_per_token_numpy_percentiles():
+    """The one-sort token builder against numpy's own nearest-rank percentiles, token by token."""
+    rng = np.random.default_rng(5)
+    n_links, n = 6, 4000
+    a = rng.integers(0, n_links, n)
+    b = np.array([rng.integers(x + 1, n_links + 1) for x in a])
+    fg = (a == 0) & (b == n_links)
+    size = rng.integers(50, 120_000, n)
+    slowdown = 1 + rng.pareto(1.5, n)
+    tok, empty = tokens(slowdown, size, a, b, fg, np.zeros(N_CONFIG))
+    groups = [fg] + [~fg & (a <= k) & (k < b) for k in range(n_links)]
+    for t, mask in enumerate(groups):
+        bucket = np.digitize(size[mask], IN_EDGES)
+        for k in range(N_BUCKETS_IN):
+            values = slowdown[mask][bucket == k]
+            assert empty[t, k] == (len(values) == 0)
+            expected = (
+                np.percentile(values, np.arange(1, 101), method="nearest") if len(values) else 0
+            )
+            np.testing.assert_array_equal(tok[t, k * N_PCT : (k + 1) * N_PCT], np.float32(expected))
 
 
 def test_targets_mask_empty_output_buckets():
