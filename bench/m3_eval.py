@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/m3_eval.py                                   # held-out fat-trees
     .venv/bin/python bench/m3_eval.py --shared ../shared/data          # + m4_example vs HPCC
-    .venv/bin/python bench/m3_eval.py --flows 5000 --oversub 1         # smaller
+    .venv/bin/python bench/m3_eval.py --flows 5000 --oversub 1 --mean 20000   # smaller
 
 Held-out scenarios: k=8 fat-trees with 10 Gbps hosts and a 40 Gbps fabric at 1:1 (128 hosts) and
-2:1 (256 hosts), web-search flow sizes (the training lots draw exponential, log-normal, Pareto and
-Gaussian sizes, never this CDF), log-normal arrivals at 50 % max link load. m4_example: its 256-host
+2:1 (256 hosts), web-search flow sizes scaled to a mean of 20 KB and 100 KB (the training lots
+draw exponential, log-normal, Pareto and Gaussian sizes with means of 1-100 KB, never this CDF),
+log-normal arrivals at 50 % max link load. m4_example: its 256-host
 topology and 2,000 flows with the DCTCP settings of its HPCC config; its HPCC result is a fifth
 column. For each: m3 (the checkpoint's correction over 500 sampled paths), path flowSim (the same
 paths uncorrected), network-wide flowSim, and m4ray's ns-3; p99 per bucket, |p99 error| vs our
@@ -34,17 +35,19 @@ def scenarios(args):
     from m4ray.m3.estimate import M3Network, M3Workload
     from m4ray.sim.topologies import fat_tree
 
-    for oversub in args.oversub:
-        topo = fat_tree(
-            k=8, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9, oversubscription=oversub
-        )
-        workload = M3Workload(
-            n_flows=args.flows,
-            size={"kind": "empirical", "cdf": WEBSEARCH},
-            size_mean_bytes=args.mean,
-            max_load=0.5,
-        )
-        yield f"fat-tree k=8 {oversub}:1 websearch", topo, workload, M3Network(), None
+    for mean in args.mean:
+        for oversub in args.oversub:
+            topo = fat_tree(
+                k=8, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9, oversubscription=oversub
+            )
+            workload = M3Workload(
+                n_flows=args.flows,
+                size={"kind": "empirical", "cdf": WEBSEARCH},
+                size_mean_bytes=mean,
+                max_load=0.5,
+            )
+            name = f"fat-tree {oversub}:1 websearch {mean / 1000:g}KB"
+            yield name, topo, workload, M3Network(), None
     if args.shared:
         sys.path.insert(0, str(BENCH))
         import m4_example  # the HPCC config mapping and result reader
@@ -99,7 +102,9 @@ def main() -> None:
     parser.add_argument("--shared", help="the shared data folder (for m4_example)")
     parser.add_argument("--checkpoint", default="checkpoints/m3-small")
     parser.add_argument("--flows", type=int, default=20_000)
-    parser.add_argument("--mean", type=float, default=20_000.0, help="mean flow size (bytes)")
+    parser.add_argument(
+        "--mean", type=float, nargs="*", default=[20_000.0, 100_000.0], help="mean flow sizes (B)"
+    )
     parser.add_argument("--oversub", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--paths", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
@@ -145,12 +150,12 @@ def main() -> None:
         summary.append((name, errs, per_bucket, walls))
     print("\n## summary: overall |p99 err| vs m4ray ns-3, and m3's speed-up over ns-3")
     head = ["m3", "pathFS", "flowSim", "m3 s", "ns-3 s", "speedup"]
-    print(f"{'scenario':<32}" + "".join(f"{h:>9}" for h in head))
+    print(f"{'scenario':<36}" + "".join(f"{h:>9}" for h in head))
     for name, errs, _, walls in summary:
         cells = [f"{errs[m]:>9.1%}" for m in ("m3", "path_flowsim", "flowsim")]
         cells += [f"{walls['m3']:>9.1f}", f"{walls['ns3']:>9.1f}"]
         cells.append(f"{walls['ns3'] / walls['m3']:>8.0f}x")
-        print(f"{name:<32}" + "".join(cells))
+        print(f"{name:<36}" + "".join(cells))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ Units: bytes, bits/s, seconds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,19 +70,33 @@ class LotNetwork:
         """The route of class ``(a, b)`` on :meth:`topology`, as ``routing(...).path(a, b)`` gives
         it (same sums in the same order), without building a router: the access link from host
         ``a`` unless ``a == 0``, path links ``a .. b-1``, the access link to host ``b`` unless
-        ``b == L``."""
-        access = self.nic_cap_bps * ACCESS_SPEEDUP
-        hops = [(self.latency_s[k], self.capacity_bps[k]) for k in range(a, b)]
-        if a > 0:
-            hops.insert(0, (self.access_latency_s, access))
-        if b < self.n_links:
-            hops.append((self.access_latency_s, access))
-        return Path(
-            links=(),  # not needed by the latency terms
-            latency_s=sum(lat for lat, _ in hops),
-            inverse_bw_sum=sum(1.0 / bw for _, bw in hops),
-            bottleneck_bps=min(bw for _, bw in hops),
+        ``b == L``. Cached by value: the lots of one fabric share their few distinct routes."""
+        return _lot_path(
+            self.capacity_bps, self.latency_s, self.nic_cap_bps, self.access_latency_s, a, b
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _lot_path(  # noqa: PLR0917 (a cache key)
+    capacity_bps: tuple[float, ...],
+    latency_s: tuple[float, ...],
+    nic_cap_bps: float,
+    access_latency_s: float,
+    a: int,
+    b: int,
+) -> Path:
+    access = nic_cap_bps * ACCESS_SPEEDUP
+    hops = [(latency_s[k], capacity_bps[k]) for k in range(a, b)]
+    if a > 0:
+        hops.insert(0, (access_latency_s, access))
+    if b < len(capacity_bps):
+        hops.append((access_latency_s, access))
+    return Path(
+        links=(),  # not needed by the latency terms
+        latency_s=sum(lat for lat, _ in hops),
+        inverse_bw_sum=sum(1.0 / bw for _, bw in hops),
+        bottleneck_bps=min(bw for _, bw in hops),
+    )
 
 
 def fg_bdp_bytes(lot: LotNetwork, wire: WireFormat, ack_bytes: int) -> float:
@@ -100,11 +115,13 @@ def class_paths(lot: LotNetwork, a: np.ndarray, b: np.ndarray) -> tuple[list[Pat
     keys, inverse = np.unique(np.asarray(a) * width + np.asarray(b), return_inverse=True)
     paths = []
     for key in keys.tolist():
-        path = lot.path(*divmod(key, width))
-        paths.append(
-            dataclasses.replace(path, bottleneck_bps=min(path.bottleneck_bps, lot.nic_cap_bps))
-        )
+        paths.append(_capped(lot.path(*divmod(key, width)), lot.nic_cap_bps))
     return paths, inverse.reshape(-1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _capped(path: Path, cap_bps: float) -> Path:
+    return dataclasses.replace(path, bottleneck_bps=min(path.bottleneck_bps, cap_bps))
 
 
 def ideal_and_delay(

@@ -59,16 +59,12 @@ def library() -> ctypes.CDLL | None:
     except OSError as err:
         warnings.warn(f"compiled path flowSim unavailable, using Python: {err}", stacklevel=2)
         return None
-    i64, f64 = (
-        np.ctypeslib.ndpointer(np.int64, flags="C"),
-        np.ctypeslib.ndpointer(np.float64, flags="C"),
-    )
-    i32 = np.ctypeslib.ndpointer(np.int32, flags="C")
+    ptr = ctypes.c_void_p  # raw data pointers: path_finish hands over contiguous arrays
     fn = lib.m4ray_path_finish
     fn.restype = ctypes.c_int
     fn.argtypes = [
-        ctypes.c_int64, i64, f64, f64, i64, ctypes.c_int, i32, i32, ctypes.c_int, f64,
-        ctypes.c_double, f64,
+        ctypes.c_int64, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, ctypes.c_int, ptr,
+        ctypes.c_double, ptr,
     ]  # fmt: skip
     return lib
 
@@ -88,22 +84,20 @@ def path_finish(  # noqa: PLR0917 (the C function's signature)
     assert lib is not None
     n = len(cls)
     finish = np.empty(n)
-    ca = np.array([c[0] for c in classes], dtype=np.int32)
-    cb = np.array([c[1] for c in classes], dtype=np.int32)
-    rc = lib.m4ray_path_finish(
-        n,
+    arrays = [
         np.ascontiguousarray(cls, dtype=np.int64),
         np.ascontiguousarray(bits, dtype=np.float64),
         np.ascontiguousarray(start_s, dtype=np.float64),
         np.ascontiguousarray(order, dtype=np.int64),
-        len(classes),
-        ca,
-        cb,
-        len(capacity),
+        np.array([c[0] for c in classes], dtype=np.int32),
+        np.array([c[1] for c in classes], dtype=np.int32),
         np.asarray(capacity, dtype=np.float64),
-        float(nic_cap_bps) if nic_cap_bps else 0.0,
-        finish,
-    )
+    ]  # kept alive here while C reads them
+    cls_, bits_, start_, order_, ca, cb, cap = (x.ctypes.data for x in arrays)
+    rc = lib.m4ray_path_finish(
+        n, cls_, bits_, start_, order_, len(classes), ca, cb, len(capacity), cap,
+        float(nic_cap_bps) if nic_cap_bps else 0.0, finish.ctypes.data,
+    )  # fmt: skip
     if rc == 1:
         raise SimulationError("flows with zero rate: a path link has no capacity")
     if rc:
