@@ -92,7 +92,7 @@ def report(title: str, est: dict, walls: dict):
     print(f"{'|p99 err|':<14}" + "".join(f"{errs[m]:>13.1%}" for m in methods))
     print(f"{'bucket mean':<14}" + "".join(f"{per_bucket[m]:>13.1%}" for m in methods))
     print(f"{'wall s':<14}" + "".join(
-        f"{walls[m]:>13.1f}" if m in walls else f"{'-':>13}" for m in methods
+        f"{walls[m]:>13.2f}" if m in walls else f"{'-':>13}" for m in methods
     ))  # fmt: skip
     return errs, per_bucket
 
@@ -153,7 +153,7 @@ def main() -> None:
     print(f"{'scenario':<36}" + "".join(f"{h:>9}" for h in head))
     for name, errs, _, walls in summary:
         cells = [f"{errs[m]:>9.1%}" for m in ("m3", "path_flowsim", "flowsim")]
-        cells += [f"{walls['m3']:>9.1f}", f"{walls['ns3']:>9.1f}"]
+        cells += [f"{walls['m3']:>9.2f}", f"{walls['ns3']:>9.1f}"]
         cells.append(f"{walls['ns3'] / walls['m3']:>8.0f}x")
         print(f"{name:<36}" + "".join(cells))
 
