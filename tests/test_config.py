@@ -66,6 +66,20 @@ def test_every_family_composes_into_datagen(family):
     assert sweep.datagen.counts()["extra"] == 0  # no weight: composes, draws nothing
 
 
+def test_datagen_v2_weights_every_family_and_holds_out_the_evaluation_topologies():
+    sweep = resolve(sweep_cfg("+experiment=datagen_v2"))
+    counts = sweep.datagen.counts()
+    assert counts == {
+        "fat_tree": 30, "fat_tree_4to1": 30, "incast": 60, "m4_fabric": 90, "rail": 90
+    }  # fmt: skip
+    over = sweep.datagen.families["fat_tree_4to1"].topology
+    assert (over.k, over.oversubscription) == (6, 4) and len(over.build().hosts) == 216
+    # the 2:1 fat-tree of bench/m4_holdout.py is in no family
+    assert all(
+        getattr(f.topology, "oversubscription", 1) != 2 for f in sweep.datagen.families.values()
+    )
+
+
 @pytest.mark.parametrize("backend", GROUPS["backend"])
 def test_every_backend_composes_in_trace_mode(backend):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

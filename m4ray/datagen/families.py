@@ -310,7 +310,7 @@ class IncastFamily:
     overlap)."""
 
     topology: Any = field(default_factory=M4FabricSpec)
-    k: list[int] = field(default_factory=lambda: [2, 32])
+    k: list[int] = field(default_factory=lambda: [2, 31])
     size_bytes: list[float] = field(default_factory=lambda: [10_000.0, 1_000_000.0])
     rounds: list[int] = field(default_factory=lambda: [1, 8])
     gap_drains: list[float] = field(default_factory=lambda: [0.5, 4.0])
@@ -321,6 +321,12 @@ class IncastFamily:
         if isinstance(self.network, dict):
             self.network = NetworkRanges(**self.network)
         _range(self.k, "k", lo=1)
+        hosts = len(self.topology.build().hosts)
+        if self.k[1] >= hosts:  # checked here, before any task starts
+            raise InputError(
+                f"a {self.k[1]}:1 incast needs {self.k[1] + 1} hosts, the topology has {hosts}",
+                field="k",
+            )
         _range(self.size_bytes, "size_bytes", lo=0, open_=True)
         _range(self.rounds, "rounds", lo=1)
         _range(self.gap_drains, "gap_drains", lo=0, open_=True)

@@ -253,3 +253,11 @@ def test_an_incast_wider_than_the_topology_is_refused():
     routing = Routing(M4FabricSpec().build())
     with pytest.raises(InputError, match="needs 33 hosts"):
         IncastTraffic(rounds=1, k=32, size_bytes=1000, gap_s=1e-6).flows(routing, 0)
+
+
+def test_an_incast_family_wider_than_its_topology_fails_before_any_task():
+    from m4ray.datagen.families import IncastFamily
+
+    with pytest.raises(InputError, match=r"32:1 incast needs 33 hosts, the topology has 32"):
+        IncastFamily(k=[2, 32])
+    assert IncastFamily().k == [2, 31]  # the default fits m4's 32-host fabric
