@@ -92,15 +92,26 @@ def _read(path: Path, table: str, scenario_id: str) -> pd.DataFrame:
     return pq.read_table(path / table / f"scenario_id={scenario_id}" / "part-0.parquet").to_pandas()
 
 
-def scenario_samples(path: str | Path, scenario_id: str, cfg: DataConfig) -> list[Sample]:
-    """Every eligible busy period of one scenario as a :class:`Sample`."""
+def eligible_periods(path: str | Path, scenario_id: str, cfg: DataConfig) -> pd.DataFrame:
+    """The busy periods of one scenario that become samples (``period_id``, ``n_flows``), in
+    the order :func:`scenario_samples` returns them."""
+    periods = _read(Path(path), "periods", scenario_id)
+    keep = periods[(periods.n_flows >= 2) & (periods.n_flows <= cfg.max_flows)]
+    return keep[keep.max_active < cfg.max_active][["period_id", "n_flows"]]
+
+
+def scenario_samples(
+    path: str | Path, scenario_id: str, cfg: DataConfig, periods: set[int] | None = None
+) -> list[Sample]:
+    """Every eligible busy period of one scenario (or those of ``periods``) as a
+    :class:`Sample`."""
     path = Path(path)
     t = {name: _read(path, name, scenario_id) for name in TABLES}
     scenarios = pq.read_table(path / "scenarios.parquet").to_pandas().set_index("scenario_id")
     params = torch.tensor(np.asarray(scenarios.loc[scenario_id, "params13"]), dtype=torch.float32)
-    periods = t["periods"]
-    keep = periods[(periods.n_flows >= 2) & (periods.n_flows <= cfg.max_flows)]
-    keep = keep[keep.max_active < cfg.max_active]
+    keep = eligible_periods(path, scenario_id, cfg)
+    if periods is not None:
+        keep = keep[keep.period_id.isin(periods)]
     groups = {name: dict(tuple(t[name].groupby("period_id"))) for name in ("flows", "events")}
     remaining = dict(tuple(t["remaining"].groupby("period_id")))
     queues = t["queues"].set_index("flow_id")
@@ -182,26 +193,54 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth
 
 def balanced(samples: list[Sample], n: int | None, seed: int) -> list[Sample]:
     """``n`` samples without replacement, equal total weight per occupied size bin."""
-    if n is None or n >= len(samples):
-        return list(samples)
-    bins = np.digitize([s.n_flows for s in samples], SIZE_BINS)
+    return [samples[i] for i in balanced_choice([s.n_flows for s in samples], n, seed)]
+
+
+def balanced_choice(n_flows: list[int], n: int | None, seed: int) -> list[int]:
+    """Indices of :func:`balanced`'s choice among items of these flow counts (ascending)."""
+    if n is None or n >= len(n_flows):
+        return list(range(len(n_flows)))
+    bins = np.digitize(n_flows, SIZE_BINS)
     counts = np.bincount(bins)
     weight = 1.0 / counts[bins]
     picked = np.random.default_rng(seed).choice(
-        len(samples), size=n, replace=False, p=weight / weight.sum()
+        len(n_flows), size=n, replace=False, p=weight / weight.sum()
     )
-    return [samples[i] for i in sorted(picked)]
+    return sorted(picked.tolist())
 
 
 def load_splits(cfg: DataConfig) -> dict[str, list[Sample]]:
-    """Samples per split (train, val, test), balanced-sampled when ``n_samples`` is set."""
+    """Samples per split (train, val, test), balanced-sampled when ``n_samples`` is set: the
+    choice is made on the periods table, so only the chosen periods are built."""
     splits = split_scenarios(cfg.dataset, cfg)
     out = {}
     for index, name in enumerate(("train", "val", "test")):
-        samples = [s for sid in splits[name] for s in scenario_samples(cfg.dataset, sid, cfg)]
+        periods = [
+            (sid, int(p), int(n))
+            for sid in splits[name]
+            for p, n in eligible_periods(cfg.dataset, sid, cfg).itertuples(index=False)
+        ]
         n = None if cfg.n_samples is None else cfg.n_samples[index]
-        out[name] = balanced(samples, n, cfg.seed + index)
+        chosen = [periods[i] for i in balanced_choice([p[2] for p in periods], n, cfg.seed + index)]
+        wanted: dict[str, set[int]] = {}
+        for sid, p, _ in chosen:
+            wanted.setdefault(sid, set()).add(p)
+        out[name] = [
+            sample
+            for sid in splits[name]
+            if sid in wanted
+            for sample in scenario_samples(cfg.dataset, sid, cfg, wanted[sid])
+        ]
     return out
 
 
-__all__ = ["DataConfig", "Sample", "balanced", "dataset_version", "load_splits", "split_scenarios"]
+__all__ = [
+    "DataConfig",
+    "Sample",
+    "balanced",
+    "balanced_choice",
+    "dataset_version",
+    "eligible_periods",
+    "load_splits",
+    "split_scenarios",
+]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+import torch
 
 from m4ray.errors import InputError
 from m4ray.train import checkpoint
@@ -171,3 +172,26 @@ def test_an_unknown_tune_key_fails_before_any_trial(tiny_dataset, tmp_path):
     )
     assert proc.returncode == 2 and "field 'tune.space.model_width'" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_balanced_subsampling_builds_only_the_chosen_periods(tiny_dataset):
+    """load_splits picks on the periods table what balanced() would pick among every built
+    sample, and builds only those."""
+    from m4ray.train.data import balanced, scenario_samples, split_scenarios
+
+    dataset = tiny_dataset[0] / "dataset"
+    every = DataConfig(dataset=str(dataset), val_fraction=0.2, test_fraction=0.2)
+    splits = split_scenarios(dataset, every)
+    full = [s for sid in splits["train"] for s in scenario_samples(dataset, sid, every)]
+    n = len(full) // 3
+    assert n >= 2
+    cfg = DataConfig(dataset=str(dataset), val_fraction=0.2, test_fraction=0.2, n_samples=[n, 1, 1])
+    picked = load_splits(cfg)["train"]
+    expected = balanced(full, n, cfg.seed)
+    assert [(s.scenario_id, s.period_id) for s in picked] == [
+        (s.scenario_id, s.period_id) for s in expected
+    ]
+    assert all(
+        torch.equal(a.period.size_bytes, b.period.size_bytes)
+        for a, b in zip(picked, expected, strict=True)
+    )
