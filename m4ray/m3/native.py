@@ -28,7 +28,16 @@ SOURCE = Path(__file__).with_name("_pathsim.c")
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("M4RAY_CACHE_DIR") or Path.home() / ".cache" / "m4ray") / "native"
+    """Where built libraries live: ``$M4RAY_CACHE_DIR`` or ``~/.cache/m4ray``, else (not
+    writable) the temp directory."""
+    base = Path(os.environ.get("M4RAY_CACHE_DIR") or Path.home() / ".cache" / "m4ray") / "native"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK):
+            return base
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"m4ray-native-{os.getuid()}"
 
 
 def _build(target: Path) -> None:
