@@ -1,6 +1,6 @@
 """k:1 incasts on m4's training fabric: ns-3 (RDMA) against flowSim and m4, per fan-in.
 
-    .venv/bin/python bench/incast.py [--k 2 4 8 16] [--size 200000] [--m4 m4-small]
+    .venv/bin/python bench/incast.py [--k 2 4 8 16] [--size 200000] [--m4 m4-small m4-v2]
 
 One round of k senders starting together (within 1 µs) towards one receiver, flows of
 ``--size`` bytes, 1000 B packets as in m4's data; mean and max slowdown (FCT / ideal) per
@@ -30,7 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--size", type=int, default=200_000)
-    parser.add_argument("--m4", default="m4-small", help="checkpoint name or directory")
+    parser.add_argument("--m4", nargs="+", default=["m4-small"], help="checkpoints (names or dirs)")
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args()
     topo = M4FabricSpec().build()
@@ -39,8 +39,9 @@ def main() -> None:
     backends = {
         "ns-3 rdma": network,
         "flowSim": FlowSimConfig(),
-        args.m4: M4Config(checkpoint=args.m4, network=network, window_us=None),
     }
+    for checkpoint in args.m4:
+        backends[checkpoint] = M4Config(checkpoint=checkpoint, network=network, window_us=None)
     rows = []
     for k in args.k:
         flows = IncastTraffic(rounds=1, k=k, size_bytes=args.size, gap_s=1.0).flows(

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/m4_example.py ../shared/data/m4_example            # rdma + flowSim
     .venv/bin/python bench/m4_example.py ../shared/data/m4_example --tcp      # + TCP DCTCP (slow)
-    .venv/bin/python bench/m4_example.py ../shared/data/m4_example --m4 m4-small
+    .venv/bin/python bench/m4_example.py ../shared/data/m4_example --m4 m4-small m4-v2
 
 The folder holds ``topology.txt`` (ns-3 format), ``flows.txt``, the HPCC run's per-flow result
 ``fct_topology_flows_dctcp.txt`` (``id sip dip sport dport size start_ns fct_ns ideal_ns``) and
@@ -95,7 +95,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="the m4_example folder (shared/data)")
     parser.add_argument("--tcp", action="store_true", help="also run ns-3 TCP DCTCP (~10 min)")
-    parser.add_argument("--m4", metavar="CHECKPOINT", help="also run the m4 backend")
+    parser.add_argument(
+        "--m4", nargs="+", default=[], metavar="CHECKPOINT", help="also run these m4 checkpoints"
+    )
     args = parser.parse_args()
 
     from m4ray.sim.flows import read_flows
@@ -117,10 +119,10 @@ def main() -> None:
         import dataclasses
 
         backends["ns-3 tcp"] = dataclasses.replace(ns3, transport="tcp")
-    if args.m4:
+    for checkpoint in args.m4:
         from m4ray.sim.m4.backend import M4Config
 
-        backends[f"m4 ({args.m4})"] = M4Config(checkpoint=args.m4, network=ns3)
+        backends[f"m4 ({checkpoint})"] = M4Config(checkpoint=checkpoint, network=ns3)
 
     ids = [f.id for f in flows]
     size = np.array([ref[i][0] for i in ids])

@@ -3,6 +3,7 @@ with SimAI's packet-level result (its UNISON ns-3).
 
     .venv/bin/python bench/simai_study.py ../shared/data                 # ns-3 (rdma) + flowSim
     .venv/bin/python bench/simai_study.py ../shared/data --backends ns3 ns3-tcp flowsim m4
+    .venv/bin/python bench/simai_study.py ../shared/data --backends ns3 flowsim m4=m4-small m4=m4-v2
     .venv/bin/python bench/simai_study.py ../shared/data --wire jumbo    # 9x fewer packets
 
 Inputs are SimAI's own files under ``<data>/simai/``: the degraded topologies
@@ -50,9 +51,15 @@ def backends(names: list[str]) -> dict:
         "ns3": ("ns3", rdma),
         "ns3-tcp": ("ns3", dataclasses.replace(rdma, transport="tcp")),
         "flowsim": ("flowsim", FlowSimConfig()),
-        "m4": ("m4", M4Config()),
     }
-    return {name: every[name] for name in names}
+    out = {}
+    for name in names:
+        if name.split("=")[0] == "m4":  # m4 or m4=<checkpoint>, told the study's network
+            checkpoint = name.partition("=")[2] or "m4-small"
+            out[checkpoint] = ("m4", M4Config(checkpoint=checkpoint, network=rdma))
+        else:
+            out[name] = every[name]
+    return out
 
 
 def main() -> None:
