@@ -13,6 +13,10 @@ NIC, so a lone flow on a 40G middle link runs at 10G). Completion wins ties with
 finishing at the same instant finish together. The output is each flow's *sojourn*: arrival until
 its last bit has drained; latency terms are the caller's (:mod:`m4ray.m3.lot`).
 
+The loop below is the reference; :func:`path_drain_times` runs its compiled twin
+(``_pathsim.c`` via :mod:`m4ray.m3.native`, the same operations in the same order) where a C
+compiler is available (a 3,000-flow 6-hop lot: 5 ms vs 260 ms).
+
 Units: bits, bits/s, seconds.
 """
 
