@@ -90,6 +90,12 @@ def report(title: str, est: dict, walls: dict):
         for m in methods
     }  # fmt: skip
     print(f"{'|p99 err|':<14}" + "".join(f"{errs[m]:>13.1%}" for m in methods))
+    for b in est["ns3"].buckets:  # per size bucket, vs ns-3's p99 of that bucket
+        ref = float(est["ns3"].buckets[b].quantile(0.99))
+        print(f"{'  ' + b:<14}" + "".join(
+            f"{abs(float(est[m].buckets[b].quantile(0.99)) / ref - 1):>13.1%}"
+            if b in est[m].buckets else f"{'-':>13}" for m in methods
+        ))  # fmt: skip
     print(f"{'bucket mean':<14}" + "".join(f"{per_bucket[m]:>13.1%}" for m in methods))
     print(f"{'wall s':<14}" + "".join(
         f"{walls[m]:>13.2f}" if m in walls else f"{'-':>13}" for m in methods
