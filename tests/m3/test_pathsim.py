@@ -165,3 +165,18 @@ def test_lot_path_formula_is_the_routers_path(n_links):
                 theirs.inverse_bw_sum,
                 theirs.bottleneck_bps,
             )
+
+
+def test_without_a_compiler_the_python_loop_answers_with_one_warning(engine, monkeypatch, tmp_path):
+    if engine == "python":
+        pytest.skip("about the compiled loop's fallback")
+    monkeypatch.setenv("M4RAY_CACHE_DIR", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    native.library.cache_clear()
+    with pytest.warns(UserWarning, match="compiled path flowSim unavailable, using Python"):
+        assert native.library() is None
+    out = drain_ns([0, 0], [2, 1], [10_000] * 2, [0, 0], [10 * G, 10 * G])
+    assert out == pytest.approx([16_768, 16_768], rel=1e-12)
+    monkeypatch.delenv("CC")
+    monkeypatch.delenv("M4RAY_CACHE_DIR")
+    native.library.cache_clear()
