@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from m4ray.datagen.families import OpenLoopFamily
@@ -37,13 +38,9 @@ HELD_OUT = {
 
 
 def family(topology, n_flows: int) -> OpenLoopFamily:
-    spec = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/family/m4_fabric.yaml"))
-    spec.pop("_target_")
-    spec.pop("topology")
-    from m4ray.sim.routing import WireFormat
-
-    spec["wire"] = WireFormat(**{k: v for k, v in spec["wire"].items() if k != "_target_"})
-    return OpenLoopFamily(**{**spec, "n_flows": [n_flows, n_flows]}, topology=topology)
+    """The m4 fabric family's traffic and network ranges, on ``topology``."""
+    spec = OmegaConf.load(ROOT / "conf/family/m4_fabric.yaml")
+    return instantiate(spec, topology=topology, n_flows=[n_flows, n_flows], _convert_="all")
 
 
 def main() -> None:

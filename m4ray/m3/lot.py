@@ -135,14 +135,9 @@ def ideal_and_delay(
     store = np.array([p.inverse_bw_sum - 1 / p.bottleneck_bps for p in paths])[cls]
     bottleneck = np.array([p.bottleneck_bps for p in paths])[cls]
     size = np.asarray(scenario.size_bytes, dtype=np.int64)
-    first = wire_bytes(np.minimum(size, wire.mtu_bytes), wire)
+    first = wire.wire_bytes(np.minimum(size, wire.mtu_bytes))
     delay = latency + first * 8 * store
-    return delay + wire_bytes(size, wire) * 8 / bottleneck, delay
-
-
-def wire_bytes(size_bytes: np.ndarray, wire: WireFormat) -> np.ndarray:
-    """:meth:`WireFormat.wire_bytes` of an integer array."""
-    return size_bytes + -(-size_bytes // wire.mtu_bytes) * wire.header_bytes
+    return delay + wire.wire_bytes(size) * 8 / bottleneck, delay
 
 
 def flowsim_fct(
@@ -150,7 +145,7 @@ def flowsim_fct(
 ) -> tuple[np.ndarray, np.ndarray]:
     """flowSim on the path's lot: FCT (s) and slowdown of every (pseudo-)flow."""
     lot = lot or LotNetwork.of(scenario)
-    bits = wire_bytes(np.asarray(scenario.size_bytes, dtype=np.int64), wire) * 8.0
+    bits = wire.wire_bytes(np.asarray(scenario.size_bytes, dtype=np.int64)) * 8.0
     drain = path_drain_times(
         scenario.a,
         scenario.b,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from m4ray.errors import InputError
+from m4ray.m3.pathsim import first_appearance
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
 
@@ -83,14 +84,10 @@ class RoutedFlows:
         table = routing.links_many(ends[:, 0], ends[:, 1], [f.id for f in flows])
         # unique routes, numbered in order of first appearance
         row = np.dtype((np.void, table.itemsize * table.shape[1]))
-        rows = np.ascontiguousarray(table).view(row)
-        _, first, inverse = np.unique(rows.reshape(-1), return_index=True, return_inverse=True)
-        by_first = np.argsort(first)
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[by_first] = np.arange(len(first))
-        self.path_of = rank[inverse.reshape(-1)]
+        rows = np.ascontiguousarray(table).view(row).reshape(-1)
+        self.path_of, first = first_appearance(rows)
         self.paths: list[tuple[int, ...]] = [
-            tuple(x for x in table[i].tolist() if x >= 0) for i in first[by_first].tolist()
+            tuple(x for x in table[i].tolist() if x >= 0) for i in first.tolist()
         ]
         self._index = {path: k for k, path in enumerate(self.paths)}
         self._members = np.argsort(self.path_of, kind="stable")

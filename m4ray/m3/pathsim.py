@@ -125,14 +125,20 @@ def path_drain_times(
     return finish - start_s
 
 
+def first_appearance(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's code with distinct keys numbered in order of first appearance, and the index
+    of each code's first item."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    by_first = np.argsort(first)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[by_first] = np.arange(len(first))
+    return rank[inverse.reshape(-1)], first[by_first]
+
+
 def _classes(a: np.ndarray, b: np.ndarray, n_links: int) -> tuple[np.ndarray, list]:
     """Each flow's class index and the classes ``(a, b)``, numbered in order of first appearance."""
-    uniq, first, inverse = np.unique(a * (n_links + 1) + b, return_index=True, return_inverse=True)
-    by_first = np.argsort(first)
-    rank = np.empty(len(uniq), dtype=np.int64)
-    rank[by_first] = np.arange(len(uniq))
-    classes = [divmod(int(k), n_links + 1) for k in uniq[by_first]]
-    return rank[inverse.reshape(-1)], classes
+    codes, first = first_appearance(a * (n_links + 1) + b)
+    return codes, [(int(a[i]), int(b[i])) for i in first]
 
 
 def _finish(  # noqa: PLR0917 (the compiled loop's signature)

@@ -25,7 +25,6 @@ Units: bytes, bits/s, seconds.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -44,8 +43,10 @@ class WireFormat:
     mtu_bytes: int = 1000
     header_bytes: int = 48
 
-    def wire_bytes(self, size_bytes: int) -> int:
-        return size_bytes + math.ceil(size_bytes / self.mtu_bytes) * self.header_bytes
+    def wire_bytes(self, size_bytes):
+        """Payload plus one header per packet; exact integer ceiling, so it also takes an
+        integer numpy array."""
+        return size_bytes + -(-size_bytes // self.mtu_bytes) * self.header_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,10 @@ def _read(path: Path, table: str, scenario_id: str) -> pd.DataFrame:
 def eligible_periods(path: str | Path, scenario_id: str, cfg: DataConfig) -> pd.DataFrame:
     """The busy periods of one scenario that become samples (``period_id``, ``n_flows``), in
     the order :func:`scenario_samples` returns them."""
-    periods = _read(Path(path), "periods", scenario_id)
+    return _eligible(_read(Path(path), "periods", scenario_id), cfg)
+
+
+def _eligible(periods: pd.DataFrame, cfg: DataConfig) -> pd.DataFrame:
     keep = periods[(periods.n_flows >= 2) & (periods.n_flows <= cfg.max_flows)]
     return keep[keep.max_active < cfg.max_active][["period_id", "n_flows"]]
 
@@ -109,7 +112,7 @@ def scenario_samples(
     t = {name: _read(path, name, scenario_id) for name in TABLES}
     scenarios = pq.read_table(path / "scenarios.parquet").to_pandas().set_index("scenario_id")
     params = torch.tensor(np.asarray(scenarios.loc[scenario_id, "params13"]), dtype=torch.float32)
-    keep = eligible_periods(path, scenario_id, cfg)
+    keep = _eligible(t["periods"], cfg)
     if periods is not None:
         keep = keep[keep.period_id.isin(periods)]
     groups = {name: dict(tuple(t[name].groupby("period_id"))) for name in ("flows", "events")}
