@@ -217,6 +217,7 @@ class DatagenScenario:
         out = {
             "transport": self.ns3.transport,
             "mtu_bytes": self.wire.mtu_bytes,
+            "header_bytes": self.wire.header_bytes,
             "buffer_bytes": rdma.buffer_bytes,
             "ecn_k_bytes": min(rdma.ecn_k_bytes)[1],
             "window_bytes": round(vector[PARAMS13.index("fwin")] * 1000),

@@ -10,6 +10,7 @@ single-flow periods are already excluded).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from m4ray.errors import InputError
+from m4ray.sim.routing import WireFormat
 from m4ray.train.model import PeriodSample
 
 SIZE_BINS = (2, 4, 6, 8, 10, 15, 20, 30, 40, 50, 75, 100)
@@ -119,6 +121,7 @@ def scenario_samples(
     remaining = dict(tuple(t["remaining"].groupby("period_id")))
     queues = t["queues"].set_index("flow_id")
     bandwidth = t["links"].set_index("link").bandwidth_bps
+    wire = _wire(scenarios.loc[scenario_id, "params"])
     return [
         _sample(
             scenario_id,
@@ -128,12 +131,13 @@ def scenario_samples(
             queues=queues,
             params=params,
             bandwidth=bandwidth,
+            wire=wire,
         )
         for p in keep.period_id
     ]
 
 
-def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth) -> Sample:
+def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth, wire) -> Sample:
     flows = groups["flows"][period].sort_values("flow_id")
     events = groups["events"][period].sort_values("event")
     local = pd.Series(np.arange(len(flows)), index=flows.flow_id.to_numpy())
@@ -151,6 +155,7 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth
     inc_flow = np.repeat(np.arange(len(flows)), [len(p) for p in paths])
     inc_link = link_row.loc[np.concatenate(paths)].to_numpy()
     size = flows.size_bytes.to_numpy()
+    ideal = flows.ideal_fct_s.to_numpy()
     rem = remaining.get(period)
     remain = np.stack(
         [
@@ -169,7 +174,6 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth
         ],
         axis=1,
     )
-    ideal = flows.ideal_fct_s.to_numpy()
     sample = PeriodSample(
         size_bytes=torch.tensor(size),
         n_links=torch.tensor(flows.n_links.to_numpy(), dtype=torch.long),
@@ -184,6 +188,8 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth
         slowdown=torch.tensor(np.maximum(flows.slowdown.to_numpy(), 1.0), dtype=torch.float32),
         remain=torch.tensor(remain, dtype=torch.float32),
         queue=torch.tensor(queue, dtype=torch.float32),
+        ideal_s=torch.tensor(ideal, dtype=torch.float64),
+        wire_bytes=torch.tensor(wire.wire_bytes(size)),
     )
     flowsim = np.maximum(flows.flowsim_fct_s.to_numpy() / ideal, 1.0)
     return Sample(
@@ -191,6 +197,17 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth
         period_id=period,
         period=sample,
         flowsim_slowdown=torch.tensor(flowsim, dtype=torch.float32),
+    )
+
+
+def _wire(params_json: str) -> WireFormat:
+    """The scenario's packetisation (datasets before ``header_bytes`` was recorded: the
+    default header)."""
+    params = json.loads(params_json)
+    default = WireFormat()
+    return WireFormat(
+        mtu_bytes=int(params.get("mtu_bytes", default.mtu_bytes)),
+        header_bytes=int(params.get("header_bytes", default.header_bytes)),
     )
 
 

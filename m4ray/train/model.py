@@ -13,6 +13,12 @@ Shapes (H = ``hidden``, G = ``gnn_hidden``, P = ``n_params`` = 13):
   (remaining-size fraction from flow states); ``queue_head``: ``H → 1`` (cube-root queue length from
   link states).
 
+With ``fluid`` (our v2 models; off for m4's own design and ``m4-small``) every update also carries
+flowSim's view of the updated flows (:mod:`m4ray.sim.m4.fluid`): ``fluid [F, 3]`` features enter
+``gru_rate`` (``H + P + 3 → H``) and the head (``1 + P + 3 + H → 1``), and the head predicts a
+correction: slowdown = ``base × (1 + head)``, ``base`` being flowSim's projected slowdown at the
+flow's last update. The head's last layer starts at zero, so an untrained model is flowSim.
+
 Plain torch (``index_add_``), no graph library. Parameter names follow PyG's SAGEConv (``lin``,
 ``lin_l``, ``lin_r``) so released m4 weights map one to one.
 """
@@ -26,6 +32,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from m4ray.sim.m4.fluid import N_FEATURES as N_FLUID
+from m4ray.sim.m4.fluid import Fluid
+
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
@@ -37,6 +46,11 @@ class ModelConfig:
     n_params: int = 13
     dropout: float = 0.2
     link_bandwidth: bool = True  # bandwidth in the initial link state (m4: a constant 1)
+    fluid: bool = False  # flowSim's projection as features and as the base of the slowdown
+
+    @property
+    def n_fluid(self) -> int:
+        return N_FLUID if self.fluid else 0
 
     def __post_init__(self) -> None:
         if min(self.hidden, self.gnn_hidden, self.gnn_layers, self.n_params) < 1:
@@ -83,9 +97,12 @@ class M4Model(nn.Module):
         self.gnn = nn.ModuleList(SAGELayer(a, b) for a, b in pairwise(dims))
         self.gru_time = nn.GRUCell(1, h)
         self.gru_time_link = nn.GRUCell(1, h)
-        self.gru_rate = nn.GRUCell(h + cfg.n_params, h)
+        self.gru_rate = nn.GRUCell(h + cfg.n_params + cfg.n_fluid, h)
         self.gru_rate_link = nn.GRUCell(h, h)
-        self.head = _mlp(1 + cfg.n_params + h, h, cfg.dropout)
+        self.head = _mlp(1 + cfg.n_params + cfg.n_fluid + h, h, cfg.dropout)
+        if cfg.fluid:  # start as flowSim: correction 0
+            nn.init.zeros_(self.head[-1].weight)
+            nn.init.zeros_(self.head[-1].bias)
         self.remain_head = _mlp(h, h, cfg.dropout)
         self.queue_head = _mlp(h, h, cfg.dropout)
 
@@ -124,11 +141,12 @@ class M4Model(nn.Module):
         h_link: torch.Tensor,
         incidence: torch.Tensor,
         params: torch.Tensor,
+        fluid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """GNN over the flow–link graph, then the rate cells.
 
         ``incidence [2, E]``: (flow row, link row) pairs into ``h_flow`` / ``h_link``;
-        ``params [F, P]``: each flow's params13.
+        ``params [F, P]``: each flow's params13; ``fluid [F, 3]`` with ``cfg.fluid``.
         """
         n_flow = len(h_flow)
         flow, link = incidence[0], incidence[1] + n_flow
@@ -136,7 +154,8 @@ class M4Model(nn.Module):
         x = torch.cat([h_flow, h_link])
         for layer in self.gnn:
             x = layer(x, edges)
-        new_flow = self.gru_rate(torch.cat([x[:n_flow], params], dim=1), h_flow)
+        rate_in = [x[:n_flow], params] + ([fluid.to(x.dtype)] if self.cfg.fluid else [])
+        new_flow = self.gru_rate(torch.cat(rate_in, dim=1), h_flow)
         new_link = self.gru_rate_link(x[n_flow:], h_link)
         return new_flow, new_link
 
@@ -148,7 +167,7 @@ class M4Model(nn.Module):
         are their means over the batch; ``main_flows`` = relative L1 over every flow of the batch
         (large periods weigh more); ``pred [ΣF]`` = the slowdown predictions, periods
         concatenated in order."""
-        b = collate(batch)
+        b = collate(batch, fluid=self.cfg.fluid)
         pred, remain_each, queue_each = forward_batch(self, b)
         err = (pred / b.slowdown - 1).abs()
         count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
@@ -165,11 +184,21 @@ class M4Model(nn.Module):
         }
 
     def slowdown(
-        self, h_flow: torch.Tensor, n_links: torch.Tensor, params: torch.Tensor
+        self,
+        h_flow: torch.Tensor,
+        n_links: torch.Tensor,
+        params: torch.Tensor,
+        fluid: torch.Tensor | None = None,
+        base: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Predicted FCT slowdown ``[F]`` (unclamped; clamp at 1 for inference)."""
-        features = torch.cat([n_links.float().unsqueeze(1), params, h_flow], dim=1)
-        return self.head(features).squeeze(1)
+        """Predicted FCT slowdown ``[F]`` (unclamped; clamp at 1 for inference); with
+        ``cfg.fluid``, ``base × (1 + head)`` from each flow's last ``fluid`` features and
+        ``base``."""
+        parts = [n_links.to(h_flow.dtype).unsqueeze(1), params.to(h_flow.dtype)]
+        if self.cfg.fluid:
+            parts.append(fluid.to(h_flow.dtype))
+        out = self.head(torch.cat([*parts, h_flow], dim=1)).squeeze(1)
+        return base.to(out.dtype) * (1 + out) if self.cfg.fluid else out
 
 
 def initial_flow_state(
@@ -210,7 +239,9 @@ class PeriodSample:
     (0 for the first); ``incidence [2, ΣE]``: (flow, link) pairs; ``link_bandwidth [L]``: bit/s;
     ``params [P]``; targets: ``slowdown [F]``, remaining fractions ``remain [R, 3]`` as
     (event, flow, fraction) rows and cube-root queue lengths ``queue [Q, 3]`` as
-    (flow, link, value) rows at the flow's arrival.
+    (flow, link, value) rows at the flow's arrival; ``ideal_s [F]``: ideal FCTs (s), which
+    models with ``fluid`` need, and ``wire_bytes [F]`` (payload and headers; default the
+    sizes), what their fluid anchor drains.
     """
 
     size_bytes: torch.Tensor
@@ -224,33 +255,46 @@ class PeriodSample:
     slowdown: torch.Tensor
     remain: torch.Tensor
     queue: torch.Tensor
+    ideal_s: torch.Tensor | None = None
+    wire_bytes: torch.Tensor | None = None
 
     @property
     def n_link_rows(self) -> int:
         return len(self.link_bandwidth)
 
     def to(self, device: torch.device | str) -> PeriodSample:
-        return PeriodSample(**{name: getattr(self, name).to(device) for name in self.__slots__})
+        return PeriodSample(
+            **{
+                name: None if getattr(self, name) is None else getattr(self, name).to(device)
+                for name in self.__slots__
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class EventUpdate:
     """What the online engine updates at one event of a period (local rows): the flows and
     links of the components the event touched, each row's Δt (µs, since its component's last
-    update), and the links that went idle at the event (reset to their initial state first)."""
+    update), and the links that went idle at the event (reset to their initial state first);
+    with the fluid anchor, the updated flows' ``base [n]`` and ``fluid [n, 3]``
+    (:meth:`~m4ray.sim.m4.fluid.Fluid.advance`), else empty."""
 
     flows: np.ndarray
     links: np.ndarray
     dt_flow: np.ndarray
     dt_link: np.ndarray
     reset: np.ndarray
+    base: np.ndarray
+    fluid: np.ndarray
 
 
 class _Components:
     """The engine's component bookkeeping over a period's local flow and link rows."""
 
-    def __init__(self, paths: list[list[int]], n_links: int) -> None:
+    def __init__(self, paths: list[list[int]], n_links: int, fluid: tuple | None = None) -> None:
         self.paths = paths
+        # (Fluid, link bandwidths [L], ideal FCTs [F] in s, wire bytes [F]) with the anchor
+        self.fluid = fluid
         self.users = [0] * n_links
         self.owner = [-1] * n_links
         self.comps: dict[int, tuple[dict[int, None], set[int], list[float]]] = {}
@@ -283,15 +327,22 @@ class _Components:
         for link in self.paths[f]:
             self.owner[link] = root
             self.users[link] += 1
+        if self.fluid is not None:
+            state, bandwidth, ideal, size = self.fluid
+            state.add(f, size[f], ideal[f], bandwidth[self.paths[f]].min(), t * 1e-6)
         self.comps[root][1].update(self.paths[f])
         self.comps[root][0][f] = None
         self.comp_of[f] = root
         self.touched.add(root)
 
-    def depart(self, f: int) -> list[int]:
-        """``f`` leaves; returns the links it leaves idle."""
+    def depart(self, f: int, t: float) -> list[int]:
+        """``f`` leaves at ``t``; returns the links it leaves idle."""
         c = self.comp_of.pop(f)
         flows, links, _ = self.comps[c]
+        if self.fluid is not None:  # the flows left behind shared with it until now (engine)
+            state, bandwidth, _, _ = self.fluid
+            members = np.fromiter(flows, np.int64, len(flows))
+            state.catch_up(members, [np.asarray(self.paths[g]) for g in flows], bandwidth, t * 1e-6)
         del flows[f]
         idle = []
         for link in self.paths[f]:
@@ -322,22 +373,31 @@ class _Components:
             dtf += [dt] * len(flows)
             dtl += [dt] * len(links)
         self.touched = set()
+        flows = np.asarray(flows_j, dtype=np.int64)
+        base, fluid = np.zeros(0), np.zeros((0, N_FLUID))
+        if self.fluid is not None and len(flows):
+            state, bandwidth, _, _ = self.fluid
+            links = [np.asarray(self.paths[f]) for f in flows_j]
+            base, fluid = state.advance(flows, links, bandwidth, t * 1e-6)
         return EventUpdate(
-            flows=np.asarray(flows_j, dtype=np.int64),
+            flows=flows,
             links=np.asarray(links_j, dtype=np.int64),
             dt_flow=np.asarray(dtf, dtype=np.float32),
             dt_link=np.asarray(dtl, dtype=np.float32),
             reset=np.asarray(sorted(set(idle)), dtype=np.int64),
+            base=base,
+            fluid=fluid,
         )
 
 
-def engine_schedule(s: PeriodSample) -> list[EventUpdate]:
+def engine_schedule(s: PeriodSample, fluid: bool = False) -> list[EventUpdate]:
     """The online engine's bookkeeping (:class:`~m4ray.sim.m4.engine.M4Engine`, one update per
     event) replayed over a recorded period: at each event the arrivals join (merging the
     components they touch; a merged component keeps the oldest last-update time), the
     departures leave (links left without a flow go idle and are reset), and only the touched
     components advance, by the time since their own last update. Training replays this
-    schedule, so the model learns the updates it gets online."""
+    schedule, so the model learns the updates it gets online. With ``fluid`` each update
+    also carries flowSim's view of its flows (needs ``s.ideal_s``), as the engine computes it."""
     t_us = np.cumsum(s.dt_us.double().cpu().numpy())
     flow_of, link_of = s.incidence.cpu().numpy()
     paths: list[list[int]] = [[] for _ in range(len(s.arrival))]
@@ -348,12 +408,22 @@ def engine_schedule(s: PeriodSample) -> list[EventUpdate]:
     for f, (a, d) in enumerate(zip(s.arrival.tolist(), s.departure.tolist(), strict=True)):
         arrive_at.setdefault(a, []).append(f)
         depart_at.setdefault(d, []).append(f)
-    state = _Components(paths, s.n_link_rows)
+    anchor = None
+    if fluid:
+        if s.ideal_s is None:
+            raise ValueError("a fluid-anchored model needs the periods' ideal FCTs (ideal_s)")
+        anchor = (
+            Fluid(len(paths)),
+            s.link_bandwidth.double().cpu().numpy(),
+            s.ideal_s.double().cpu().numpy(),
+            (s.size_bytes if s.wire_bytes is None else s.wire_bytes).double().cpu().numpy(),
+        )
+    state = _Components(paths, s.n_link_rows, anchor)
     out = []
     for j, t in enumerate(t_us.tolist()):
         for f in arrive_at.get(j, ()):
             state.arrive(f, t)
-        idle = [link for f in depart_at.get(j, ()) for link in state.depart(f)]
+        idle = [link for f in depart_at.get(j, ()) for link in state.depart(f, t)]
         out.append(state.update(t, idle))
     return out
 
@@ -383,11 +453,14 @@ class PeriodBatch:
     remain_ptr: torch.Tensor
     queue: torch.Tensor
     queue_ptr: torch.Tensor
-    updates: list[tuple[torch.Tensor, ...]]  # per event: flows, links, dt_flow, dt_link, reset
+    # per event: flows, links, dt_flow, dt_link, reset, base, fluid (the last two empty
+    # without the fluid anchor)
+    updates: list[tuple[torch.Tensor, ...]]
 
 
-def collate(samples: list[PeriodSample]) -> PeriodBatch:
-    """Stack periods into a :class:`PeriodBatch` (row order: period by period)."""
+def collate(samples: list[PeriodSample], fluid: bool = False) -> PeriodBatch:
+    """Stack periods into a :class:`PeriodBatch` (row order: period by period); ``fluid``:
+    compute the fluid anchor's features (:func:`engine_schedule`)."""
     if not samples:
         raise ValueError("empty batch")
     device = samples[0].size_bytes.device
@@ -425,7 +498,7 @@ def collate(samples: list[PeriodSample]) -> PeriodBatch:
     order = torch.argsort(queue_event, stable=True)
     queue, queue_event = queue[order], queue_event[order]
     steps = torch.arange(n_events + 1, device=device)
-    schedules = [engine_schedule(s) for s in samples]
+    schedules = [engine_schedule(s, fluid) for s in samples]
     updates = []
     for j in range(n_events):
         parts = [
@@ -438,7 +511,15 @@ def collate(samples: list[PeriodSample]) -> PeriodBatch:
                 torch.from_numpy(np.concatenate(arrays)).to(device)
                 for arrays in zip(
                     *(
-                        (u.flows + f, u.links + lk, u.dt_flow, u.dt_link, u.reset + lk)
+                        (
+                            u.flows + f,
+                            u.links + lk,
+                            u.dt_flow,
+                            u.dt_link,
+                            u.reset + lk,
+                            u.base.astype(np.float32),
+                            u.fluid.astype(np.float32),
+                        )
                         for u, f, lk in parts
                     ),
                     strict=True,
@@ -487,10 +568,13 @@ def forward_batch(
     link_init = model.link_state(b.link_bandwidth)
     h_link = link_init
     in_update = torch.zeros(n_flows, dtype=torch.bool, device=device)
+    # the fluid anchor at each flow's last update (what its final slowdown is read against)
+    base_last = h_flow.new_ones(n_flows)
+    fluid_last = h_flow.new_zeros(n_flows, N_FLUID)
     flow_row = torch.full((n_flows,), -1, dtype=torch.long, device=device)
     link_row = torch.full((n_link_rows,), -1, dtype=torch.long, device=device)
     remain_err, remain_who, queue_err, queue_who = [], [], [], []
-    for j, (flows, links, dt_flow, dt_link, reset) in enumerate(b.updates):
+    for j, (flows, links, dt_flow, dt_link, reset, base, fluid) in enumerate(b.updates):
         if len(reset):  # links left idle at this event start over, as online
             h_link = h_link.index_copy(0, reset, link_init[reset])
         if len(flows):
@@ -520,12 +604,15 @@ def forward_batch(
         link_row[links] = torch.arange(len(links), device=device)
         local = torch.stack([flow_row[edges[0]], link_row[edges[1]]])
         new_flow, new_link = model.spatial_step(
-            h_flow[flows], h_link[links], local, b.params[flows]
+            h_flow[flows], h_link[links], local, b.params[flows], fluid if len(fluid) else None
         )
         h_flow = h_flow.index_copy(0, flows, new_flow)
         h_link = h_link.index_copy(0, links, new_link)
+        if model.cfg.fluid:
+            base_last = base_last.index_copy(0, flows, base.to(base_last.dtype))
+            fluid_last = fluid_last.index_copy(0, flows, fluid.to(fluid_last.dtype))
     return (
-        model.slowdown(h_flow, b.n_links, b.params),
+        model.slowdown(h_flow, b.n_links, b.params, fluid_last, base_last),
         _per_sample(remain_err, remain_who, b.n_samples, h_flow),
         _per_sample(queue_err, queue_who, b.n_samples, h_flow),
     )
@@ -544,7 +631,7 @@ def forward_period(
     model: M4Model, s: PeriodSample
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One period: slowdown predictions ``[F]`` and the two aux-head errors (scalars)."""
-    pred, remain, queue = forward_batch(model, collate([s]))
+    pred, remain, queue = forward_batch(model, collate([s], fluid=model.cfg.fluid))
     return pred, remain[0], queue[0]
 
 

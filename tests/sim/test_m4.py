@@ -91,7 +91,9 @@ def _replay_online(model, p: PeriodSample) -> torch.Tensor:
     for j in range(len(p.dt_us)):
         for f in (p.arrival == j).nonzero().flatten().tolist():
             links = p.incidence[1, p.incidence[0] == f].numpy()
-            engine.arrive_path(f, links, int(p.size_bytes[f]), 1.0, t[j])
+            ideal = 1.0 if p.ideal_s is None else float(p.ideal_s[f])
+            wire = None if p.wire_bytes is None else int(p.wire_bytes[f])
+            engine.arrive_path(f, links, int(p.size_bytes[f]), ideal, t[j], wire_bytes=wire)
         for f in (p.departure == j).nonzero().flatten().tolist():
             online[f] = engine.complete(f, t[j])
         engine.update(t[j])

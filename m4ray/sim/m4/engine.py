@@ -9,6 +9,9 @@ Semantics follow the standalone m4 engine (``reference/m4.md`` §7) and our trai
 * an **update** advances every touched component at time ``t``: one Δt = ``t`` − the component's
   oldest last-update time (µs) for all its flows and links, GRU time cells, GNN, GRU rate cells,
   then the head's slowdown ``ŝ`` for each of its flows; predicted completion = arrival + ŝ·ideal.
+* a model with the fluid anchor (``ModelConfig.fluid``) also gets, at each update, flowSim's
+  view of the updated flows (:class:`~m4ray.sim.m4.fluid.Fluid`: max-min rates over the touched
+  components, fluid bytes left, projected slowdown), exactly as training replays it.
 
 The engine has no clock: the caller says when things happen (:class:`M4Backend` in-process, or
 the Serve session API). The neural work goes through ``stepper(graphs) -> outs`` in one call per
@@ -26,6 +29,7 @@ import torch
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.m4.arrival import Arrival
+from m4ray.sim.m4.fluid import Fluid
 from m4ray.sim.m4.step import StepGraph, StepOut
 from m4ray.sim.routing import Routing
 from m4ray.train.model import ModelConfig, initial_link_state
@@ -87,6 +91,8 @@ class M4Engine:
         bw = torch.tensor(np.asarray(link_bandwidth_bps), dtype=torch.float64)
         self._link_init = initial_link_state(model_cfg, bw).double().numpy()
         self._h_link = self._link_init.copy()
+        self._capacity = np.asarray(link_bandwidth_bps, dtype=np.float64).copy()
+        self._fluid = Fluid(0) if model_cfg.fluid else None
         n_links = len(bw)
         # per link, plain lists (paths are a few links: Python indexing beats numpy's here)
         self._users = [0] * n_links  # active flows on it
@@ -108,10 +114,21 @@ class M4Engine:
         """Register ``flow`` at ``t`` on its routed path; returns its ideal completion time."""
         path = self._route(flow)
         ideal = self.routing.ideal_fct(flow.size_bytes, path)
-        return self.arrive_path(flow.id, path.links, flow.size_bytes, ideal, t)
+        wire = self.routing.wire.wire_bytes(flow.size_bytes)
+        return self.arrive_path(flow.id, path.links, flow.size_bytes, ideal, t, wire_bytes=wire)
 
-    def arrive_path(self, flow_id: int, links, size_bytes: int, ideal_s: float, t: float) -> float:
-        """Register a flow on explicit directed ``links`` (m4's ``flow_to_links``)."""
+    def arrive_path(
+        self,
+        flow_id: int,
+        links,
+        size_bytes: int,
+        ideal_s: float,
+        t: float,
+        *,
+        wire_bytes: int | None = None,
+    ) -> float:
+        """Register a flow on explicit directed ``links`` (m4's ``flow_to_links``);
+        ``wire_bytes`` (default ``size_bytes``) is what the fluid anchor drains."""
         if flow_id in self._rows:
             raise InputError(f"flow {flow_id} is already active", field="id")
         links = tuple(int(link) for link in links)
@@ -127,6 +144,9 @@ class M4Engine:
         self._ideal[row] = ideal_s
         self._slow[row] = 1.0
         self._fresh[row] = (size_bytes, len(links))
+        if self._fluid is not None:
+            work = size_bytes if wire_bytes is None else wire_bytes
+            self._fluid.add(row, work, ideal_s, self._capacity[list(links)].min(), t)
         self._rows[flow_id] = row
         self._links_of[flow_id] = links
         self._comp_of[flow_id] = comp
@@ -165,11 +185,13 @@ class M4Engine:
 
     def complete(self, flow_id: int, t: float) -> float:
         """Remove ``flow_id`` at ``t``; returns its last predicted slowdown."""
-        row = self._rows.pop(flow_id, None)
-        if row is None:
+        if flow_id not in self._rows:
             raise InputError(f"flow {flow_id} is not active", field="id")
         c = self._comp_of.pop(flow_id)
         comp = self._comps[c]
+        if self._fluid is not None:  # the flows left behind shared with it until now
+            self._fluid_catch_up(comp, t)
+        row = self._rows.pop(flow_id)
         del comp.flows[flow_id]
         self._fresh.pop(row, None)
         self._free_rows.append(row)
@@ -192,7 +214,9 @@ class M4Engine:
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
         """A link's rate changes (gray-failure onset): its initial state follows; an idle link
-        takes it now, a busy one when it next goes idle."""
+        takes it now, a busy one when it next goes idle. The fluid anchor's max-min rates use
+        the new rate from the link's component's next update on."""
+        self._capacity[link] = bandwidth_bps
         bw = torch.tensor([float(bandwidth_bps)], dtype=torch.float64)
         row = initial_link_state(self.cfg, bw)[0].double().numpy()
         self._link_init[link] = row
@@ -238,6 +262,10 @@ class M4Engine:
         self._slot[links] = -1
         incidence = np.stack([np.repeat(np.arange(len(rows)), plen), local])
         dt = np.asarray(dts, dtype=float)
+        base = fluid = None
+        if self._fluid is not None:
+            lists = [p[:n] for p, n in zip(paths, plen.tolist(), strict=True)]
+            base, fluid = map(torch.from_numpy, self._fluid.advance(rows, lists, self._capacity, t))
         graph = StepGraph(
             h_flow=torch.from_numpy(self._h_flow[rows]),
             h_link=torch.from_numpy(self._h_link[links]),
@@ -246,6 +274,8 @@ class M4Engine:
             incidence=torch.from_numpy(incidence),
             params=self.params.expand(len(rows), -1),
             n_links=torch.from_numpy(plen),
+            base=base,
+            fluid=fluid,
         )
         return Pending(t=t, comps=comps, flow_ids=flow_ids, rows=rows, links=links, graphs=[graph])
 
@@ -316,6 +346,11 @@ class M4Engine:
         self._comps[root].links.update(links)
         return root
 
+    def _fluid_catch_up(self, comp: _Component, t: float) -> None:
+        rows = np.fromiter(map(self._rows.__getitem__, comp.flows), np.int64, len(comp.flows))
+        links = [np.asarray(self._links_of[f]) for f in comp.flows]
+        self._fluid.catch_up(rows, links, self._capacity, t)
+
     def _alloc(self, n_rows: int, max_len: int) -> None:
         """Per-row arrays for ``n_rows`` flows with paths up to ``max_len`` links (grown as
         needed, contents kept)."""
@@ -334,6 +369,8 @@ class M4Engine:
                 grown[:n_old] = getattr(self, name)
             setattr(self, name, grown)
         self._free_rows = [*getattr(self, "_free_rows", []), *range(n_rows - 1, n_old - 1, -1)]
+        if self._fluid is not None:
+            self._fluid.resize(n_rows)
 
     def _row(self, path_len: int) -> int:
         if not self._free_rows or path_len > self._path.shape[1]:

@@ -27,7 +27,8 @@ class StepGraph:
     """Flows and links to update (one or more components of one simulation): ``h_flow [F, H]``,
     ``h_link [L, H]``, the Δt of each since its component's last update ``dt_flow_us [F]`` and
     ``dt_link_us [L]`` (µs), ``incidence [2, E]`` local (flow row, link row) pairs,
-    ``params [F, P]``, ``n_links [F]``."""
+    ``params [F, P]``, ``n_links [F]``; for a model with the fluid anchor, flowSim's view of
+    the flows (:mod:`m4ray.sim.m4.fluid`): ``base [F]`` and ``fluid [F, 3]``."""
 
     h_flow: torch.Tensor
     h_link: torch.Tensor
@@ -36,6 +37,8 @@ class StepGraph:
     incidence: torch.Tensor
     params: torch.Tensor
     n_links: torch.Tensor
+    base: torch.Tensor | None = None
+    fluid: torch.Tensor | None = None
 
     @property
     def n_flows(self) -> int:
@@ -71,10 +74,16 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
         incidence = incidence + shift
     params = torch.cat([g.params for g in graphs]).to(dtype)
     n_links = torch.cat([g.n_links for g in graphs])
+    base = fluid = None
+    if model.cfg.fluid:
+        if any(g.fluid is None for g in graphs):
+            raise ValueError("this m4 model is fluid-anchored: every graph needs base and fluid")
+        base = torch.cat([g.base for g in graphs]).to(dtype)
+        fluid = torch.cat([g.fluid for g in graphs]).to(dtype)
     with torch.inference_mode():
         h_flow, h_link = model.time_step(h_flow, h_link, dt_flow, dt_link)
-        h_flow, h_link = model.spatial_step(h_flow, h_link, incidence, params)
-        slowdown = model.slowdown(h_flow, n_links, params).clamp(min=1.0)
+        h_flow, h_link = model.spatial_step(h_flow, h_link, incidence, params, fluid)
+        slowdown = model.slowdown(h_flow, n_links, params, fluid, base).clamp(min=1.0)
     return [
         StepOut(
             h_flow=h_flow[flow_off[i] : flow_off[i + 1]],

@@ -1,0 +1,135 @@
+"""flowSim's view of the active flows, kept where m4 updates: the fluid anchor of an m4 model with
+``ModelConfig.fluid``.
+
+At every update m4 already knows which flows share which links; this module adds what a max-min
+fluid model says about them. Per flow (a row, reused after the flow leaves): its work (bits on
+the wire, as flowSim drains), the bits a fluid model has not yet drained, its max-min fair rate,
+when it drained (if it has) and when the row was last brought up to date.
+
+* :meth:`Fluid.catch_up` brings rows to ``t`` as flowSim would have moved them since their last
+  update: rows last updated together (one component then; components share no link) drain at
+  their rates, and when one of them drains the others are re-shared — the drain ends that happen
+  between m4's updates (flowSim's events, not m4's) are simulated here. A flow that has drained
+  keeps no share, though it stays active until m4 (or, in training, ns-3) completes it.
+* :meth:`Fluid.advance` (an update at ``t``) catches the rows up, re-shares among them
+  (:func:`~m4ray.sim.flowsim.max_min_rates`) and projects each flow's completion as if nothing
+  else changed: ``t + left / rate + delay`` (or its drain end + ``delay`` once drained), where
+  ``delay = ideal − work / bottleneck`` is what the ideal FCT adds to draining the wire bytes at
+  the bottleneck (latency and the first packet's store-and-forward: flowSim's delivery delay),
+  so a flow alone gets exactly 1.
+* A departing flow's rows are caught up first (:meth:`Fluid.catch_up` from the engine's
+  ``complete``), so the flows left behind shared with it until it went.
+
+The projected slowdown ``base = (projection − start) / ideal`` is flowSim's answer for that flow
+given the events so far; the model predicts ``base × (1 + correction)`` and reads three features:
+``log2(base)``, ``rate / bottleneck`` and the fraction not yet drained.
+
+Left from flowSim, by construction: the projection uses today's rates (a flow that will speed up
+when a companion drains is projected late until the next update re-projects it); with a model
+whose correction is 0 the engine gives flowSim's FCTs (a test). The online engine
+and the training replay (:func:`m4ray.train.model.engine_schedule`) call the same methods with the
+same rows at the same event times, so training sees the features inference computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from m4ray.sim.flowsim import max_min_rates
+
+N_FEATURES = 3
+_REL_TIE = 1e-9  # drains within this relative distance of the earliest happen together (flowSim)
+
+
+class Fluid:
+    """Fluid state per flow row (see the module docstring); ``resize`` keeps rows' contents."""
+
+    _ARRAYS = ("work", "left", "rate", "t_last", "start", "ideal", "delay", "bottleneck", "drained")
+
+    def __init__(self, n_rows: int = 64) -> None:
+        for name in self._ARRAYS:
+            setattr(self, name, np.zeros(0))
+        self.resize(n_rows)
+        self.n_shares = 0  # max-min computations (for benchmarks)
+
+    def resize(self, n_rows: int) -> None:
+        for name in self._ARRAYS:
+            old = getattr(self, name)
+            new = np.zeros(n_rows)
+            new[: len(old)] = old[:n_rows]
+            setattr(self, name, new)
+
+    def add(self, row: int, wire_bytes: float, ideal_s: float, bottleneck_bps: float, t: float):
+        """A flow of ``wire_bytes`` (payload and headers) arrives at ``t`` in ``row`` (it gets
+        a share at the next :meth:`advance`)."""
+        work = float(wire_bytes) * 8.0
+        self.work[row] = work
+        self.left[row] = work
+        self.rate[row] = 0.0
+        self.t_last[row] = t
+        self.start[row] = t
+        self.ideal[row] = ideal_s
+        self.bottleneck[row] = bottleneck_bps
+        self.delay[row] = max(ideal_s - work / bottleneck_bps, 0.0)
+        self.drained[row] = np.inf
+
+    def catch_up(
+        self, rows: np.ndarray, links: list[np.ndarray], capacity_bps: np.ndarray, t: float
+    ) -> None:
+        """Move ``rows`` (with their ``links``, ids into ``capacity_bps``) from their last update
+        to ``t``: each set of rows last updated together drains at its rates, re-shared among
+        itself whenever one of its flows drains."""
+        rows = np.asarray(rows, dtype=np.int64)
+        t_last = self.t_last[rows]
+        for t0 in np.unique(t_last[t_last < t]):
+            at = np.flatnonzero(t_last == t0)
+            self._drain(rows[at], [links[i] for i in at], capacity_bps, float(t0), t)
+        self.t_last[rows] = t
+
+    def _drain(self, rows, links, capacity_bps, now: float, t: float) -> None:
+        left, rate = self.left[rows], self.rate[rows]
+        while True:
+            live = (left > 0) & (rate > 0)
+            if not live.any():
+                break
+            to_go = np.where(live, left / np.where(live, rate, 1.0), np.inf)
+            dt = float(to_go.min())
+            if now + dt > t:
+                left = np.maximum(left - rate * (t - now), 0.0)
+                break
+            done = live & (to_go <= dt * (1 + _REL_TIE))
+            left = np.where(done, 0.0, np.maximum(left - rate * dt, 0.0))
+            now += dt
+            self.drained[rows[done]] = now
+            rate = self._share(left, links, capacity_bps)
+        self.left[rows], self.rate[rows] = left, rate
+
+    def _share(self, left, links, capacity_bps) -> np.ndarray:
+        rate = np.zeros(len(left))
+        live = np.flatnonzero(left > 0)
+        if len(live):
+            rate[live] = max_min_rates([links[i] for i in live], capacity_bps)
+            self.n_shares += 1
+        return rate
+
+    def advance(
+        self, rows: np.ndarray, links: list[np.ndarray], capacity_bps: np.ndarray, t: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """An update at ``t`` over ``rows``: catch up, re-share, project; returns ``base [n]``
+        (projected slowdown, ≥ 1) and ``features [n, 3]``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.catch_up(rows, links, capacity_bps, t)
+        left = self.left[rows]
+        rate = self._share(left, links, capacity_bps)
+        self.rate[rows] = rate
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drain_end = np.where(left > 0, t + left / rate, self.drained[rows])
+        projected = np.maximum(drain_end + self.delay[rows], t) - self.start[rows]
+        base = np.maximum(projected / self.ideal[rows], 1.0)
+        features = np.stack(
+            [np.log2(base), rate / self.bottleneck[rows], left / self.work[rows]], axis=1
+        )
+        return base, features
+
+
+__all__ = ["N_FEATURES", "Fluid"]

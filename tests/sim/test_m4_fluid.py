@@ -1,0 +1,133 @@
+"""The fluid anchor of m4 v2 models: flowSim's view in the engine and in the training replay."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSimConfig, max_min_rates
+from m4ray.sim.m4 import LocalStepper, M4Engine
+from m4ray.sim.m4.backend import M4Backend
+from m4ray.sim.m4.fluid import Fluid
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import RailClusterSpec
+from m4ray.sim.trace import run_trace
+from m4ray.train.model import M4Model, ModelConfig, forward_period
+
+from .test_m4 import _chain_period, _replay_online, _single_component_periods
+
+
+def _fluid_model(correction: bool) -> M4Model:
+    torch.manual_seed(0)
+    model = M4Model(ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=True))
+    if correction:  # a model-dependent answer, so a wrong mapping would show
+        with torch.no_grad():
+            model.head[-1].weight.normal_(0, 0.3)
+            model.head[-1].bias.fill_(0.5)
+    return model.eval()
+
+
+def test_fluid_advance_shares_max_min_and_projects_a_lone_flow_at_its_ideal():
+    fluid = Fluid(4)
+    capacity = np.array([10e9, 10e9, 40e9])
+    # flow 0 alone on links 0, 2: its ideal is 8 µs of payload at 10 Gbps + 2 µs delay
+    fluid.add(0, 10_000, 10e-6, 10e9, 0.0)
+    base, features = fluid.advance(np.array([0]), [np.array([0, 2])], capacity, 0.0)
+    assert base[0] == pytest.approx(1.0)
+    np.testing.assert_allclose(features[0], [0.0, 1.0, 1.0])
+    # 4 µs later flow 1 joins on link 0: half of flow 0's bits are left, both get 5 Gbps
+    fluid.add(1, 10_000, 10e-6, 10e9, 4e-6)
+    links = [np.array([0, 2]), np.array([0, 1])]
+    base, features = fluid.advance(np.array([0, 1]), links, capacity, 4e-6)
+    np.testing.assert_allclose(fluid.rate[:2], max_min_rates(links, capacity))
+    np.testing.assert_allclose(fluid.rate[:2], [5e9, 5e9])
+    # flow 0: 4 µs elapsed + 40,000 bits at 5 Gbps (8 µs) + 2 µs delay = 14 µs of 10
+    np.testing.assert_allclose(base, [1.4, 1.8])  # flow 1: 16 µs + 2 µs of 10
+    np.testing.assert_allclose(features[:, 1], [0.5, 0.5])
+    np.testing.assert_allclose(features[:, 2], [0.5, 1.0])
+    np.testing.assert_allclose(features[:, 0], np.log2([1.4, 1.8]))
+
+
+class _Direct:
+    """A backend config around an in-memory model (the tests' stand-in for a checkpoint)."""
+
+    def __init__(self, model: M4Model) -> None:
+        self.model = model.double()
+
+    def build(self, topology, routing):
+        engine = M4Engine(
+            topology.bandwidth_bps,
+            self.model.cfg,
+            [0.0] * self.model.cfg.n_params,
+            LocalStepper(self.model),
+            routing,
+        )
+        return M4Backend(engine, window_us=None)
+
+
+@pytest.mark.parametrize("size_scale", [1.0, 0.002])  # 2–20 MB flows; 4–40 KB flows
+def test_an_untrained_fluid_model_answers_as_flowsim(size_scale):
+    """Correction 0 (the head's last layer starts at zero): the engine is flowSim — max-min
+    fluid sharing, re-shared at every arrival and drain end (those between m4's updates are
+    simulated by the anchor), delivered a delivery delay after draining."""
+    topo = RailClusterSpec().build()
+    routing = Routing(topo, seed=0)  # the default wire: 48-byte headers per 1000 bytes
+    hosts = sorted(topo.hosts)
+    rng = np.random.default_rng(1)
+    pairs = rng.choice(32, size=(12, 2), replace=False).reshape(-1, 2)
+    flows = [Flow(i, hosts[i], hosts[8], 10_000_000, i * 20e-6) for i in range(4)]  # incast
+    starts = rng.uniform(0, 2e-3, len(pairs))
+    flows += [
+        Flow(4 + i, hosts[int(a)], hosts[int(b)], int(rng.integers(2, 20)) * 1_000_000, start)
+        for i, ((a, b), start) in enumerate(zip(pairs, starts, strict=True))
+    ]
+    flows = [
+        Flow(f.id, f.src, f.dst, int(f.size_bytes * size_scale), f.start_s * size_scale)
+        for f in flows
+    ]
+    m4 = run_trace(topo, flows, _Direct(_fluid_model(correction=False)), routing)
+    flowsim = run_trace(topo, flows, FlowSimConfig(), routing)
+    a, b = m4.column("fct_s").to_numpy(), flowsim.column("fct_s").to_numpy()
+    slowdown = b / flowsim.column("ideal_fct_s").to_numpy()
+    assert slowdown.max() > 1.25  # flows do share
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def _chain_with_ideals():
+    p = _chain_period()
+    bottleneck = torch.zeros(len(p.arrival), dtype=torch.float64)
+    for f in range(len(p.arrival)):
+        bottleneck[f] = p.link_bandwidth[p.incidence[1, p.incidence[0] == f]].double().min()
+    p.ideal_s = p.size_bytes.double() * 8 / bottleneck + 2e-6
+    return p
+
+
+def test_engine_reproduces_offline_predictions_with_the_fluid_anchor(tiny_dataset):
+    """Training = inference with the anchor: the replay's fluid features and bases are the
+    engine's, on a chain and on recorded periods with several components and idle links."""
+    from m4ray.train.data import DataConfig, scenario_samples, split_scenarios
+
+    model = _fluid_model(correction=True)
+    dataset = tiny_dataset[0] / "dataset"
+    cfg = DataConfig(dataset=str(dataset))
+    ids = [i for split in split_scenarios(dataset, cfg).values() for i in split]
+    samples = [s for i in ids for s in scenario_samples(dataset, i, cfg)]
+    simple = {id(s) for s in _single_component_periods(samples)}
+    multi = [s.period for s in samples if id(s) not in simple and len(s.period.arrival) <= 400]
+    assert multi, "the tiny dataset has no multi-component period"
+    for p in [_chain_with_ideals(), *multi[:4]]:
+        with torch.no_grad():
+            offline = forward_period(copy.deepcopy(model).float(), p)[0].clamp(min=1.0)
+        online = _replay_online(copy.deepcopy(model).double(), p)
+        assert len(set(offline.tolist())) > len(offline) // 2  # model-dependent answers
+        torch.testing.assert_close(online, offline, rtol=3e-4, atol=3e-4)
+
+
+def test_a_fluid_model_needs_ideal_fcts():
+    p = _chain_period()  # no ideal_s
+    with pytest.raises(ValueError, match="ideal FCTs"):
+        forward_period(_fluid_model(correction=False), p)
