@@ -25,7 +25,7 @@ Plain torch (``index_add_``), no graph library. Parameter names follow PyG's SAG
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 
 import numpy as np
@@ -257,18 +257,20 @@ class PeriodSample:
     queue: torch.Tensor
     ideal_s: torch.Tensor | None = None
     wire_bytes: torch.Tensor | None = None
+    # engine_schedule's answers (they depend on the recorded events only), by `fluid`
+    schedules: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_link_rows(self) -> int:
         return len(self.link_bandwidth)
 
     def to(self, device: torch.device | str) -> PeriodSample:
-        return PeriodSample(
-            **{
-                name: None if getattr(self, name) is None else getattr(self, name).to(device)
-                for name in self.__slots__
-            }
-        )
+        moved = {
+            name: getattr(self, name).to(device)
+            for name in self.__slots__
+            if isinstance(getattr(self, name), torch.Tensor)
+        }
+        return PeriodSample(**moved, schedules=self.schedules)
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,7 +399,14 @@ def engine_schedule(s: PeriodSample, fluid: bool = False) -> list[EventUpdate]:
     departures leave (links left without a flow go idle and are reset), and only the touched
     components advance, by the time since their own last update. Training replays this
     schedule, so the model learns the updates it gets online. With ``fluid`` each update
-    also carries flowSim's view of its flows (needs ``s.ideal_s``), as the engine computes it."""
+    also carries flowSim's view of its flows (needs ``s.ideal_s``), as the engine computes it.
+    Kept on the sample: an epoch replays the same periods again."""
+    if fluid not in s.schedules:
+        s.schedules[fluid] = _schedule(s, fluid)
+    return s.schedules[fluid]
+
+
+def _schedule(s: PeriodSample, fluid: bool) -> list[EventUpdate]:
     t_us = np.cumsum(s.dt_us.double().cpu().numpy())
     flow_of, link_of = s.incidence.cpu().numpy()
     paths: list[list[int]] = [[] for _ in range(len(s.arrival))]
