@@ -151,6 +151,9 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         "metrics": metrics,
         "command": "python -m m4ray.sweeps " + " ".join(sys.argv[1:]),
     }
+    transports = dataset_transports(cfg.data.dataset)
+    if len(transports) == 1:  # what the m4 backend should describe to it (check_transport)
+        meta["transport"] = transports[0]
     export_dir = Path(cfg.export_dir or run_dir / "export")
     checkpoint.export(model, export_dir, meta, model_card(meta, table, cfg))
     import mlflow
@@ -168,6 +171,16 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     )
     print(f"MLflow UI: .venv/bin/mlflow ui --backend-store-uri {uri}")
     return run_dir
+
+
+def dataset_transports(dataset: str) -> list[str]:
+    """The ns-3 transports of a dataset's scenarios (its ground truth)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    params = pq.read_table(Path(dataset) / "scenarios.parquet", columns=["params"]).column(0)
+    return sorted({json.loads(p).get("transport", "tcp") for p in params.to_pylist()})
 
 
 def error_table(errors: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -224,6 +237,12 @@ def model_card(meta: dict[str, Any], table: dict[str, dict[str, float]], cfg: Tr
         f"| {who} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |"
         for who, row in table.items()
     )
+    anchor = (
+        "; fluid anchor on: slowdown = flowSim's projection at the flow's last update x "
+        "(1 + learned correction) (`m4ray/sim/m4/fluid.py`)"
+        if m.fluid
+        else ""
+    )
     return f"""# m4 checkpoint
 
 m4 (arXiv 2503.01770): GRU time/rate cells over flow and link states, {m.gnn_layers} GraphSAGE
@@ -236,6 +255,7 @@ slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.train.checkpoint.l
   {cfg.weight_remain}/{cfg.weight_queue}; {meta["hardware"]}; {meta["train_wall_s"]} s wall
 - command: `{meta["command"]}`
 - code: git `{meta["git_commit"]}`
+- ground truth: ns-3 {meta.get("transport", "(mixed transports)")}{anchor}
 
 ## Held-out per-flow slowdown error |ŝ/s − 1| ({meta["test_flows"]} flows)
 

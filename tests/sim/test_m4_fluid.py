@@ -131,3 +131,21 @@ def test_a_fluid_model_needs_ideal_fcts():
     p = _chain_period()  # no ideal_s
     with pytest.raises(ValueError, match="ideal FCTs"):
         forward_period(_fluid_model(correction=False), p)
+
+
+def test_the_backend_warns_when_the_network_is_not_the_one_the_checkpoint_learned(tmp_path):
+    from m4ray.sim.m4 import M4Config
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.train.checkpoint import export
+
+    export(_fluid_model(correction=False), tmp_path / "ckpt", {"transport": "rdma"}, "# card\n")
+    topo = RailClusterSpec().build()
+    routing = Routing(topo, seed=0)
+    ckpt = str(tmp_path / "ckpt")
+    with pytest.warns(UserWarning, match="learned ns-3 rdma.*network.transport=rdma"):
+        M4Config(checkpoint=ckpt, network=Ns3Config(transport="tcp")).build(topo, routing)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        M4Config(checkpoint=ckpt, network=Ns3Config(transport="rdma")).build(topo, routing)

@@ -16,6 +16,8 @@ completion is scheduled at its latest prediction and rescheduled whenever an upd
 from __future__ import annotations
 
 import functools
+import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -45,6 +47,21 @@ def checkpoint_dir(name: str) -> Path:
         "holding model.json and model.pt)",
         field="checkpoint",
     )
+
+
+@functools.lru_cache(maxsize=16)
+def check_transport(name: str, transport: str) -> None:
+    """Warn (once per checkpoint and transport) when the checkpoint learned another ns-3
+    transport than the one the backend describes to it (checkpoints record theirs since
+    m4-v2; m4-small learned TCP)."""
+    info = json.loads((checkpoint_dir(name) / "model.json").read_text())
+    learned = info.get("transport")
+    if learned is not None and learned != transport:
+        warnings.warn(
+            f"m4 checkpoint '{name}' learned ns-3 {learned}, but the backend describes the "
+            f"network as {transport} (set the m4 backend's network.transport={learned})",
+            stacklevel=2,
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -124,6 +141,7 @@ class M4Config:
         from m4ray.sim.m4.engine import M4Engine
         from m4ray.sim.m4.shared import CURRENT
 
+        check_transport(self.checkpoint, self.network.transport)
         own = self._stepper()
         model = own.model
         stepper = CURRENT.get()  # set when this simulation runs in a group (shared.py)
