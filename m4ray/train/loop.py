@@ -9,6 +9,7 @@ calls ``ray.train.report``. A restarted run resumes from the latest checkpoint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -127,18 +128,26 @@ def evaluate(model: M4Model, samples: list[Sample], device, batch_size: int = 8)
 def flow_errors(
     model: M4Model, samples: list[Sample], device="cpu", batch_size: int = 8
 ) -> dict[str, np.ndarray]:
-    """Per-flow slowdown error ``|ŝ/s − 1|`` of the model (ŝ clamped at 1) and of flowSim."""
-    model_err, flowsim_err = [], []
+    """Per-flow slowdown error ``|ŝ/s − 1|`` of the model (ŝ clamped at 1) and of flowSim;
+    for a fluid-anchored model also of its anchor alone (``anchor``: the model with its
+    correction zeroed, i.e. flowSim re-projected at the recorded events)."""
+    models = {"m4": model}
+    if model.cfg.fluid:
+        anchor = copy.deepcopy(model)
+        with torch.no_grad():
+            anchor.head[-1].weight.zero_()
+            anchor.head[-1].bias.zero_()
+        models["anchor"] = anchor
+    errors: dict[str, list] = {name: [] for name in [*models, "flowsim"]}
     with torch.no_grad():
         for batch in batches(samples, batch_size):
-            pred = model([s.period.to(device) for s in batch])["pred"].cpu().clamp(min=1.0)
             true = torch.cat([s.period.slowdown for s in batch])
+            for name, m in models.items():
+                pred = m([s.period.to(device) for s in batch])["pred"].cpu().clamp(min=1.0)
+                errors[name].append((pred / true - 1).abs().numpy())
             flowsim = torch.cat([s.flowsim_slowdown for s in batch])
-            model_err.append((pred / true - 1).abs().numpy())
-            flowsim_err.append((flowsim / true - 1).abs().numpy())
-    if not model_err:
-        return {"m4": np.zeros(0), "flowsim": np.zeros(0)}
-    return {"m4": np.concatenate(model_err), "flowsim": np.concatenate(flowsim_err)}
+            errors["flowsim"].append((flowsim / true - 1).abs().numpy())
+    return {name: np.concatenate(e) if e else np.zeros(0) for name, e in errors.items()}
 
 
 def train_loop(config: dict[str, Any]) -> None:
