@@ -13,6 +13,7 @@ fraction of flowSim's (issue 14's bars: <= 0.6 and <= 0.7).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -40,7 +41,9 @@ HELD_OUT = {
 def family(topology, n_flows: int) -> OpenLoopFamily:
     """The m4 fabric family's traffic and network ranges, on ``topology``."""
     spec = OmegaConf.load(ROOT / "conf/family/m4_fabric.yaml")
-    return instantiate(spec, topology=topology, n_flows=[n_flows, n_flows], _convert_="all")
+    del spec["topology"]  # a kwarg would be merged into the YAML's node, not replace it
+    fam = instantiate(spec, n_flows=[n_flows, n_flows], _convert_="all")
+    return dataclasses.replace(fam, topology=topology)
 
 
 def main() -> None:

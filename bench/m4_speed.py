@@ -1,16 +1,19 @@
 """In-process m4 backend speed: the full-size microAllReduce (N=8, R=4, scale 1) on CPU.
 
-    .venv/bin/python bench/m4_speed.py [--repeat 2] [--scale 1.0]
+    .venv/bin/python bench/m4_speed.py [--repeat 2] [--scale 1.0] [--m4 m4-small m4-v2]
 
-One table, one row per update policy (``window_us``: per event, per instant, 10 µs windows)
-and flowSim for reference: flows, events (arrivals + completions), model updates, wall time,
-events/s, and where the time goes per update: state gather (``prepare``), the neural step,
-write-back (``finish``) and everything else (event loop, replay, routing). Goal: <= 2 s.
+One table, one row per update policy (``window_us``: per event, per instant, 10 µs windows) of
+the first checkpoint, the default policy of the others (each told the ns-3 transport it learned;
+a fluid-anchored one pays for its max-min shares in ``prepare``) and flowSim for reference:
+flows, events (arrivals + completions), model updates, wall time, events/s, and where the time
+goes per update: state gather (``prepare``), the neural step, write-back (``finish``) and
+everything else (event loop, replay, routing). Goal: <= 2 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -19,7 +22,9 @@ from m4ray.sim.collectives import HierarchicalSpec
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.m4 import M4Config
+from m4ray.sim.m4.backend import checkpoint_dir
 from m4ray.sim.m4.engine import M4Engine
+from m4ray.sim.ns3.backend import IMITATED, Ns3Config
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.simai import SimAIWorkloadSpec
@@ -65,12 +70,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--m4", nargs="+", default=["m4-small"], help="checkpoints")
     args = parser.parse_args()
     torch.set_num_threads(1)
+
+    def m4(checkpoint, window_us):
+        info = json.loads((checkpoint_dir(checkpoint) / "model.json").read_text())
+        network = Ns3Config(transport=info.get("transport", IMITATED))
+        return M4Config(checkpoint=checkpoint, window_us=window_us, network=network)
+
+    first, *others = args.m4
     cases = [
-        ("m4, per event", M4Config(window_us=None)),
-        ("m4, per instant (default)", M4Config(window_us=0.0)),
-        ("m4, 10 us windows", M4Config(window_us=10.0)),
+        (f"{first}, per event", m4(first, None)),
+        (f"{first}, per instant (default)", m4(first, 0.0)),
+        (f"{first}, 10 us windows", m4(first, 10.0)),
+        *((f"{name}, per instant (default)", m4(name, 0.0)) for name in others),
         ("flowSim", FlowSimConfig()),
     ]
     rows = []

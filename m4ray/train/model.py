@@ -166,15 +166,19 @@ class M4Model(nn.Module):
         = mean absolute errors of the dense-supervision heads; ``main`` / ``remain`` / ``queue``
         are their means over the batch; ``main_flows`` = relative L1 over every flow of the batch
         (large periods weigh more); ``pred [ΣF]`` = the slowdown predictions, periods
-        concatenated in order."""
+        concatenated in order; ``every_flows`` = the relative L1 of the slowdown read at every
+        update a flow takes part in (averaged per flow, then over flows): what the online engine
+        schedules completions by, and, unlike the read-out at departure, never informed by how
+        long the flow has already taken in the recording."""
         b = collate(batch, fluid=self.cfg.fluid)
-        pred, remain_each, queue_each = forward_batch(self, b)
+        pred, remain_each, queue_each, every = forward_batch(self, b, every=True)
         err = (pred / b.slowdown - 1).abs()
         count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
         main_each = pred.new_zeros(b.n_samples).index_add_(0, b.flow_sample, err) / count
         return {
             "main": main_each.mean(),
             "main_flows": err.mean(),
+            "every_flows": every.mean(),
             "remain": remain_each.mean(),
             "queue": queue_each.mean(),
             "main_each": main_each,
@@ -558,9 +562,7 @@ def collate(samples: list[PeriodSample], fluid: bool = False) -> PeriodBatch:
     )
 
 
-def forward_batch(
-    model: M4Model, b: PeriodBatch
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[torch.Tensor, ...]:
     """Replay busy periods event by event in lockstep (``reference/m4.md`` §4), updating what
     the online engine updates (:func:`engine_schedule`).
 
@@ -569,7 +571,9 @@ def forward_batch(
     heads are read, then the spatial update runs over those components' flow–link graphs
     (periods are disjoint, so they do not interact). Returns
     the predicted slowdown ``[ΣF]`` (each flow read out from its state frozen at its departure)
-    and the per-period mean absolute errors ``[B]`` of the remaining-size and queue heads.
+    and the per-period mean absolute errors ``[B]`` of the remaining-size and queue heads;
+    with ``every``, also each flow's mean relative error ``[ΣF]`` over the slowdowns read at
+    every update it takes part in.
     """
     n_flows, n_link_rows = len(b.size_bytes), len(b.link_bandwidth)
     device = b.size_bytes.device
@@ -580,9 +584,11 @@ def forward_batch(
     # the fluid anchor at each flow's last update (what its final slowdown is read against)
     base_last = h_flow.new_ones(n_flows)
     fluid_last = h_flow.new_zeros(n_flows, N_FLUID)
+    every_sum = h_flow.new_zeros(n_flows)
+    every_n = h_flow.new_zeros(n_flows)
     flow_row = torch.full((n_flows,), -1, dtype=torch.long, device=device)
     link_row = torch.full((n_link_rows,), -1, dtype=torch.long, device=device)
-    remain_err, remain_who, queue_err, queue_who = [], [], [], []
+    remain, queue = ([], []), ([], [])  # (errors, periods) of each aux head
     for j, (flows, links, dt_flow, dt_link, reset, base, fluid) in enumerate(b.updates):
         if len(reset):  # links left idle at this event start over, as online
             h_link = h_link.index_copy(0, reset, link_init[reset])
@@ -592,18 +598,8 @@ def forward_batch(
             )
             h_flow = h_flow.index_copy(0, flows, new_flow)
             h_link = h_link.index_copy(0, links, new_link)
-        lo, hi = int(b.remain_ptr[j]), int(b.remain_ptr[j + 1])
-        if hi > lo:
-            rows = b.remain[lo:hi]
-            who = rows[:, 1].long()
-            remain_err.append((model.remain_head(h_flow[who]).squeeze(1) - rows[:, 2]).abs())
-            remain_who.append(b.flow_sample[who])
-        lo, hi = int(b.queue_ptr[j]), int(b.queue_ptr[j + 1])
-        if hi > lo:
-            rows = b.queue[lo:hi]
-            who = rows[:, 1].long()
-            queue_err.append((model.queue_head(h_link[who]).squeeze(1) - rows[:, 2]).abs())
-            queue_who.append(b.link_sample[who])
+        _aux(model.remain_head, h_flow, j, (b.remain, b.remain_ptr, b.flow_sample), remain)
+        _aux(model.queue_head, h_link, j, (b.queue, b.queue_ptr, b.link_sample), queue)
         if not len(flows):
             continue
         in_update[flows] = True
@@ -620,11 +616,30 @@ def forward_batch(
         if model.cfg.fluid:
             base_last = base_last.index_copy(0, flows, base.to(base_last.dtype))
             fluid_last = fluid_last.index_copy(0, flows, fluid.to(fluid_last.dtype))
-    return (
+        if every:
+            now = model.slowdown(
+                new_flow, b.n_links[flows], b.params[flows], fluid_last[flows], base_last[flows]
+            )
+            every_sum = every_sum.index_add(0, flows, (now / b.slowdown[flows] - 1).abs())
+            every_n = every_n.index_add(0, flows, torch.ones_like(now))
+    out = (
         model.slowdown(h_flow, b.n_links, b.params, fluid_last, base_last),
-        _per_sample(remain_err, remain_who, b.n_samples, h_flow),
-        _per_sample(queue_err, queue_who, b.n_samples, h_flow),
+        _per_sample(*remain, b.n_samples, h_flow),
+        _per_sample(*queue, b.n_samples, h_flow),
     )
+    return (*out, every_sum / every_n.clamp(min=1)) if every else out
+
+
+def _aux(head, h, j: int, target: tuple, out: tuple[list, list]) -> None:
+    """An aux head's absolute errors on its ``target`` rows (rows, event bounds, period of
+    each state row) of event ``j``, appended to ``out`` (errors, periods)."""
+    rows, ptr, sample_of = target
+    lo, hi = int(ptr[j]), int(ptr[j + 1])
+    if hi > lo:
+        rows = rows[lo:hi]
+        at = rows[:, 1].long()
+        out[0].append((head(h[at]).squeeze(1) - rows[:, 2]).abs())
+        out[1].append(sample_of[at])
 
 
 def _per_sample(errors: list, who: list, n: int, like: torch.Tensor) -> torch.Tensor:

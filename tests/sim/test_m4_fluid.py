@@ -149,3 +149,34 @@ def test_the_backend_warns_when_the_network_is_not_the_one_the_checkpoint_learne
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         M4Config(checkpoint=ckpt, network=Ns3Config(transport="rdma")).build(topo, routing)
+
+
+def test_the_every_update_loss_scores_what_the_engine_reads_at_each_update():
+    """``every_flows``: per flow, the mean relative error of the slowdowns read at each update
+    it takes part in — the predictions the online engine schedules completions by."""
+    from m4ray.train.model import collate, forward_batch
+
+    model = _fluid_model(correction=True)
+    with torch.no_grad():
+        model.head[-1].bias.fill_(2.0)  # above the engine's clamp at 1
+    p = _chain_with_ideals()
+    p.slowdown = torch.linspace(1.5, 4.0, len(p.arrival))
+    with torch.no_grad():
+        *_, every = forward_batch(copy.deepcopy(model).float(), collate([p], True), every=True)
+    engine = M4Engine(
+        p.link_bandwidth.numpy(), model.cfg, p.params.tolist(), LocalStepper(model.double())
+    )
+    t = np.cumsum(p.dt_us.double().numpy()) * 1e-6
+    start, read = {}, {f: [] for f in range(len(p.arrival))}
+    for j in range(len(p.dt_us)):
+        for f in (p.arrival == j).nonzero().flatten().tolist():
+            links = p.incidence[1, p.incidence[0] == f].numpy()
+            engine.arrive_path(f, links, int(p.size_bytes[f]), float(p.ideal_s[f]), t[j])
+            start[f] = t[j]
+        for f in (p.departure == j).nonzero().flatten().tolist():
+            engine.complete(f, t[j])
+        for f, finish in engine.update(t[j]).items():
+            read[f].append((finish - start[f]) / float(p.ideal_s[f]))
+    expected = [np.mean(np.abs(np.array(r) / float(p.slowdown[f]) - 1)) for f, r in read.items()]
+    assert min(len(r) for r in read.values()) >= 2  # flows are read more than once
+    np.testing.assert_allclose(every.numpy(), expected, rtol=2e-4, atol=2e-4)
