@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from m4ray.errors import InputError, M4rayError, SimulationError
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.backend import M4Backend
-from m4ray.sim.ns3.backend import IMITATED, Ns3Config
+from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology, format_topology
 
@@ -59,7 +59,7 @@ class SessionClient:
             "routing_seed": routing.seed,
             "mtu_bytes": routing.wire.mtu_bytes,
             "header_bytes": routing.wire.header_bytes,
-            "network": asdict(network or Ns3Config(transport=IMITATED)),
+            "network": asdict(network or Ns3Config()),
         }
         info = self.request("POST", "/sessions", body)
         self.session_id: str = info["session_id"]
@@ -195,7 +195,7 @@ class M4ServedConfig:
     url: str = "http://127.0.0.1:8000/m4"
     app_name: str = "m4"
     window_us: float | None = 10.0
-    network: Ns3Config = field(default_factory=lambda: Ns3Config(transport=IMITATED))
+    network: Ns3Config = field(default_factory=Ns3Config)
     timeout_s: float = 60.0
     token: str | None = None
 

@@ -13,11 +13,13 @@ from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import Arrival, LocalStepper, M4Config, M4Engine, StepGraph, load_model
 from m4ray.sim.m4.backend import checkpoint_dir
 from m4ray.sim.m4.step import step
-from m4ray.sim.ns3.backend import params13
+from m4ray.sim.ns3.backend import Ns3Config, params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import RailClusterSpec
 from m4ray.sim.trace import run_trace
 from m4ray.train.model import PeriodSample, forward_period
+
+TCP = Ns3Config(transport="tcp")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,8 @@ def _chain_period() -> PeriodSample:
         dt_us=torch.tensor([0.0, 1.5, 0.0, 3.0, 2.0, 0.5, 4.0, 1.0, 2.5, 0.0, 6.0, 3.0]),
         incidence=torch.tensor([flows, links]),
         link_bandwidth=torch.tensor([100e9, 400e9, 25e9, 100e9, 100e9, 400e9, 100e9]),
-        params=torch.tensor(params13(M4Config().network, Routing(RailClusterSpec().build()))),
+        # m4-small's network (it learned TCP runs), whatever the backend's default
+        params=torch.tensor(params13(TCP, Routing(RailClusterSpec().build()))),
         slowdown=torch.ones(n),
         remain=torch.zeros(0, 3),
         queue=torch.zeros(0, 3),
@@ -182,7 +185,7 @@ def test_trace_mode_update_policies():
         assert (fct >= ideal * (1 - 1e-9)).all()
     # a lone flow finishes at start + ŝ × ideal with ŝ from the model's update at its arrival
     lone = run_trace(topo, flows[:1], M4Config(), routing)
-    model = load_model("m4-small")
+    model = load_model(M4Config().checkpoint)
     engine = M4Engine(
         topo.bandwidth_bps,
         model.cfg,
@@ -202,7 +205,7 @@ def test_contention_slows_flows_down():
     shared = run_trace(
         topo, [Flow(i, hosts[i], hosts[8], size) for i in range(4)], M4Config(), routing
     )  # four senders into one receiver NIC
-    # m4-small sees the contention (ns-3 would give ~4x here; the small model says ~1.3x)
+    # the default model sees the contention (four flows share the NIC: ns-3 and flowSim ~4x)
     assert shared.column("fct_s").to_numpy().mean() > 1.1 * alone.column("fct_s")[0].as_py()
 
 
@@ -287,3 +290,27 @@ def test_a_shared_stepper_steps_alone_outside_a_group_and_fails_every_member_on_
 
     assert simulate_together(list(range(3)), broken, guarded) == [None] * 3
     assert caught == ["step failed"] * 3
+
+
+def test_the_default_checkpoint_is_m4_v2_with_a_card_the_benches_wrote():
+    """m4-v2 is the default of backend=m4; it records the ns-3 transport it learned (the default
+    backend describes that one), and its card's measured section is bench/m4_card.py's: each
+    subsection quotes the command (an existing bench or the sweep) whose output follows."""
+    import json
+    import re
+    from pathlib import Path
+
+    assert M4Config().checkpoint == "m4-v2"
+    directory = checkpoint_dir("m4-v2")
+    info = json.loads((directory / "model.json").read_text())
+    assert info["transport"] == M4Config().network.transport == "rdma"
+    assert info["model"]["fluid"] is True
+    card = (directory / "model_card.md").read_text()
+    marker = "<!-- bench/m4_card.py: "
+    section = card[card.index(marker + "begin") : card.index(marker + "end")]
+    commands = re.findall(r"^`python (\S+) [^`]*` \(\d+ s\)$", section, re.M)
+    assert {"bench/m4_holdout.py", "bench/incast.py", "-m"} <= set(commands)
+    root = Path(__file__).resolve().parents[2]
+    for script in commands:
+        assert script == "-m" or (root / script).exists(), script
+    assert section.count("```") == 2 * len(commands)  # every command's output pasted

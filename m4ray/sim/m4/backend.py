@@ -26,7 +26,7 @@ from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.arrival import Arrival
-from m4ray.sim.ns3.backend import IMITATED, Ns3Config, params13
+from m4ray.sim.ns3.backend import Ns3Config, params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
 
@@ -101,9 +101,9 @@ class M4Config:
     up to this many m4 scenarios together in one process, their updates batched into shared
     forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone."""
 
-    checkpoint: str = "m4-small"
+    checkpoint: str = "m4-v2"
     window_us: float | None = 0.0
-    network: Ns3Config = field(default_factory=lambda: Ns3Config(transport=IMITATED))
+    network: Ns3Config = field(default_factory=Ns3Config)  # m4-v2 learned ns-3 rdma
     threads: int = 1
     max_flows_per_step: int = 4096
     share_steps: int = 64

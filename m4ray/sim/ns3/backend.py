@@ -61,8 +61,8 @@ class Ns3Config:
 
 
 TRANSPORTS = ("rdma", "tcp")
-# the transport whose settings the shipped m4 checkpoints learned (m4-small: ns-3 TCP DCTCP runs);
-# the m4 backends describe the network to the model as this one by default
+# the transport m4 checkpoints that do not record theirs learned (m4-small: ns-3 TCP DCTCP runs);
+# m4-v2 and later record it in model.json ("transport"), the default m4 backends describe rdma
 IMITATED = "tcp"
 
 
