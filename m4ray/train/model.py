@@ -47,10 +47,16 @@ class ModelConfig:
     dropout: float = 0.2
     link_bandwidth: bool = True  # bandwidth in the initial link state (m4: a constant 1)
     fluid: bool = False  # flowSim's projection as features and as the base of the slowdown
+    fluid_hold: bool = True  # a drained, active flow's projection is >= now (Fluid's `hold`)
 
     @property
     def n_fluid(self) -> int:
         return N_FLUID if self.fluid else 0
+
+    @property
+    def anchor(self) -> str | None:
+        """The fluid anchor's kind for :func:`collate` (None: off)."""
+        return ("hold" if self.fluid_hold else "drain") if self.fluid else None
 
     def __post_init__(self) -> None:
         if min(self.hidden, self.gnn_hidden, self.gnn_layers, self.n_params) < 1:
@@ -170,7 +176,7 @@ class M4Model(nn.Module):
         update a flow takes part in (averaged per flow, then over flows): what the online engine
         schedules completions by, and, unlike the read-out at departure, never informed by how
         long the flow has already taken in the recording."""
-        b = collate(batch, fluid=self.cfg.fluid)
+        b = collate(batch, fluid=self.cfg.anchor)
         pred, remain_each, queue_each, every = forward_batch(self, b, every=True)
         err = (pred / b.slowdown - 1).abs()
         count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
@@ -396,7 +402,7 @@ class _Components:
         )
 
 
-def engine_schedule(s: PeriodSample, fluid: bool = False) -> list[EventUpdate]:
+def engine_schedule(s: PeriodSample, fluid: bool | str | None = False) -> list[EventUpdate]:
     """The online engine's bookkeeping (:class:`~m4ray.sim.m4.engine.M4Engine`, one update per
     event) replayed over a recorded period: at each event the arrivals join (merging the
     components they touch; a merged component keeps the oldest last-update time), the
@@ -410,7 +416,7 @@ def engine_schedule(s: PeriodSample, fluid: bool = False) -> list[EventUpdate]:
     return s.schedules[fluid]
 
 
-def _schedule(s: PeriodSample, fluid: bool) -> list[EventUpdate]:
+def _schedule(s: PeriodSample, fluid: bool | str | None) -> list[EventUpdate]:
     t_us = np.cumsum(s.dt_us.double().cpu().numpy())
     flow_of, link_of = s.incidence.cpu().numpy()
     paths: list[list[int]] = [[] for _ in range(len(s.arrival))]
@@ -426,7 +432,7 @@ def _schedule(s: PeriodSample, fluid: bool) -> list[EventUpdate]:
         if s.ideal_s is None:
             raise ValueError("a fluid-anchored model needs the periods' ideal FCTs (ideal_s)")
         anchor = (
-            Fluid(len(paths)),
+            Fluid(len(paths), hold=fluid != "drain"),
             s.link_bandwidth.double().cpu().numpy(),
             s.ideal_s.double().cpu().numpy(),
             (s.size_bytes if s.wire_bytes is None else s.wire_bytes).double().cpu().numpy(),
@@ -471,9 +477,10 @@ class PeriodBatch:
     updates: list[tuple[torch.Tensor, ...]]
 
 
-def collate(samples: list[PeriodSample], fluid: bool = False) -> PeriodBatch:
+def collate(samples: list[PeriodSample], fluid: bool | str | None = False) -> PeriodBatch:
     """Stack periods into a :class:`PeriodBatch` (row order: period by period); ``fluid``:
-    compute the fluid anchor's features (:func:`engine_schedule`)."""
+    compute the fluid anchor's features (:func:`engine_schedule`; ``"drain"``: without
+    :class:`~m4ray.sim.m4.fluid.Fluid`'s ``hold``)."""
     if not samples:
         raise ValueError("empty batch")
     device = samples[0].size_bytes.device
@@ -655,7 +662,7 @@ def forward_period(
     model: M4Model, s: PeriodSample
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One period: slowdown predictions ``[F]`` and the two aux-head errors (scalars)."""
-    pred, remain, queue = forward_batch(model, collate([s], fluid=model.cfg.fluid))
+    pred, remain, queue = forward_batch(model, collate([s], fluid=model.cfg.anchor))
     return pred, remain[0], queue[0]
 
 

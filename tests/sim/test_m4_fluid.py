@@ -21,9 +21,11 @@ from m4ray.train.model import M4Model, ModelConfig, forward_period
 from .test_m4 import _chain_period, _replay_online, _single_component_periods
 
 
-def _fluid_model(correction: bool) -> M4Model:
+def _fluid_model(correction: bool, hold: bool = True) -> M4Model:
     torch.manual_seed(0)
-    model = M4Model(ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=True))
+    cfg = ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=True)
+    cfg.fluid_hold = hold
+    model = M4Model(cfg)
     if correction:  # a model-dependent answer, so a wrong mapping would show
         with torch.no_grad():
             model.head[-1].weight.normal_(0, 0.3)
@@ -69,8 +71,9 @@ class _Direct:
         return M4Backend(engine, window_us=None)
 
 
+@pytest.mark.parametrize("hold", [True, False])
 @pytest.mark.parametrize("size_scale", [1.0, 0.002])  # 2–20 MB flows; 4–40 KB flows
-def test_an_untrained_fluid_model_answers_as_flowsim(size_scale):
+def test_an_untrained_fluid_model_answers_as_flowsim(size_scale, hold):
     """Correction 0 (the head's last layer starts at zero): the engine is flowSim — max-min
     fluid sharing, re-shared at every arrival and drain end (those between m4's updates are
     simulated by the anchor), delivered a delivery delay after draining."""
@@ -89,7 +92,7 @@ def test_an_untrained_fluid_model_answers_as_flowsim(size_scale):
         Flow(f.id, f.src, f.dst, int(f.size_bytes * size_scale), f.start_s * size_scale)
         for f in flows
     ]
-    m4 = run_trace(topo, flows, _Direct(_fluid_model(correction=False)), routing)
+    m4 = run_trace(topo, flows, _Direct(_fluid_model(correction=False, hold=hold)), routing)
     flowsim = run_trace(topo, flows, FlowSimConfig(), routing)
     a, b = m4.column("fct_s").to_numpy(), flowsim.column("fct_s").to_numpy()
     slowdown = b / flowsim.column("ideal_fct_s").to_numpy()
@@ -106,12 +109,13 @@ def _chain_with_ideals():
     return p
 
 
-def test_engine_reproduces_offline_predictions_with_the_fluid_anchor(tiny_dataset):
+@pytest.mark.parametrize("hold", [True, False])
+def test_engine_reproduces_offline_predictions_with_the_fluid_anchor(tiny_dataset, hold):
     """Training = inference with the anchor: the replay's fluid features and bases are the
     engine's, on a chain and on recorded periods with several components and idle links."""
     from m4ray.train.data import DataConfig, scenario_samples, split_scenarios
 
-    model = _fluid_model(correction=True)
+    model = _fluid_model(correction=True, hold=hold)
     dataset = tiny_dataset[0] / "dataset"
     cfg = DataConfig(dataset=str(dataset))
     ids = [i for split in split_scenarios(dataset, cfg).values() for i in split]

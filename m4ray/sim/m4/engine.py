@@ -92,7 +92,7 @@ class M4Engine:
         self._link_init = initial_link_state(model_cfg, bw).double().numpy()
         self._h_link = self._link_init.copy()
         self._capacity = np.asarray(link_bandwidth_bps, dtype=np.float64).copy()
-        self._fluid = Fluid(0) if model_cfg.fluid else None
+        self._fluid = Fluid(0, hold=model_cfg.fluid_hold) if model_cfg.fluid else None
         n_links = len(bw)
         # per link, plain lists (paths are a few links: Python indexing beats numpy's here)
         self._users = [0] * n_links  # active flows on it

@@ -46,7 +46,11 @@ class Fluid:
 
     _ARRAYS = ("work", "left", "rate", "t_last", "start", "ideal", "delay", "bottleneck", "drained")
 
-    def __init__(self, n_rows: int = 64) -> None:
+    def __init__(self, n_rows: int = 64, *, hold: bool = True) -> None:
+        # hold: a drained flow that is still active is projected no earlier than now (m4-v2);
+        # otherwise at its drain end + delay, possibly past (the backend then completes it at
+        # once), so a correction > 0 cannot compound through a projection that grows with time
+        self.hold = hold
         for name in self._ARRAYS:
             setattr(self, name, np.zeros(0))
         self.resize(n_rows)
@@ -124,7 +128,8 @@ class Fluid:
         self.rate[rows] = rate
         with np.errstate(divide="ignore", invalid="ignore"):
             drain_end = np.where(left > 0, t + left / rate, self.drained[rows])
-        projected = np.maximum(drain_end + self.delay[rows], t) - self.start[rows]
+        end = drain_end + self.delay[rows]
+        projected = (np.maximum(end, t) if self.hold else end) - self.start[rows]
         base = np.maximum(projected / self.ideal[rows], 1.0)
         features = np.stack(
             [np.log2(base), rate / self.bottleneck[rows], left / self.work[rows]], axis=1
