@@ -13,7 +13,6 @@ everything else (event loop, replay, routing). Goal: <= 2 s.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -22,9 +21,9 @@ from m4ray.sim.collectives import HierarchicalSpec
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.m4 import M4Config
-from m4ray.sim.m4.backend import checkpoint_dir
+from m4ray.sim.m4.backend import learned_transport
 from m4ray.sim.m4.engine import M4Engine
-from m4ray.sim.ns3.backend import IMITATED, Ns3Config
+from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.simai import SimAIWorkloadSpec
@@ -75,8 +74,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     def m4(checkpoint, window_us):
-        info = json.loads((checkpoint_dir(checkpoint) / "model.json").read_text())
-        network = Ns3Config(transport=info.get("transport", IMITATED))
+        network = Ns3Config(transport=learned_transport(checkpoint))
         return M4Config(checkpoint=checkpoint, window_us=window_us, network=network)
 
     first, *others = args.m4

@@ -26,7 +26,12 @@ from m4ray.errors import InputError
 from m4ray.train.data import DataConfig, Sample, load_splits
 from m4ray.train.model import M4Model, ModelConfig
 
-LOSSES = {"flow": "main_flows", "period": "main", "every": "every_flows"}  # -> forward's key
+# loss -> (forward's key, the validation metric it is scored by)
+LOSSES = {
+    "flow": ("main_flows", "val_flow_l1"),
+    "period": ("main", "val_period_l1"),
+    "every": ("every_flows", "val_every_l1"),
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,7 +125,7 @@ def evaluate(model: M4Model, samples: list[Sample], device, batch_size: int = 8)
     sums = [0.0] * 7
     with torch.no_grad():
         for batch in batches(samples, batch_size):
-            out = model([s.period.to(device) for s in batch])
+            out = model([s.period.to(device) for s in batch], every=True)
             n_flows = sum(s.n_flows for s in batch)
             sums[0] += float(out["main_each"].sum())
             sums[1] += float(out["remain_each"].sum())
@@ -200,8 +205,8 @@ def train_loop(config: dict[str, Any]) -> None:
         sums = [0.0, 0.0, 0.0, 0.0]
         for chunk in mine:
             batch = [s.period.to(device) for s in chunk]
-            out = ddp(batch)
-            main = out[LOSSES[cfg.loss]]
+            out = ddp(batch, every=cfg.loss == "every")  # the every-update read-out costs
+            main = out[LOSSES[cfg.loss][0]]
             loss = main + cfg.weight_remain * out["remain"] + cfg.weight_queue * out["queue"]
             optimizer.zero_grad()
             loss.backward()
@@ -231,13 +236,12 @@ def epoch_metrics(cfg: TrainConfig, epoch, train_sums, val_sums, epoch_s) -> dic
         "val_flow_l1": val_sums[4] / max(val_sums[5], 1),
         "val_every_l1": val_sums[6] / max(val_sums[5], 1),
     }
-    loss_of = {"flow": "val_flow_l1", "period": "val_period_l1", "every": "val_every_l1"}
     return {
         "epoch": epoch,
         "train_loss": train_sums[0] / max(train_sums[3], 1),
         "train_remain": train_sums[1] / max(train_sums[3], 1),
         "train_queue": train_sums[2] / max(train_sums[3], 1),
-        "val_loss": val[loss_of[cfg.loss]],
+        "val_loss": val[LOSSES[cfg.loss][1]],
         **val,
         "val_remain": val_sums[1] / max(val_sums[3], 1),
         "val_queue": val_sums[2] / max(val_sums[3], 1),

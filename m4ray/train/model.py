@@ -165,26 +165,27 @@ class M4Model(nn.Module):
         new_link = self.gru_rate_link(x[n_flow:], h_link)
         return new_flow, new_link
 
-    def forward(self, batch: list[PeriodSample]) -> dict[str, torch.Tensor]:
+    def forward(self, batch: list[PeriodSample], every: bool = False) -> dict[str, torch.Tensor]:
         """Losses of a batch of busy periods (the entry point DDP wraps), replayed in lockstep.
 
         Per period: ``main_each [B]`` = relative L1 on slowdown, ``remain_each`` / ``queue_each``
         = mean absolute errors of the dense-supervision heads; ``main`` / ``remain`` / ``queue``
         are their means over the batch; ``main_flows`` = relative L1 over every flow of the batch
         (large periods weigh more); ``pred [ΣF]`` = the slowdown predictions, periods
-        concatenated in order; ``every_flows`` = the relative L1 of the slowdown read at every
+        concatenated in order; with ``every``, ``every_flows`` = the relative L1 of the slowdown
+        read at every
         update a flow takes part in (averaged per flow, then over flows): what the online engine
         schedules completions by, and, unlike the read-out at departure, never informed by how
         long the flow has already taken in the recording."""
         b = collate(batch, fluid=self.cfg.anchor)
-        pred, remain_each, queue_each, every = forward_batch(self, b, every=True)
+        pred, remain_each, queue_each, *read = forward_batch(self, b, every=every)
         err = (pred / b.slowdown - 1).abs()
         count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
         main_each = pred.new_zeros(b.n_samples).index_add_(0, b.flow_sample, err) / count
         return {
             "main": main_each.mean(),
             "main_flows": err.mean(),
-            "every_flows": every.mean(),
+            **({"every_flows": read[0].mean()} if every else {}),
             "remain": remain_each.mean(),
             "queue": queue_each.mean(),
             "main_each": main_each,

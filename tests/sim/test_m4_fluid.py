@@ -153,6 +153,11 @@ def test_the_backend_warns_when_the_network_is_not_the_one_the_checkpoint_learne
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         M4Config(checkpoint=ckpt, network=Ns3Config(transport="rdma")).build(topo, routing)
+    from m4ray.sim.m4.backend import check_transport
+
+    check_transport.cache_clear()  # warned once per process: make this call the first
+    with pytest.warns(UserWarning, match="'m4-small' learned ns-3 tcp"):  # recorded no transport
+        M4Config(checkpoint="m4-small", network=Ns3Config(transport="rdma")).build(topo, routing)
 
 
 def test_the_every_update_loss_scores_what_the_engine_reads_at_each_update():

@@ -26,7 +26,7 @@ from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.arrival import Arrival
-from m4ray.sim.ns3.backend import Ns3Config, params13
+from m4ray.sim.ns3.backend import IMITATED, Ns3Config, params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
 
@@ -49,14 +49,18 @@ def checkpoint_dir(name: str) -> Path:
     )
 
 
+def learned_transport(name: str) -> str:
+    """The ns-3 transport the checkpoint learned (recorded since m4-v2; before: TCP)."""
+    info = json.loads((checkpoint_dir(name) / "model.json").read_text())
+    return info.get("transport", IMITATED)
+
+
 @functools.lru_cache(maxsize=16)
 def check_transport(name: str, transport: str) -> None:
     """Warn (once per checkpoint and transport) when the checkpoint learned another ns-3
-    transport than the one the backend describes to it (checkpoints record theirs since
-    m4-v2; m4-small learned TCP)."""
-    info = json.loads((checkpoint_dir(name) / "model.json").read_text())
-    learned = info.get("transport")
-    if learned is not None and learned != transport:
+    transport than the one the backend describes to it."""
+    learned = learned_transport(name)
+    if learned != transport:
         warnings.warn(
             f"m4 checkpoint '{name}' learned ns-3 {learned}, but the backend describes the "
             f"network as {transport} (set the m4 backend's network.transport={learned})",

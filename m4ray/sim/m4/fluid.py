@@ -54,7 +54,6 @@ class Fluid:
         for name in self._ARRAYS:
             setattr(self, name, np.zeros(0))
         self.resize(n_rows)
-        self.n_shares = 0  # max-min computations (for benchmarks)
 
     def resize(self, n_rows: int) -> None:
         for name in self._ARRAYS:
@@ -113,7 +112,6 @@ class Fluid:
         live = np.flatnonzero(left > 0)
         if len(live):
             rate[live] = max_min_rates([links[i] for i in live], capacity_bps)
-            self.n_shares += 1
         return rate
 
     def advance(
