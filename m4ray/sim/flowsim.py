@@ -14,6 +14,7 @@ Units: seconds, bits, bits/s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,23 +22,30 @@ import numpy as np
 from m4ray.errors import SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
-from m4ray.sim.routing import Routing
+from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Topology
 
 _REL_TIE = 1e-9  # completions within this relative distance of the earliest finish together
 
 
 def max_min_rates(
-    flow_links: list[np.ndarray], capacity_bps: np.ndarray, rate_cap_bps: float | None = None
+    flow_links: list[np.ndarray],
+    capacity_bps: np.ndarray,
+    rate_cap_bps: float | np.ndarray | None = None,
 ) -> np.ndarray:
     """Max-min fair rates (bits/s) of flows crossing the given links, by progressive filling.
 
     ``flow_links[i]`` holds the link ids of flow ``i``; ``capacity_bps`` is indexed by link id.
-    ``rate_cap_bps`` caps every flow (m3's NIC cap); None means links alone limit flows.
+    ``rate_cap_bps`` caps every flow (m3's NIC cap) or, as an array, each flow (a window's
+    rate, :func:`window_caps`): a capped flow is a flow crossing one more link of its own. None
+    means links alone limit flows.
     """
     n = len(flow_links)
     if n == 0:
         return np.zeros(0)
+    caps = None
+    if rate_cap_bps is not None:
+        caps = np.broadcast_to(np.asarray(rate_cap_bps, dtype=np.float64), (n,))
     lengths = np.fromiter((len(p) for p in flow_links), dtype=np.int64, count=n)
     flow_of = np.repeat(np.arange(n), lengths)
     used_links, link_of = np.unique(np.concatenate(flow_links), return_inverse=True)
@@ -47,44 +55,117 @@ def max_min_rates(
     )  # capacity not yet given to frozen flows
     load = np.bincount(link_of, minlength=n_used).astype(np.float64)  # unfrozen flows per link
     open_edge = np.ones(len(flow_of), dtype=bool)
+    open_flow = np.ones(n, dtype=bool)
     rate = np.zeros(n)
     while True:
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(load > 0, remaining / load, np.inf)
         level = share.min()
-        if rate_cap_bps is not None and rate_cap_bps < level:
-            rate[np.unique(flow_of[open_edge])] = rate_cap_bps
-            return rate
-        # every unfrozen flow crossing a bottleneck link freezes at the bottleneck's fair share
         hit = np.zeros(n, dtype=bool)
-        hit[flow_of[open_edge & (share[link_of] <= level * (1 + _REL_TIE))]] = True
-        rate[hit] = max(level, 0.0)
-        frozen_edge = open_edge & hit[flow_of]
+        if caps is not None and (capped := caps[open_flow].min()) < level:
+            # the lowest caps bind before any link does: those flows freeze at their cap
+            hit[open_flow & (caps <= capped * (1 + _REL_TIE))] = True
+            rate[hit] = caps[hit]
+            frozen_edge = open_edge & hit[flow_of]
+            used = np.bincount(link_of[frozen_edge], weights=rate[flow_of[frozen_edge]],
+                               minlength=n_used)
+        else:
+            # every unfrozen flow crossing a bottleneck link freezes at its fair share
+            hit[flow_of[open_edge & (share[link_of] <= level * (1 + _REL_TIE))]] = True
+            rate[hit] = max(level, 0.0)
+            frozen_edge = open_edge & hit[flow_of]
+            used = None
         open_edge &= ~frozen_edge
         counts = np.bincount(link_of[frozen_edge], minlength=n_used)
         load -= counts
-        remaining -= counts * max(level, 0.0)
+        remaining -= counts * max(level, 0.0) if used is None else used
         if not open_edge.any():
             return rate
+        if caps is not None:
+            open_flow &= ~hit
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A sender's window of ``bytes`` payload (RDMA's fixed window; 0 = none): it may have ``k =
+    ceil(bytes / mtu)`` packets in flight, so packet ``i + k`` leaves when packet ``i``'s ACK is
+    back, one round trip (a full packet's delivery plus an ACK's return over the same links)
+    after ``i`` left. Alone, a flow of ``n`` packets is then ``floor((n - 1) / k)`` rounds of
+    ``rtt - k * tx`` late. Fluid form: the flow's rate is capped at ``k`` packets per round trip
+    and its work set so that, alone, it drains in exactly the packet model's time; shared, it
+    drains at the lesser of its fair share and the cap. A window of at least one bandwidth-delay
+    product (ns-3's default) never binds."""
+
+    bytes: int
+    ack_bytes: int = 64
+
+    def limit(self, wire: WireFormat, path: Path, bits: float) -> tuple[float, float]:
+        """(rate cap in bits/s, bits to drain at the capped rate) of a flow of ``bits`` on the
+        wire over ``path``; (inf, bits) where the window does not bind."""
+        return self.limit_on(wire, path.latency_s, path.inverse_bw_sum, path.bottleneck_bps, bits)
+
+    def limit_on(
+        self, wire: WireFormat, latency_s: float, inverse_bw_sum: float, bottleneck_bps: float,
+        bits: float,
+    ) -> tuple[float, float]:
+        """:meth:`limit` from a path's one-way latency, Σ 1/bandwidth and bottleneck."""
+        if self.bytes <= 0:
+            return np.inf, bits
+        packet = (wire.mtu_bytes + wire.header_bytes) * 8.0
+        rtt = 2 * latency_s + (packet + self.ack_bytes * 8.0) * inverse_bw_sum
+        k = math.ceil(self.bytes / wire.mtu_bytes)
+        tx = packet / bottleneck_bps
+        if rtt <= k * tx:
+            return np.inf, bits
+        packets = math.ceil(bits / packet - 1e-9)
+        late = (packets - 1) // k * (rtt - k * tx)
+        cap = k * packet / rtt
+        return cap, (bits / bottleneck_bps + late) * cap
+
+    @classmethod
+    def of(cls, network, routing: Routing) -> Window | None:
+        """The window of an ns-3 network config (``Ns3Config``): RDMA's, else None (TCP's
+        congestion window is no fixed window)."""
+        if network.transport != "rdma":
+            return None
+        return cls(network.rdma.window(routing), network.rdma.ack_bytes)
 
 
 @dataclass(kw_only=True, slots=True)
 class FlowSimConfig:
-    """flowSim settings. ``rate_cap_bps``: optional per-flow cap (NIC rate), None = links only."""
+    """flowSim settings. ``rate_cap_bps``: optional per-flow cap (NIC rate), None = links only;
+    ``window_bytes``: a sender's fixed window (:class:`Window`, RDMA's), None = classic flowSim
+    (no window; m3's and m4's baseline); ``ack_bytes`` the ACK's wire size for its round trip."""
 
     rate_cap_bps: float | None = None
+    window_bytes: int | None = None
+    ack_bytes: int = 64
 
     def build(self, topology: Topology, routing: Routing) -> FlowSim:
-        return FlowSim(topology, routing, rate_cap_bps=self.rate_cap_bps)
+        return FlowSim(
+            topology,
+            routing,
+            rate_cap_bps=self.rate_cap_bps,
+            window=None if self.window_bytes is None else Window(self.window_bytes, self.ack_bytes),
+        )
 
 
 class FlowSim(QueueClock):
     """Event-driven max-min fluid simulation implementing ``NetworkBackend``."""
 
-    def __init__(self, topology: Topology, routing: Routing, *, rate_cap_bps: float | None = None):
+    def __init__(
+        self,
+        topology: Topology,
+        routing: Routing,
+        *,
+        rate_cap_bps: float | None = None,
+        window: Window | None = None,
+    ):
         self.topology = topology
         self.routing = routing
         self.rate_cap_bps = rate_cap_bps
+        self.window = window
+        self._caps: list[float] = []
         self.events = EventQueue()
         self._now = 0.0
         self._capacity = topology.bandwidth_bps.copy()
@@ -106,6 +187,11 @@ class FlowSim(QueueClock):
         self._delay.append(self.routing.delivery_delay(flow.size_bytes, path))
         self._done_cb.append(on_done)
         bits = self.routing.wire.wire_bytes(flow.size_bytes) * 8.0
+        cap = np.inf if self.rate_cap_bps is None else self.rate_cap_bps
+        if self.window is not None:
+            window_cap, bits = self.window.limit(self.routing.wire, path, bits)
+            cap = min(cap, window_cap)
+        self._caps.append(cap)
         self._remaining = np.append(self._remaining, bits)
         self._dirty = True
         self.n_events += 1
@@ -143,7 +229,9 @@ class FlowSim(QueueClock):
         if not self._ids:
             return float("inf"), np.zeros(0, dtype=np.int64)
         if self._dirty:
-            self._rates = max_min_rates(self._links, self._capacity, self.rate_cap_bps)
+            capped = self.window is not None or self.rate_cap_bps is not None
+            caps = np.array(self._caps) if capped else None
+            self._rates = max_min_rates(self._links, self._capacity, caps)
             self._dirty = False
         with np.errstate(divide="ignore"):
             left = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
@@ -166,6 +254,7 @@ class FlowSim(QueueClock):
         self._ids = [self._ids[i] for i in keep]
         self._links = [self._links[i] for i in keep]
         self._delay = [self._delay[i] for i in keep]
+        self._caps = [self._caps[i] for i in keep]
         self._done_cb = [self._done_cb[i] for i in keep]
         self._remaining = self._remaining[keep]
         self._dirty = True

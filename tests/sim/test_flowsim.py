@@ -7,7 +7,7 @@ import pytest
 
 from m4ray.sim.backend import NetworkBackend
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import FlowSim, FlowSimConfig, max_min_rates
+from m4ray.sim.flowsim import FlowSim, FlowSimConfig, Window, max_min_rates
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import fat_tree
 from m4ray.sim.trace import run_trace
@@ -171,3 +171,43 @@ def test_a_flow_rounded_below_zero_bits_finishes_instead_of_spinning():
     backend.run()
     assert set(done) == {0, 1}
     assert done[0] == pytest.approx(routing.delivery_delay(1000, routing.path(0, 1)), rel=1e-9)
+
+
+def test_per_flow_caps_are_links_of_their_own():
+    """Caps as an array: each flow crossing one more link of its own with the cap as capacity
+    gives the same max-min rates."""
+    topo = fat_tree(k=4)
+    routing = Routing(topo, seed=1)
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        pairs = [tuple(rng.choice(16, 2, replace=False)) for _ in range(rng.integers(2, 30))]
+        links = [np.array(routing.path(int(s), int(d), i).links) for i, (s, d) in enumerate(pairs)]
+        caps = np.where(rng.random(len(links)) < 0.5, rng.uniform(5e9, 60e9, len(links)), np.inf)
+        own = topo.n_links + np.arange(len(links))
+        virtual = [np.append(p, o) for p, o in zip(links, own, strict=True)]
+        capacity = np.concatenate([topo.bandwidth_bps, np.where(np.isinf(caps), 1e30, caps)])
+        assert max_min_rates(links, topo.bandwidth_bps, caps) == pytest.approx(
+            max_min_rates(virtual, capacity), rel=1e-9
+        )
+
+
+def test_a_window_caps_a_lone_flow_in_rounds():
+    """Window(k packets): a lone flow of n packets is floor((n-1)/k) rounds of rtt - k*tx late;
+    a window of one BDP or more changes nothing."""
+    topo = parking_lot([10, 10, 10, 10])
+    routing = Routing(topo)
+    path = routing.path(0, 4, 0)
+    wire = routing.wire
+    packet = (wire.mtu_bytes + wire.header_bytes) * 8
+    rtt = 2 * path.latency_s + (packet + 64 * 8) * path.inverse_bw_sum
+    tx = packet / path.bottleneck_bps
+    window = Window(3 * wire.mtu_bytes - 10)  # three packets
+    for size in (500, 3000, 3001, 10_000, 1_000_000):
+        fct = run_trace(topo, [Flow(0, 0, 4, size)], FlowSimConfig(window_bytes=window.bytes),
+                        routing).column("fct_s")[0].as_py()
+        n = -(-size // wire.mtu_bytes)
+        late = (n - 1) // 3 * max(rtt - 3 * tx, 0.0)
+        assert fct == pytest.approx(routing.ideal_fct(size, path) + late, rel=1e-9)
+    assert rtt > 3 * tx  # the window binds on this path
+    big = Window(10_000_000)
+    assert big.limit(wire, path, 8e6) == (np.inf, 8e6)

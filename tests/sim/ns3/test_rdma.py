@@ -8,6 +8,7 @@ import pytest
 
 from m4ray.errors import InputError
 from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.ns3.transports import RdmaConfig
 from m4ray.sim.routing import Routing, WireFormat
@@ -153,3 +154,18 @@ def test_default_window_covers_the_longest_path():
     assert cfg.window(routing) == pytest.approx(10e9 * rtt / 8 + 1048, abs=1)
     assert cfg.params13(routing)[1] == cfg.window(routing) / 1000
     assert RdmaConfig(window_bytes=18_000).window(routing) == 18_000
+
+
+def test_a_window_below_the_bdp_paces_a_lone_flow_as_flowsim_models_it(simulate):
+    """A 3-packet window on a 5-hop 10G path (BDP ~ 12 KB): ns-3 sends k packets per round trip
+    and flowSim's Window gives the same FCTs (the held-out topologies' mid-size flows)."""
+    topo = chain(10e9)
+    routing = Routing(topo, wire=DEFAULT)
+    cfg = Ns3Config(rdma=RdmaConfig(window_bytes=2_500))
+    flows = [Flow(i, 0, 1, size, i * 1e-3) for i, size in enumerate((2_000, 7_000, 64_000, 400_000))]
+    result, _ = simulate(topo, flows, DEFAULT, cfg)
+    fluid = run_trace(topo, flows, FlowSimConfig(window_bytes=2_500), routing)
+    for flow, fct in zip(flows, fluid.column("fct_s").to_pylist(), strict=True):
+        finish, ideal = result[flow.id]
+        assert finish - flow.start_s == pytest.approx(fct, rel=0.01)
+    assert fluid.column("slowdown").to_pylist()[-1] > 1.5  # the window does bind
