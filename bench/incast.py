@@ -39,6 +39,7 @@ def main() -> None:
     backends = {
         "ns-3 rdma": network,
         "flowSim": FlowSimConfig(),
+        "flowSim+window": FlowSimConfig.windowed(network, routing),
     }
     for checkpoint in args.m4:
         backends[checkpoint] = M4Config(checkpoint=checkpoint, network=network, window_us=None)

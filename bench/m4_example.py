@@ -114,7 +114,11 @@ def main() -> None:
     wire = WireFormat(mtu_bytes=int(cfg["PACKET_PAYLOAD_SIZE"][0]), header_bytes=48)
     routing = Routing(topo, wire=wire)
     ns3 = network(cfg)
-    backends = {"ns-3 rdma": ns3, "flowSim": FlowSimConfig()}
+    backends = {
+        "ns-3 rdma": ns3,
+        "flowSim": FlowSimConfig(),
+        "flowSim+window": FlowSimConfig.windowed(ns3, routing),
+    }
     if args.tcp:
         import dataclasses
 

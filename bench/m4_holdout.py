@@ -7,7 +7,9 @@ Held-out topologies (none is in ``+experiment=datagen_v2``): a k=8 fat-tree at 2
 open-loop traffic (its size distributions, loads and network ranges, read from
 ``conf/family/m4_fabric.yaml``), ``--scenarios`` seeds each. For every flow: |ŝ/s − 1| with s the
 ns-3 (RDMA) slowdown; mean / p90 / p99 per model and flowSim, and each model's mean and p90 as a
-fraction of flowSim's (issue 14's bars: <= 0.6 and <= 0.7).
+fraction of flowSim's (issue 14's bars: <= 0.6 and <= 0.7). ``flowSim+window`` is flowSim with the
+scenario's RDMA window (:class:`~m4ray.sim.flowsim.Window`), the anchor of window-anchored m4
+models: the row that says how much of a model's gain the window alone explains.
 """
 
 from __future__ import annotations
@@ -62,7 +64,11 @@ def main() -> None:
             topo = scn.build_topology()
             routing = Routing(topo, seed=scn.seed, wire=scn.wire)
             flows = scn.traffic.flows(routing, scn.seed)
-            backends = {"ns-3": scn.ns3, "flowSim": FlowSimConfig()}
+            backends = {
+                "ns-3": scn.ns3,
+                "flowSim": FlowSimConfig(),
+                "flowSim+window": FlowSimConfig.windowed(scn.ns3, routing),
+            }
             backends |= {m: M4Config(checkpoint=m, network=scn.ns3) for m in args.m4}
             slowdown = {}
             for name, config in backends.items():

@@ -43,10 +43,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from m4ray.errors import InputError
 from m4ray.runtime.memory import rss_mb
-from m4ray.sim.m4.backend import load_model
+from m4ray.sim.m4.backend import engine_for, load_model
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.m4.step import StepGraph, StepOut, chunks, step
-from m4ray.sim.ns3.backend import Ns3Config, params13
+from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import parse_topology
 
@@ -405,7 +405,7 @@ class M4Sessions:
         wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
         routing = Routing(topo, seed=spec.routing_seed, wire=wire)
         cfg = await self._cfg()
-        engine = M4Engine(topo.bandwidth_bps, cfg, params13(ns3, routing), routing=routing)
+        engine = engine_for(topo, cfg, ns3, routing)
         session_id = uuid.uuid4().hex
         expire(self.sessions, time.monotonic(), self.session_idle_s)
         limit = _args().max_sessions

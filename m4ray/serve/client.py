@@ -205,15 +205,12 @@ class M4ServedConfig:
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
         if self.via == "handle":
-            from m4ray.sim.m4.engine import M4Engine
-            from m4ray.sim.ns3.backend import params13
+            from m4ray.sim.m4.backend import engine_for
             from m4ray.train.model import ModelConfig
 
             stepper = HandleStepper(self.app_name, timeout_s=self.timeout_s)
             model_cfg = ModelConfig(**stepper.config["model"])
-            engine = M4Engine(
-                topology.bandwidth_bps, model_cfg, params13(self.network, routing), stepper, routing
-            )
+            engine = engine_for(topology, model_cfg, self.network, routing, stepper)
             return M4Backend(engine, window_us=self.window_us)
         client = SessionClient(
             self.url, topology, routing, self.network, timeout_s=self.timeout_s, token=self.token

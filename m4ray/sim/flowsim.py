@@ -67,8 +67,9 @@ def max_min_rates(
             hit[open_flow & (caps <= capped * (1 + _REL_TIE))] = True
             rate[hit] = caps[hit]
             frozen_edge = open_edge & hit[flow_of]
-            used = np.bincount(link_of[frozen_edge], weights=rate[flow_of[frozen_edge]],
-                               minlength=n_used)
+            used = np.bincount(
+                link_of[frozen_edge], weights=rate[flow_of[frozen_edge]], minlength=n_used
+            )
         else:
             # every unfrozen flow crossing a bottleneck link freezes at its fair share
             hit[flow_of[open_edge & (share[link_of] <= level * (1 + _REL_TIE))]] = True
@@ -105,7 +106,11 @@ class Window:
         return self.limit_on(wire, path.latency_s, path.inverse_bw_sum, path.bottleneck_bps, bits)
 
     def limit_on(
-        self, wire: WireFormat, latency_s: float, inverse_bw_sum: float, bottleneck_bps: float,
+        self,
+        wire: WireFormat,
+        latency_s: float,
+        inverse_bw_sum: float,
+        bottleneck_bps: float,
         bits: float,
     ) -> tuple[float, float]:
         """:meth:`limit` from a path's one-way latency, Σ 1/bandwidth and bottleneck."""
@@ -140,6 +145,14 @@ class FlowSimConfig:
     rate_cap_bps: float | None = None
     window_bytes: int | None = None
     ack_bytes: int = 64
+
+    @classmethod
+    def windowed(cls, network, routing: Routing) -> FlowSimConfig:
+        """flowSim with the sender window of an ns-3 network config (``Ns3Config``; TCP: none)."""
+        window = Window.of(network, routing)
+        if window is None:
+            return cls()
+        return cls(window_bytes=window.bytes, ack_bytes=window.ack_bytes)
 
     def build(self, topology: Topology, routing: Routing) -> FlowSim:
         return FlowSim(

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from m4ray.errors import InputError
+from m4ray.sim.flowsim import Window
 from m4ray.sim.routing import WireFormat
 from m4ray.train.model import PeriodSample
 
@@ -120,8 +121,10 @@ def scenario_samples(
     groups = {name: dict(tuple(t[name].groupby("period_id"))) for name in ("flows", "events")}
     remaining = dict(tuple(t["remaining"].groupby("period_id")))
     queues = t["queues"].set_index("flow_id")
-    bandwidth = t["links"].set_index("link").bandwidth_bps
+    link_table = t["links"].set_index("link")
+    bandwidth = link_table.bandwidth_bps
     wire = _wire(scenarios.loc[scenario_id, "params"])
+    window = _window(scenarios.loc[scenario_id, "params"], link_table, wire)
     return [
         _sample(
             scenario_id,
@@ -132,12 +135,15 @@ def scenario_samples(
             params=params,
             bandwidth=bandwidth,
             wire=wire,
+            window=window,
         )
         for p in keep.period_id
     ]
 
 
-def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth, wire) -> Sample:
+def _sample(
+    scenario_id, period, *, groups, remaining, queues, params, bandwidth, wire, window
+) -> Sample:
     flows = groups["flows"][period].sort_values("flow_id")
     events = groups["events"][period].sort_values("event")
     local = pd.Series(np.arange(len(flows)), index=flows.flow_id.to_numpy())
@@ -190,6 +196,10 @@ def _sample(scenario_id, period, *, groups, remaining, queues, params, bandwidth
         queue=torch.tensor(queue, dtype=torch.float32),
         ideal_s=torch.tensor(ideal, dtype=torch.float64),
         wire_bytes=torch.tensor(wire.wire_bytes(size)),
+        window=torch.tensor(
+            [window(p, b * 8.0) for p, b in zip(paths, wire.wire_bytes(size), strict=True)],
+            dtype=torch.float64,
+        ),
     )
     flowsim = np.maximum(flows.flowsim_fct_s.to_numpy() / ideal, 1.0)
     return Sample(
@@ -209,6 +219,28 @@ def _wire(params_json: str) -> WireFormat:
         mtu_bytes=int(params.get("mtu_bytes", default.mtu_bytes)),
         header_bytes=int(params.get("header_bytes", default.header_bytes)),
     )
+
+
+def _window(params_json: str, links: pd.DataFrame, wire: WireFormat):
+    """Per flow (path, wire bits) -> (rate cap, bits to drain) under the scenario's sender window
+    (RDMA's recorded ``window_bytes``; TCP and datasets without one: no window), over the
+    links table's rates (degradations applied) and latencies."""
+    params = json.loads(params_json)
+    window = None
+    if params.get("transport", "rdma") == "rdma" and params.get("window_bytes"):
+        window = Window(int(params["window_bytes"]))
+    latency = links.latency_s.to_dict()
+    bandwidth = links.bandwidth_bps.to_dict()
+
+    def limit(path, bits: float) -> tuple[float, float]:
+        if window is None:
+            return np.inf, bits
+        rates = [bandwidth[link] for link in path]
+        return window.limit_on(
+            wire, sum(latency[link] for link in path), sum(1 / r for r in rates), min(rates), bits
+        )
+
+    return limit
 
 
 def balanced(samples: list[Sample], n: int | None, seed: int) -> list[Sample]:

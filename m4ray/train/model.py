@@ -48,6 +48,7 @@ class ModelConfig:
     link_bandwidth: bool = True  # bandwidth in the initial link state (m4: a constant 1)
     fluid: bool = False  # flowSim's projection as features and as the base of the slowdown
     fluid_hold: bool = True  # a drained, active flow's projection is >= now (Fluid's `hold`)
+    fluid_window: bool = False  # the anchor drains each flow as its sender's window allows
 
     @property
     def n_fluid(self) -> int:
@@ -55,8 +56,11 @@ class ModelConfig:
 
     @property
     def anchor(self) -> str | None:
-        """The fluid anchor's kind for :func:`collate` (None: off)."""
-        return ("hold" if self.fluid_hold else "drain") if self.fluid else None
+        """The fluid anchor's kind for :func:`collate` (None: off): ``hold`` or ``drain``, and
+        ``+window`` with ``fluid_window``."""
+        if not self.fluid:
+            return None
+        return ("hold" if self.fluid_hold else "drain") + ("+window" if self.fluid_window else "")
 
     def __post_init__(self) -> None:
         if min(self.hidden, self.gnn_hidden, self.gnn_layers, self.n_params) < 1:
@@ -252,7 +256,9 @@ class PeriodSample:
     (event, flow, fraction) rows and cube-root queue lengths ``queue [Q, 3]`` as
     (flow, link, value) rows at the flow's arrival; ``ideal_s [F]``: ideal FCTs (s), which
     models with ``fluid`` need, and ``wire_bytes [F]`` (payload and headers; default the
-    sizes), what their fluid anchor drains.
+    sizes), what their fluid anchor drains; ``window [F, 2]`` (rate cap in bit/s, bits to
+    drain) where the sender's window binds (:meth:`~m4ray.sim.flowsim.Window.limit`; inf, wire
+    bits elsewhere), which models with ``fluid_window`` need.
     """
 
     size_bytes: torch.Tensor
@@ -268,6 +274,7 @@ class PeriodSample:
     queue: torch.Tensor
     ideal_s: torch.Tensor | None = None
     wire_bytes: torch.Tensor | None = None
+    window: torch.Tensor | None = None
     # engine_schedule's answers (they depend on the recorded events only), by `fluid`
     schedules: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -306,7 +313,8 @@ class _Components:
 
     def __init__(self, paths: list[list[int]], n_links: int, fluid: tuple | None = None) -> None:
         self.paths = paths
-        # (Fluid, link bandwidths [L], ideal FCTs [F] in s, wire bytes [F]) with the anchor
+        # (Fluid, link bandwidths [L], ideal FCTs [F] in s, wire bytes [F], window [F, 2] or
+        # None) with the anchor
         self.fluid = fluid
         self.users = [0] * n_links
         self.owner = [-1] * n_links
@@ -341,8 +349,15 @@ class _Components:
             self.owner[link] = root
             self.users[link] += 1
         if self.fluid is not None:
-            state, bandwidth, ideal, size = self.fluid
-            state.add(f, size[f], ideal[f], bandwidth[self.paths[f]].min(), t * 1e-6)
+            state, bandwidth, ideal, size, window = self.fluid
+            state.add(
+                f,
+                size[f],
+                ideal[f],
+                bandwidth[self.paths[f]].min(),
+                t * 1e-6,
+                window=None if window is None else tuple(window[f]),
+            )
         self.comps[root][1].update(self.paths[f])
         self.comps[root][0][f] = None
         self.comp_of[f] = root
@@ -353,7 +368,7 @@ class _Components:
         c = self.comp_of.pop(f)
         flows, links, _ = self.comps[c]
         if self.fluid is not None:  # the flows left behind shared with it until now (engine)
-            state, bandwidth, _, _ = self.fluid
+            state, bandwidth, *_ = self.fluid
             members = np.fromiter(flows, np.int64, len(flows))
             state.catch_up(members, [np.asarray(self.paths[g]) for g in flows], bandwidth, t * 1e-6)
         del flows[f]
@@ -389,7 +404,7 @@ class _Components:
         flows = np.asarray(flows_j, dtype=np.int64)
         base, fluid = np.zeros(0), np.zeros((0, N_FLUID))
         if self.fluid is not None and len(flows):
-            state, bandwidth, _, _ = self.fluid
+            state, bandwidth, *_ = self.fluid
             links = [np.asarray(self.paths[f]) for f in flows_j]
             base, fluid = state.advance(flows, links, bandwidth, t * 1e-6)
         return EventUpdate(
@@ -432,11 +447,17 @@ def _schedule(s: PeriodSample, fluid: bool | str | None) -> list[EventUpdate]:
     if fluid:
         if s.ideal_s is None:
             raise ValueError("a fluid-anchored model needs the periods' ideal FCTs (ideal_s)")
+        window = None
+        if isinstance(fluid, str) and fluid.endswith("+window"):
+            if s.window is None:
+                raise ValueError("a window-anchored model needs the periods' windows (window)")
+            window = s.window.double().cpu().numpy()
         anchor = (
-            Fluid(len(paths), hold=fluid != "drain"),
+            Fluid(len(paths), hold=not (isinstance(fluid, str) and fluid.startswith("drain"))),
             s.link_bandwidth.double().cpu().numpy(),
             s.ideal_s.double().cpu().numpy(),
             (s.size_bytes if s.wire_bytes is None else s.wire_bytes).double().cpu().numpy(),
+            window,
         )
     state = _Components(paths, s.n_link_rows, anchor)
     out = []
@@ -480,8 +501,9 @@ class PeriodBatch:
 
 def collate(samples: list[PeriodSample], fluid: bool | str | None = False) -> PeriodBatch:
     """Stack periods into a :class:`PeriodBatch` (row order: period by period); ``fluid``:
-    compute the fluid anchor's features (:func:`engine_schedule`; ``"drain"``: without
-    :class:`~m4ray.sim.m4.fluid.Fluid`'s ``hold``)."""
+    compute the fluid anchor's features (:func:`engine_schedule`; a :attr:`ModelConfig.anchor`:
+    ``"drain"`` without :class:`~m4ray.sim.m4.fluid.Fluid`'s ``hold``, ``+window`` with the
+    senders' windows)."""
     if not samples:
         raise ValueError("empty batch")
     device = samples[0].size_bytes.device

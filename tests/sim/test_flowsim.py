@@ -203,8 +203,13 @@ def test_a_window_caps_a_lone_flow_in_rounds():
     tx = packet / path.bottleneck_bps
     window = Window(3 * wire.mtu_bytes - 10)  # three packets
     for size in (500, 3000, 3001, 10_000, 1_000_000):
-        fct = run_trace(topo, [Flow(0, 0, 4, size)], FlowSimConfig(window_bytes=window.bytes),
-                        routing).column("fct_s")[0].as_py()
+        fct = (
+            run_trace(
+                topo, [Flow(0, 0, 4, size)], FlowSimConfig(window_bytes=window.bytes), routing
+            )
+            .column("fct_s")[0]
+            .as_py()
+        )
         n = -(-size // wire.mtu_bytes)
         late = (n - 1) // 3 * max(rtt - 3 * tx, 0.0)
         assert fct == pytest.approx(routing.ideal_fct(size, path) + late, rel=1e-9)

@@ -86,9 +86,16 @@ def _chain_period() -> PeriodSample:
     )
 
 
-def _replay_online(model, p: PeriodSample) -> torch.Tensor:
+def _replay_online(model, p: PeriodSample, window=None, latency_s=None) -> torch.Tensor:
     """Drive the engine with the period's events; each flow's slowdown when it completes."""
-    engine = M4Engine(p.link_bandwidth.numpy(), model.cfg, p.params.tolist(), LocalStepper(model))
+    engine = M4Engine(
+        p.link_bandwidth.numpy(),
+        model.cfg,
+        p.params.tolist(),
+        LocalStepper(model),
+        window=window,
+        link_latency_s=latency_s,
+    )
     t = np.cumsum(p.dt_us.double().numpy()) * 1e-6
     online = {}
     for j in range(len(p.dt_us)):

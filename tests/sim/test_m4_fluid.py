@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import FlowSimConfig, max_min_rates
+from m4ray.sim.flowsim import FlowSimConfig, Window, max_min_rates
 from m4ray.sim.m4 import LocalStepper, M4Engine
 from m4ray.sim.m4.backend import M4Backend
 from m4ray.sim.m4.fluid import Fluid
-from m4ray.sim.routing import Routing
+from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import RailClusterSpec
 from m4ray.sim.trace import run_trace
 from m4ray.train.model import M4Model, ModelConfig, forward_period
@@ -21,10 +21,11 @@ from m4ray.train.model import M4Model, ModelConfig, forward_period
 from .test_m4 import _chain_period, _replay_online, _single_component_periods
 
 
-def _fluid_model(correction: bool, hold: bool = True) -> M4Model:
+def _fluid_model(correction: bool, hold: bool = True, window: bool = False) -> M4Model:
     torch.manual_seed(0)
     cfg = ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=True)
     cfg.fluid_hold = hold
+    cfg.fluid_window = window
     model = M4Model(cfg)
     if correction:  # a model-dependent answer, so a wrong mapping would show
         with torch.no_grad():
@@ -57,8 +58,9 @@ def test_fluid_advance_shares_max_min_and_projects_a_lone_flow_at_its_ideal():
 class _Direct:
     """A backend config around an in-memory model (the tests' stand-in for a checkpoint)."""
 
-    def __init__(self, model: M4Model) -> None:
+    def __init__(self, model: M4Model, window_bytes: int | None = None) -> None:
         self.model = model.double()
+        self.window_bytes = window_bytes
 
     def build(self, topology, routing):
         engine = M4Engine(
@@ -67,16 +69,20 @@ class _Direct:
             [0.0] * self.model.cfg.n_params,
             LocalStepper(self.model),
             routing,
+            window=None if self.window_bytes is None else Window(self.window_bytes),
+            link_latency_s=topology.latency_s,
         )
         return M4Backend(engine, window_us=None)
 
 
+@pytest.mark.parametrize("window", [None, 24_000], ids=["no-window", "window"])
 @pytest.mark.parametrize("hold", [True, False])
 @pytest.mark.parametrize("size_scale", [1.0, 0.002])  # 2–20 MB flows; 4–40 KB flows
-def test_an_untrained_fluid_model_answers_as_flowsim(size_scale, hold):
+def test_an_untrained_fluid_model_answers_as_flowsim(size_scale, hold, window):
     """Correction 0 (the head's last layer starts at zero): the engine is flowSim — max-min
     fluid sharing, re-shared at every arrival and drain end (those between m4's updates are
-    simulated by the anchor), delivered a delivery delay after draining."""
+    simulated by the anchor), delivered a delivery delay after draining; with a window anchor,
+    flowSim with that window (each flow capped at its packets per round trip)."""
     topo = RailClusterSpec().build()
     routing = Routing(topo, seed=0)  # the default wire: 48-byte headers per 1000 bytes
     hosts = sorted(topo.hosts)
@@ -92,11 +98,15 @@ def test_an_untrained_fluid_model_answers_as_flowsim(size_scale, hold):
         Flow(f.id, f.src, f.dst, int(f.size_bytes * size_scale), f.start_s * size_scale)
         for f in flows
     ]
-    m4 = run_trace(topo, flows, _Direct(_fluid_model(correction=False, hold=hold)), routing)
-    flowsim = run_trace(topo, flows, FlowSimConfig(), routing)
+    model = _fluid_model(correction=False, hold=hold, window=window is not None)
+    m4 = run_trace(topo, flows, _Direct(model, window), routing)
+    flowsim = run_trace(topo, flows, FlowSimConfig(window_bytes=window), routing)
     a, b = m4.column("fct_s").to_numpy(), flowsim.column("fct_s").to_numpy()
     slowdown = b / flowsim.column("ideal_fct_s").to_numpy()
-    assert slowdown.max() > 1.25  # flows do share
+    assert slowdown.max() > 1.25  # flows do share (or are window-bound)
+    if window is not None:  # the window binds: classic flowSim would answer otherwise
+        classic = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_numpy()
+        assert np.abs(classic / b - 1).max() > 0.1
     np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
@@ -129,6 +139,34 @@ def test_engine_reproduces_offline_predictions_with_the_fluid_anchor(tiny_datase
         online = _replay_online(copy.deepcopy(model).double(), p)
         assert len(set(offline.tolist())) > len(offline) // 2  # model-dependent answers
         torch.testing.assert_close(online, offline, rtol=3e-4, atol=3e-4)
+
+
+def test_engine_reproduces_offline_predictions_with_a_window_anchor():
+    """The replay drains each flow as the sample's window says and the engine as its own
+    window over the links' latencies says: the same caps, so the same predictions."""
+    model = _fluid_model(correction=True, window=True)
+    p = _chain_with_ideals()
+    wire = WireFormat()
+    p.wire_bytes = torch.tensor(wire.wire_bytes(p.size_bytes.numpy()))
+    window, latency = Window(1_500), np.full(len(p.link_bandwidth), 1e-6)
+    limits = []
+    for f in range(len(p.arrival)):
+        rates = p.link_bandwidth[p.incidence[1, p.incidence[0] == f]].double().numpy()
+        bits = float(p.wire_bytes[f]) * 8
+        limits.append(window.limit_on(wire, 2e-6, (1 / rates).sum(), rates.min(), bits))
+    p.window = torch.tensor(limits, dtype=torch.float64)
+    assert np.isfinite(p.window[:, 0].numpy()).all()  # the window binds for every flow
+    with torch.no_grad():
+        offline = forward_period(copy.deepcopy(model).float(), p)[0].clamp(min=1.0)
+        no_window = _fluid_model(correction=True)
+        plain = forward_period(no_window.float(), p)[0].clamp(min=1.0)
+    online = _replay_online(copy.deepcopy(model).double(), p, window, latency)
+    assert not torch.allclose(offline, plain, rtol=1e-2)  # the window changes the answers
+    torch.testing.assert_close(online, offline, rtol=3e-4, atol=3e-4)
+    p.window = None
+    p.schedules.clear()  # the replay's schedule is kept on the sample
+    with pytest.raises(ValueError, match="windows"):
+        forward_period(model, p)
 
 
 def test_a_fluid_model_needs_ideal_fcts():

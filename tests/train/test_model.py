@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from m4ray.train.model import (
@@ -149,3 +150,37 @@ def test_link_bandwidth_enters_the_link_state_and_is_off_in_m4_mode():
     assert torch.allclose(h[:, 2], torch.tensor([1.0, 6.321928, 4.321928]))
     m4 = M4Model(ModelConfig(hidden=16, gnn_hidden=24, link_bandwidth=False)).link_state(bw)
     assert torch.equal(m4[:, 2], torch.ones(3)) and torch.equal(m4[:, 1], torch.ones(3))
+
+
+def test_a_samples_window_is_windowed_flowsims_on_the_recorded_links():
+    """data._window reads the recorded links table (rates, latencies) and the scenario's
+    window: per flow the same (cap, bits) as flowSim's Window on the routed path; TCP and
+    scenarios without a window get none."""
+    import json
+    import math
+
+    import pandas as pd
+
+    from m4ray.sim.flowsim import Window
+    from m4ray.sim.routing import Routing, WireFormat
+    from m4ray.sim.topologies import FatTreeSpec
+    from m4ray.train.data import _window
+
+    topo = FatTreeSpec(k=4, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9).build()
+    wire = WireFormat()
+    routing = Routing(topo, seed=0, wire=wire)
+    links = pd.DataFrame(
+        {"bandwidth_bps": topo.bandwidth_bps, "latency_s": topo.latency_s}
+    ).rename_axis("link")
+    rdma = _window(json.dumps({"transport": "rdma", "window_bytes": 6_000}), links, wire)
+    hosts = sorted(topo.hosts)
+    bound = 0
+    for i, (a, b) in enumerate([(0, 15), (0, 1), (3, 9)]):
+        path = routing.path(hosts[a], hosts[b], i)
+        bits = wire.wire_bytes(80_000) * 8.0
+        expected = Window(6_000).limit(wire, path, bits)
+        assert rdma(list(path.links), bits) == pytest.approx(expected, rel=1e-12)
+        bound += math.isfinite(expected[0])
+    assert bound >= 2  # the window binds on the longer paths
+    tcp = _window(json.dumps({"transport": "tcp", "window_bytes": 6_000}), links, wire)
+    assert tcp([0, 1], 1e6) == (math.inf, 1e6)

@@ -142,7 +142,6 @@ class M4Config:
         return SharedStepper(self._stepper())
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
-        from m4ray.sim.m4.engine import M4Engine
         from m4ray.sim.m4.shared import CURRENT
 
         check_transport(self.checkpoint, self.network.transport)
@@ -153,10 +152,25 @@ class M4Config:
             stepper = own
         elif stepper.stepper.model is not model:
             raise SimulationError(f"the shared stepper runs another model than '{self.checkpoint}'")
-        engine = M4Engine(
-            topology.bandwidth_bps, model.cfg, params13(self.network, routing), stepper, routing
-        )
+        engine = engine_for(topology, model.cfg, self.network, routing, stepper)
         return M4Backend(engine, window_us=self.window_us)
+
+
+def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routing, stepper=None):
+    """An m4 engine for ``topology`` described as ``network`` (the model's params13 and, for
+    models whose anchor has a window, the network's sender window over the links' latencies)."""
+    from m4ray.sim.flowsim import Window
+    from m4ray.sim.m4.engine import M4Engine
+
+    return M4Engine(
+        topology.bandwidth_bps,
+        model_cfg,
+        params13(network, routing),
+        stepper,
+        routing,
+        window=Window.of(network, routing),
+        link_latency_s=topology.latency_s,
+    )
 
 
 class M4Backend(QueueClock):

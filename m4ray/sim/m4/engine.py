@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from m4ray.errors import InputError, SimulationError
+from m4ray.sim.flowsim import Window
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.fluid import Fluid
 from m4ray.sim.m4.step import StepGraph, StepOut
-from m4ray.sim.routing import Routing
+from m4ray.sim.routing import Routing, WireFormat
 from m4ray.train.model import ModelConfig, initial_link_state
 
 Stepper = Callable[[list[StepGraph]], list[StepOut]]
@@ -78,6 +79,9 @@ class M4Engine:
         params13: list[float],
         stepper: Stepper | None = None,
         routing: Routing | None = None,
+        *,
+        window: Window | None = None,
+        link_latency_s: np.ndarray | None = None,
     ) -> None:
         if len(params13) != model_cfg.n_params:
             raise InputError(
@@ -93,6 +97,12 @@ class M4Engine:
         self._h_link = self._link_init.copy()
         self._capacity = np.asarray(link_bandwidth_bps, dtype=np.float64).copy()
         self._fluid = Fluid(0, hold=model_cfg.fluid_hold) if model_cfg.fluid else None
+        # the anchor's sender window (models with fluid_window; None: no window binds)
+        self._window = window if model_cfg.fluid and model_cfg.fluid_window else None
+        if self._window is not None and link_latency_s is None:
+            raise InputError("a window needs the links' latencies", field="link_latency_s")
+        self._latency = None if link_latency_s is None else np.asarray(link_latency_s, float)
+        self._wire = routing.wire if routing is not None else WireFormat()
         n_links = len(bw)
         # per link, plain lists (paths are a few links: Python indexing beats numpy's here)
         self._users = [0] * n_links  # active flows on it
@@ -146,7 +156,17 @@ class M4Engine:
         self._fresh[row] = (size_bytes, len(links))
         if self._fluid is not None:
             work = size_bytes if wire_bytes is None else wire_bytes
-            self._fluid.add(row, work, ideal_s, self._capacity[list(links)].min(), t)
+            rates = self._capacity[list(links)]
+            window = None
+            if self._window is not None:
+                window = self._window.limit_on(
+                    self._wire,
+                    float(self._latency[list(links)].sum()),
+                    float((1 / rates).sum()),
+                    float(rates.min()),
+                    work * 8.0,
+                )
+            self._fluid.add(row, work, ideal_s, rates.min(), t, window=window)
         self._rows[flow_id] = row
         self._links_of[flow_id] = links
         self._comp_of[flow_id] = comp

@@ -162,10 +162,12 @@ def test_a_window_below_the_bdp_paces_a_lone_flow_as_flowsim_models_it(simulate)
     topo = chain(10e9)
     routing = Routing(topo, wire=DEFAULT)
     cfg = Ns3Config(rdma=RdmaConfig(window_bytes=2_500))
-    flows = [Flow(i, 0, 1, size, i * 1e-3) for i, size in enumerate((2_000, 7_000, 64_000, 400_000))]
+    flows = [
+        Flow(i, 0, 1, size, i * 1e-3) for i, size in enumerate((2_000, 7_000, 64_000, 400_000))
+    ]
     result, _ = simulate(topo, flows, DEFAULT, cfg)
     fluid = run_trace(topo, flows, FlowSimConfig(window_bytes=2_500), routing)
     for flow, fct in zip(flows, fluid.column("fct_s").to_pylist(), strict=True):
-        finish, ideal = result[flow.id]
+        finish, _ = result[flow.id]
         assert finish - flow.start_s == pytest.approx(fct, rel=0.01)
     assert fluid.column("slowdown").to_pylist()[-1] > 1.5  # the window does bind
