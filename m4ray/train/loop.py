@@ -48,6 +48,9 @@ class TrainConfig:
     loss: str = "flow"
     weight_remain: float = 0.005
     weight_queue: float = 0.005
+    # L1 on the fluid model's correction at every update (shrinks it toward its anchor where the
+    # data do not support moving it; 0 = off)
+    correction_l1: float = 0.0
     plateau_factor: float = 0.2
     plateau_patience: int = 5
     min_lr: float = 1e-6
@@ -70,6 +73,10 @@ class TrainConfig:
                 raise InputError(f"must be >= 1, got {getattr(self, name)}", field=f"train.{name}")
         if self.lr <= 0:
             raise InputError("must be > 0", field="train.lr")
+        if self.correction_l1 < 0 or (self.correction_l1 > 0 and not self.model.fluid):
+            raise InputError(
+                "must be >= 0, and > 0 only for a fluid model", field="train.correction_l1"
+            )
         if self.loss not in LOSSES:
             raise InputError(
                 f"unknown loss {self.loss!r} ({', '.join(LOSSES)})", field="train.loss"
@@ -205,9 +212,12 @@ def train_loop(config: dict[str, Any]) -> None:
         sums = [0.0, 0.0, 0.0, 0.0]
         for chunk in mine:
             batch = [s.period.to(device) for s in chunk]
-            out = ddp(batch, every=cfg.loss == "every")  # the every-update read-out costs
+            # the every-update read-out costs: only when the loss uses it
+            out = ddp(batch, every=cfg.loss == "every" or cfg.correction_l1 > 0)
             main = out[LOSSES[cfg.loss][0]]
             loss = main + cfg.weight_remain * out["remain"] + cfg.weight_queue * out["queue"]
+            if cfg.correction_l1 > 0:
+                loss = loss + cfg.correction_l1 * out["every_shift"]
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

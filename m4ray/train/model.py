@@ -180,7 +180,8 @@ class M4Model(nn.Module):
         read at every
         update a flow takes part in (averaged per flow, then over flows): what the online engine
         schedules completions by, and, unlike the read-out at departure, never informed by how
-        long the flow has already taken in the recording."""
+        long the flow has already taken in the recording; ``every_shift`` = the mean
+        |correction| of those readings (fluid models: how far they move from the anchor)."""
         b = collate(batch, fluid=self.cfg.anchor)
         pred, remain_each, queue_each, *read = forward_batch(self, b, every=every)
         err = (pred / b.slowdown - 1).abs()
@@ -189,7 +190,7 @@ class M4Model(nn.Module):
         return {
             "main": main_each.mean(),
             "main_flows": err.mean(),
-            **({"every_flows": read[0].mean()} if every else {}),
+            **({"every_flows": read[0].mean(), "every_shift": read[1].mean()} if every else {}),
             "remain": remain_each.mean(),
             "queue": queue_each.mean(),
             "main_each": main_each,
@@ -603,7 +604,8 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
     the predicted slowdown ``[ΣF]`` (each flow read out from its state frozen at its departure)
     and the per-period mean absolute errors ``[B]`` of the remaining-size and queue heads;
     with ``every``, also each flow's mean relative error ``[ΣF]`` over the slowdowns read at
-    every update it takes part in.
+    every update it takes part in, and (fluid models; else 0) the mean |correction| of those
+    readings, |slowdown / anchor − 1| ``[ΣF]``.
     """
     n_flows, n_link_rows = len(b.size_bytes), len(b.link_bandwidth)
     device = b.size_bytes.device
@@ -616,6 +618,7 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
     fluid_last = h_flow.new_zeros(n_flows, N_FLUID)
     every_sum = h_flow.new_zeros(n_flows)
     every_n = h_flow.new_zeros(n_flows)
+    shift_sum = h_flow.new_zeros(n_flows)
     flow_row = torch.full((n_flows,), -1, dtype=torch.long, device=device)
     link_row = torch.full((n_link_rows,), -1, dtype=torch.long, device=device)
     remain, queue = ([], []), ([], [])  # (errors, periods) of each aux head
@@ -652,12 +655,16 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
             )
             every_sum = every_sum.index_add(0, flows, (now / b.slowdown[flows] - 1).abs())
             every_n = every_n.index_add(0, flows, torch.ones_like(now))
+            if model.cfg.fluid:  # how far the model moves from its anchor
+                shift_sum = shift_sum.index_add(0, flows, (now / base_last[flows] - 1).abs())
     out = (
         model.slowdown(h_flow, b.n_links, b.params, fluid_last, base_last),
         _per_sample(*remain, b.n_samples, h_flow),
         _per_sample(*queue, b.n_samples, h_flow),
     )
-    return (*out, every_sum / every_n.clamp(min=1)) if every else out
+    if not every:
+        return out
+    return (*out, every_sum / every_n.clamp(min=1), shift_sum / every_n.clamp(min=1))
 
 
 def _aux(head, h, j: int, target: tuple, out: tuple[list, list]) -> None:

@@ -209,7 +209,14 @@ def test_the_every_update_loss_scores_what_the_engine_reads_at_each_update():
     p = _chain_with_ideals()
     p.slowdown = torch.linspace(1.5, 4.0, len(p.arrival))
     with torch.no_grad():
-        *_, every = forward_batch(copy.deepcopy(model).float(), collate([p], True), every=True)
+        *_, every, shift = forward_batch(
+            copy.deepcopy(model).float(), collate([p], True), every=True
+        )
+        *_, shift0 = forward_batch(
+            _fluid_model(correction=False).float(), collate([p], True), every=True
+        )
+    assert float(shift0.abs().max()) == 0.0  # correction 0: the readings are the anchor's
+    assert float(shift.min()) > 0.5  # bias 2.0: every reading is moved from its anchor
     engine = M4Engine(
         p.link_bandwidth.numpy(), model.cfg, p.params.tolist(), LocalStepper(model.double())
     )
