@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from m4ray.errors import SimulationError
+from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Path, Routing, WireFormat
@@ -37,7 +37,7 @@ def max_min_rates(
 
     ``flow_links[i]`` holds the link ids of flow ``i``; ``capacity_bps`` is indexed by link id.
     ``rate_cap_bps`` caps every flow (m3's NIC cap) or, as an array, each flow (a window's
-    rate, :func:`window_caps`): a capped flow is a flow crossing one more link of its own. None
+    rate, :class:`Window`): a capped flow is a flow crossing one more link of its own. None
     means links alone limit flows.
     """
     n = len(flow_links)
@@ -145,6 +145,14 @@ class FlowSimConfig:
     rate_cap_bps: float | None = None
     window_bytes: int | None = None
     ack_bytes: int = 64
+
+    def __post_init__(self) -> None:
+        if self.rate_cap_bps is not None and self.rate_cap_bps <= 0:
+            raise InputError(f"must be > 0 or null, got {self.rate_cap_bps}", field="rate_cap_bps")
+        if self.window_bytes is not None and self.window_bytes < 0:
+            raise InputError(f"must be >= 0 or null, got {self.window_bytes}", field="window_bytes")
+        if self.ack_bytes <= 0:
+            raise InputError(f"must be > 0, got {self.ack_bytes}", field="ack_bytes")
 
     @classmethod
     def windowed(cls, network, routing: Routing) -> FlowSimConfig:

@@ -216,3 +216,16 @@ def test_a_window_caps_a_lone_flow_in_rounds():
     assert rtt > 3 * tx  # the window binds on this path
     big = Window(10_000_000)
     assert big.limit(wire, path, 8e6) == (np.inf, 8e6)
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [({"window_bytes": -1}, "window_bytes"), ({"ack_bytes": 0}, "ack_bytes"),
+     ({"rate_cap_bps": 0.0}, "rate_cap_bps")],
+)  # fmt: skip
+def test_impossible_flowsim_settings_name_the_field(settings, field):
+    from m4ray.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        FlowSimConfig(**settings)
+    assert err.value.field == field

@@ -168,7 +168,7 @@ def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routi
         params13(network, routing),
         stepper,
         routing,
-        window=Window.of(network, routing),
+        window=Window.of(network, routing) if model_cfg.fluid_window else None,
         link_latency_s=topology.latency_s,
     )
 
