@@ -101,3 +101,18 @@ def test_typed_schema_rejects_bad_values():
 
     with pytest.raises(ConfigCompositionException):
         sweep_cfg("+experiment=gray_failure", "grid.n=[two]")
+
+
+def test_flowsim_can_take_the_ns3_backends_window():
+    """The README's recipe: flowSim's window interpolated from the ns-3 backend's, so the two
+    are compared on one setting (null stays classic flowSim)."""
+    same = "backend_options.flowsim.window_bytes=${backend_options.ns3.rdma.window_bytes}"
+    sweep = resolve(
+        sweep_cfg("+experiment=gray_failure", "backend_options.ns3.rdma.window_bytes=20000", same)
+    )
+    assert sweep.backend_options["flowsim"].window_bytes == 20_000
+    assert sweep.backend_options["ns3"].rdma.window_bytes == 20_000
+    assert (
+        resolve(sweep_cfg("+experiment=gray_failure", same)).backend_options["flowsim"].window_bytes
+        is None
+    )
