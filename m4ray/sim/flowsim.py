@@ -105,6 +105,16 @@ class Window:
         wire over ``path``; (inf, bits) where the window does not bind."""
         return self.limit_on(wire, path.latency_s, path.inverse_bw_sum, path.bottleneck_bps, bits)
 
+    def limit_links(
+        self, wire: WireFormat, latency_s: np.ndarray, bandwidth_bps: np.ndarray, bits: float
+    ) -> tuple[float, float]:
+        """:meth:`limit` for a path given as its links' latencies and rates (the engine's and the
+        training data's link arrays, where no :class:`Path` is at hand)."""
+        rates = np.asarray(bandwidth_bps, dtype=np.float64)
+        return self.limit_on(
+            wire, float(np.sum(latency_s)), float((1 / rates).sum()), float(rates.min()), bits
+        )
+
     def limit_on(
         self,
         wire: WireFormat,

@@ -229,16 +229,12 @@ def _window(params_json: str, links: pd.DataFrame, wire: WireFormat):
     window = None
     if params.get("transport", "rdma") == "rdma" and params.get("window_bytes"):
         window = Window(int(params["window_bytes"]))
-    latency = links.latency_s.to_dict()
-    bandwidth = links.bandwidth_bps.to_dict()
+    latency, bandwidth = links.latency_s, links.bandwidth_bps
 
     def limit(path, bits: float) -> tuple[float, float]:
         if window is None:
             return np.inf, bits
-        rates = [bandwidth[link] for link in path]
-        return window.limit_on(
-            wire, sum(latency[link] for link in path), sum(1 / r for r in rates), min(rates), bits
-        )
+        return window.limit_links(wire, latency.loc[path].to_numpy(), bandwidth.loc[path], bits)
 
     return limit
 

@@ -159,12 +159,8 @@ class M4Engine:
             rates = self._capacity[list(links)]
             window = None
             if self._window is not None:
-                window = self._window.limit_on(
-                    self._wire,
-                    float(self._latency[list(links)].sum()),
-                    float((1 / rates).sum()),
-                    float(rates.min()),
-                    work * 8.0,
+                window = self._window.limit_links(
+                    self._wire, self._latency[list(links)], rates, work * 8.0
                 )
             self._fluid.add(row, work, ideal_s, rates.min(), t, window=window)
         self._rows[flow_id] = row
