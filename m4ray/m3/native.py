@@ -1,5 +1,4 @@
-"""The compiled path flowSim (``_pathsim.c``): built on first use with the system C compiler into a
-per-user cache named by the source's hash, loaded with ctypes.
+"""The compiled path flowSim (``_pathsim.c``), built and loaded by :mod:`m4ray.native`.
 
 m3's cost is dominated by path flowSim (``reference/flowsim_m3.md`` B.7: 1.74 s of 2.66 s per path
 in the original, also in C). The Python loop in :mod:`m4ray.m3.pathsim` stays the reference and
@@ -12,61 +11,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
 
+from m4ray import native
 from m4ray.errors import SimulationError
 
 SOURCE = Path(__file__).with_name("_pathsim.c")
 
 
-def cache_dir() -> Path:
-    """Where built libraries live: ``$M4RAY_CACHE_DIR`` or ``~/.cache/m4ray``, else (not
-    writable) the temp directory."""
-    base = Path(os.environ.get("M4RAY_CACHE_DIR") or Path.home() / ".cache" / "m4ray") / "native"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        if os.access(base, os.W_OK):
-            return base
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / f"m4ray-native-{os.getuid()}"
-
-
-def _build(target: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise OSError("no C compiler (set CC or install gcc)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        cmd = [compiler, "-O2", "-fPIC", "-shared", "-o", str(out), str(SOURCE), "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode:
-            raise OSError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-        out.replace(target)  # atomic: concurrent builders (Ray workers) race harmlessly
-
-
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded library, or ``None`` (with one warning) where it cannot be built."""
-    if os.environ.get("M4RAY_NATIVE", "1") == "0":
-        return None
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    target = cache_dir() / f"pathsim-{digest}.so"
-    try:
-        if not target.exists():
-            _build(target)
-        lib = ctypes.CDLL(str(target))
-    except OSError as err:
-        warnings.warn(f"compiled path flowSim unavailable, using Python: {err}", stacklevel=2)
+    lib = native.load(SOURCE, "compiled path flowSim")
+    if lib is None:
         return None
     ptr = ctypes.c_void_p  # raw data pointers: path_finish hands over contiguous arrays
     fn = lib.m4ray_path_finish

@@ -38,16 +38,90 @@ same rows at the same event times, so training sees the features inference compu
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from pathlib import Path
+
 import numpy as np
 
+from m4ray import native
+from m4ray.errors import SimulationError
 from m4ray.sim.flowsim import max_min_rates
 
 N_FEATURES = 3
 _REL_TIE = 1e-9  # drains within this relative distance of the earliest happen together (flowSim)
+SOURCE = Path(__file__).with_name("_core.c")
+
+Links = list[np.ndarray] | tuple[np.ndarray, np.ndarray]
+"""Each row's link ids: one array per row, or CSR ``(offsets [n + 1], ids)``."""
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled twin of :meth:`Fluid.catch_up` and :meth:`Fluid.advance` (``_core.c``,
+    built by :mod:`m4ray.native`), or ``None`` (one warning) where it cannot be built."""
+    lib = native.load(SOURCE, "compiled fluid anchor")
+    if lib is None:
+        return None
+    ptr, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+    common = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f64]  # state .. t
+    lib.m4ray_fluid_catch_up.restype = ctypes.c_int
+    lib.m4ray_fluid_catch_up.argtypes = common
+    lib.m4ray_fluid_advance.restype = ctypes.c_int
+    lib.m4ray_fluid_advance.argtypes = [*common, ctypes.c_int, ptr, ptr]
+    # the engine core (NativeM4Engine)
+    lib.m4ray_engine_new.restype = ptr
+    lib.m4ray_engine_new.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int]
+    lib.m4ray_engine_new.argtypes += [f64] * 4
+    lib.m4ray_engine_free.restype = None
+    lib.m4ray_engine_free.argtypes = [ptr]
+    lib.m4ray_engine_arrive.restype = i64
+    lib.m4ray_engine_arrive.argtypes = [ptr, ptr, i64, f64, f64, f64]
+    lib.m4ray_engine_complete.restype = ctypes.c_int
+    lib.m4ray_engine_complete.argtypes = [ptr, i64, f64]
+    lib.m4ray_engine_pending.restype = None
+    lib.m4ray_engine_pending.argtypes = [ptr, ptr]
+    lib.m4ray_engine_prepare.restype = i64
+    lib.m4ray_engine_prepare.argtypes = [ptr, f64] + [ptr] * 10
+    lib.m4ray_engine_finish.restype = None
+    lib.m4ray_engine_finish.argtypes = [ptr, f64, i64, ptr, i64, ptr, ptr, ptr]
+    lib.m4ray_engine_slowdown.restype = f64
+    lib.m4ray_engine_slowdown.argtypes = [ptr, i64]
+    lib.m4ray_engine_users.restype = i64
+    lib.m4ray_engine_users.argtypes = [ptr, i64]
+    lib.m4ray_engine_components.restype = i64
+    lib.m4ray_engine_components.argtypes = [ptr]
+    return lib
+
+
+def csr(links: Links) -> tuple[np.ndarray, np.ndarray]:
+    """``links`` as contiguous int64 CSR ``(offsets, ids)``."""
+    if isinstance(links, tuple):
+        off, idx = links
+    else:
+        lengths = np.fromiter(map(len, links), np.int64, len(links))
+        off = np.zeros(len(links) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        idx = np.concatenate(links) if len(links) else np.zeros(0, dtype=np.int64)
+    return (
+        np.ascontiguousarray(off, dtype=np.int64),
+        np.ascontiguousarray(idx, dtype=np.int64),
+    )
+
+
+def _lists(links: Links) -> list[np.ndarray]:
+    if isinstance(links, tuple):
+        off, idx = links
+        return [idx[a:b] for a, b in zip(off[:-1].tolist(), off[1:].tolist(), strict=True)]
+    return links
 
 
 class Fluid:
-    """Fluid state per flow row (see the module docstring); ``resize`` keeps rows' contents."""
+    """Fluid state per flow row (see the module docstring); ``resize`` keeps rows' contents.
+
+    The per-row arrays are the rows of one block ``[len(_ARRAYS), n_rows]`` (what the compiled
+    twin reads). ``native``: use it when it builds (the default; ``False`` runs the Python
+    loops, the reference)."""
 
     _ARRAYS = (
         "work",
@@ -60,23 +134,25 @@ class Fluid:
         "delay",
         "bottleneck",
         "drained",
-    )
+    )  # the field order of _core.c
 
-    def __init__(self, n_rows: int = 64, *, hold: bool = True) -> None:
+    def __init__(self, n_rows: int = 64, *, hold: bool = True, native: bool = True) -> None:
         # hold: a drained flow that is still active is projected no earlier than now (m4-v2);
         # otherwise at its drain end + delay, possibly past (the backend then completes it at
         # once), so a correction > 0 cannot compound through a projection that grows with time
         self.hold = hold
-        for name in self._ARRAYS:
-            setattr(self, name, np.zeros(0))
+        self.native = native and library() is not None
+        self._state = np.zeros((len(self._ARRAYS), 0))
+        self._slot = np.zeros(0, dtype=np.int64)  # the compiled twin's per-link scratch
         self.resize(n_rows)
 
     def resize(self, n_rows: int) -> None:
-        for name in self._ARRAYS:
-            old = getattr(self, name)
-            new = np.zeros(n_rows)
-            new[: len(old)] = old[:n_rows]
-            setattr(self, name, new)
+        old = self._state
+        self._state = np.zeros((len(self._ARRAYS), n_rows))
+        keep = min(n_rows, old.shape[1])
+        self._state[:, :keep] = old[:, :keep]
+        for k, name in enumerate(self._ARRAYS):
+            setattr(self, name, self._state[k])
 
     def add(
         self,
@@ -93,23 +169,55 @@ class Fluid:
         bits to drain) (:meth:`~m4ray.sim.flowsim.Window.limit`), as windowed flowSim drains."""
         bits = float(wire_bytes) * 8.0
         cap, work = (np.inf, bits) if window is None else window
-        self.work[row] = work
-        self.left[row] = work
-        self.rate[row] = 0.0
-        self.cap[row] = cap
-        self.t_last[row] = t
-        self.start[row] = t
-        self.ideal[row] = ideal_s
-        self.bottleneck[row] = bottleneck_bps
-        self.delay[row] = max(ideal_s - bits / bottleneck_bps, 0.0)
-        self.drained[row] = np.inf
+        self._state[:, row] = (
+            work,
+            work,
+            0.0,
+            cap,
+            t,
+            t,
+            ideal_s,
+            max(ideal_s - bits / bottleneck_bps, 0.0),
+            bottleneck_bps,
+            np.inf,
+        )
 
-    def catch_up(
-        self, rows: np.ndarray, links: list[np.ndarray], capacity_bps: np.ndarray, t: float
-    ) -> None:
+    def _native_args(self, rows, links: Links, capacity_bps: np.ndarray, t: float):
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        off, idx = csr(links)
+        capacity = np.ascontiguousarray(capacity_bps, dtype=np.float64)
+        if len(self._slot) < len(capacity):
+            self._slot = np.full(len(capacity), -1, dtype=np.int64)
+        keep = (rows, off, idx, capacity)  # alive while C reads them
+        args = (
+            self._state.ctypes.data,
+            self._state.shape[1],
+            len(rows),
+            rows.ctypes.data,
+            off.ctypes.data,
+            idx.ctypes.data,
+            capacity.ctypes.data,
+            self._slot.ctypes.data,
+            float(t),
+        )
+        return keep, args
+
+    @staticmethod
+    def _check(rc: int) -> None:
+        if rc == 2:
+            raise MemoryError("compiled fluid anchor: out of memory")
+        if rc:
+            raise SimulationError(f"compiled fluid anchor failed ({rc})")
+
+    def catch_up(self, rows: np.ndarray, links: Links, capacity_bps: np.ndarray, t: float) -> None:
         """Move ``rows`` (with their ``links``, ids into ``capacity_bps``) from their last update
         to ``t``: each set of rows last updated together drains at its rates, re-shared among
         itself whenever one of its flows drains."""
+        if self.native:
+            _keep, args = self._native_args(rows, links, capacity_bps, t)
+            self._check(library().m4ray_fluid_catch_up(*args))
+            return
+        links = _lists(links)
         rows = np.asarray(rows, dtype=np.int64)
         t_last = self.t_last[rows]
         for t0 in np.unique(t_last[t_last < t]):
@@ -146,10 +254,20 @@ class Fluid:
         return rate
 
     def advance(
-        self, rows: np.ndarray, links: list[np.ndarray], capacity_bps: np.ndarray, t: float
+        self, rows: np.ndarray, links: Links, capacity_bps: np.ndarray, t: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """An update at ``t`` over ``rows``: catch up, re-share, project; returns ``base [n]``
         (projected slowdown, ≥ 1) and ``features [n, 3]``."""
+        if self.native:
+            keep, args = self._native_args(rows, links, capacity_bps, t)
+            base = np.empty(len(keep[0]))
+            features = np.empty((len(keep[0]), N_FEATURES))
+            rc = library().m4ray_fluid_advance(
+                *args, int(self.hold), base.ctypes.data, features.ctypes.data
+            )
+            self._check(rc)
+            return base, features
+        links = _lists(links)
         rows = np.asarray(rows, dtype=np.int64)
         self.catch_up(rows, links, capacity_bps, t)
         left = self.left[rows]
@@ -166,4 +284,4 @@ class Fluid:
         return base, features
 
 
-__all__ = ["N_FEATURES", "Fluid"]
+__all__ = ["N_FEATURES", "Fluid", "Links", "csr", "library"]

@@ -1,0 +1,754 @@
+/* The m4 engine's compiled core. The fluid anchor's hot loops: the same algorithm, operation for operation, as
+ * m4ray/sim/m4/fluid.py (Fluid._drain, Fluid._share, Fluid.advance) and
+ * m4ray/sim/flowsim.py (max_min_rates with per-flow caps), so the two agree to rounding.
+ * Built and loaded by m4ray/native.py; no Python API, called through ctypes.
+ *
+ * Flow state is one row-major block `state[N_FIELDS][n_rows]` (Fluid's arrays are its rows); the
+ * flows an update covers are `rows[n]` with their links in CSR form: flow i crosses
+ * `idx[off[i]] .. idx[off[i + 1] - 1]`, ids into `capacity`. `slot` is caller-owned scratch of
+ * one int64 per link, all -1 on entry and left so.
+ *
+ * Returns 0, or 2 when memory runs out. Units: bits, bits/s, seconds. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REL_TIE 1e-9
+
+/* the order of Fluid._ARRAYS */
+enum { WORK, LEFT, RATE, CAP, T_LAST, START, IDEAL, DELAY, BOTTLENECK, DRAINED, N_FIELDS };
+
+typedef struct {
+    double *f[N_FIELDS];
+} fluid;
+
+static fluid view(double *state, int64_t n_rows) {
+    fluid s;
+    for (int k = 0; k < N_FIELDS; k++) s.f[k] = state + (int64_t)k * n_rows;
+    return s;
+}
+
+/* Max-min fair rates of flows `sel[0..n-1]` (indices into off) by progressive filling, each
+ * capped at caps[i]: max_min_rates, step for step. */
+static int max_min(int64_t n, const int64_t *sel, const int64_t *off, const int64_t *idx,
+                   const double *capacity, const double *caps, int64_t *slot, double *rate) {
+    int64_t n_edges = 0;
+    for (int64_t i = 0; i < n; i++) n_edges += off[sel[i] + 1] - off[sel[i]];
+    int64_t *used = malloc(sizeof(int64_t) * (n_edges + 1));
+    int64_t *flow_of = malloc(sizeof(int64_t) * (n_edges + 1));
+    int64_t *link_of = malloc(sizeof(int64_t) * (n_edges + 1));
+    double *remaining = malloc(sizeof(double) * (n_edges + 1));
+    double *load = malloc(sizeof(double) * (n_edges + 1));
+    double *used_bw = malloc(sizeof(double) * (n_edges + 1));
+    double *counts = malloc(sizeof(double) * (n_edges + 1));
+    char *open_edge = malloc(n_edges + 1);
+    char *open_flow = malloc(n + 1);
+    char *hit = malloc(n + 1);
+    int rc = 0;
+    if (!used || !flow_of || !link_of || !remaining || !load || !used_bw || !counts ||
+        !open_edge || !open_flow || !hit) {
+        rc = 2;
+        goto out;
+    }
+    int64_t n_used = 0, e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = off[sel[i]]; j < off[sel[i] + 1]; j++, e++) {
+            int64_t link = idx[j];
+            if (slot[link] < 0) {
+                slot[link] = n_used;
+                used[n_used] = link;
+                remaining[n_used] = capacity[link];
+                load[n_used] = 0.0;
+                n_used++;
+            }
+            flow_of[e] = i;
+            link_of[e] = slot[link];
+            load[slot[link]] += 1.0;
+            open_edge[e] = 1;
+        }
+    }
+    for (int64_t l = 0; l < n_used; l++) slot[used[l]] = -1;
+    for (int64_t i = 0; i < n; i++) {
+        open_flow[i] = 1;
+        rate[i] = 0.0;
+    }
+    for (;;) {
+        double level = INFINITY;
+        for (int64_t l = 0; l < n_used; l++) {
+            double share = load[l] > 0 ? remaining[l] / load[l] : INFINITY;
+            if (share < level) level = share;
+        }
+        memset(hit, 0, n);
+        double capped = INFINITY;
+        for (int64_t i = 0; i < n; i++)
+            if (open_flow[i] && caps[i] < capped) capped = caps[i];
+        int by_cap = capped < level;
+        double lvl = level > 0 ? level : 0.0;
+        if (by_cap) {
+            /* the lowest caps bind before any link does: those flows freeze at their cap */
+            for (int64_t i = 0; i < n; i++)
+                if (open_flow[i] && caps[i] <= capped * (1 + REL_TIE)) {
+                    hit[i] = 1;
+                    rate[i] = caps[i];
+                }
+            for (int64_t l = 0; l < n_used; l++) used_bw[l] = 0.0;
+        } else {
+            /* every unfrozen flow crossing a bottleneck link freezes at its fair share */
+            for (int64_t k = 0; k < n_edges; k++) {
+                if (!open_edge[k]) continue;
+                int64_t l = link_of[k];
+                double share = load[l] > 0 ? remaining[l] / load[l] : INFINITY;
+                if (share <= level * (1 + REL_TIE)) hit[flow_of[k]] = 1;
+            }
+            for (int64_t i = 0; i < n; i++)
+                if (hit[i]) rate[i] = lvl;
+        }
+        for (int64_t l = 0; l < n_used; l++) counts[l] = 0.0;
+        int any_open = 0;
+        for (int64_t k = 0; k < n_edges; k++) {
+            if (!open_edge[k]) continue;
+            if (hit[flow_of[k]]) {
+                open_edge[k] = 0;
+                counts[link_of[k]] += 1.0;
+                if (by_cap) used_bw[link_of[k]] += rate[flow_of[k]];
+            } else {
+                any_open = 1;
+            }
+        }
+        for (int64_t l = 0; l < n_used; l++) {
+            load[l] -= counts[l];
+            remaining[l] -= by_cap ? used_bw[l] : counts[l] * lvl;
+        }
+        if (!any_open) break;
+        for (int64_t i = 0; i < n; i++)
+            if (hit[i]) open_flow[i] = 0;
+    }
+out:
+    free(used);
+    free(flow_of);
+    free(link_of);
+    free(remaining);
+    free(load);
+    free(used_bw);
+    free(counts);
+    free(open_edge);
+    free(open_flow);
+    free(hit);
+    return rc;
+}
+
+/* Fluid._share: max-min rates of the rows with bits left (0 for the others) into rate[n]. */
+static int share(fluid *s, int64_t n, const int64_t *rows, const double *left, const int64_t *off,
+                 const int64_t *idx, const double *capacity, int64_t *slot, double *rate) {
+    int64_t *live = malloc(sizeof(int64_t) * (n + 1));
+    double *caps = malloc(sizeof(double) * (n + 1));
+    double *got = malloc(sizeof(double) * (n + 1));
+    int rc = 0;
+    if (!live || !caps || !got) {
+        rc = 2;
+        goto out;
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        rate[i] = 0.0;
+        if (left[i] > 0) {
+            caps[m] = s->f[CAP][rows[i]];
+            live[m++] = i;
+        }
+    }
+    if (m) {
+        rc = max_min(m, live, off, idx, capacity, caps, slot, got);
+        if (!rc)
+            for (int64_t j = 0; j < m; j++) rate[live[j]] = got[j];
+    }
+out:
+    free(live);
+    free(caps);
+    free(got);
+    return rc;
+}
+
+/* Fluid._drain over rows `sub[0..n-1]` (indices into rows/off) last updated at `now`: they
+ * drain at their rates, re-shared whenever one drains, until t. */
+static int drain(fluid *s, int64_t n, const int64_t *sub, const int64_t *rows, const int64_t *off,
+                 const int64_t *idx, const double *capacity, int64_t *slot, double now,
+                 double t) {
+    int64_t n_idx = 0;
+    for (int64_t i = 0; i < n; i++) n_idx += off[sub[i] + 1] - off[sub[i]];
+    int64_t *r = malloc(sizeof(int64_t) * (n + 1));
+    int64_t *of = malloc(sizeof(int64_t) * (n + 1));
+    int64_t *ix = malloc(sizeof(int64_t) * (n_idx + 1));
+    double *left = malloc(sizeof(double) * (n + 1));
+    double *rate = malloc(sizeof(double) * (n + 1));
+    double *to_go = malloc(sizeof(double) * (n + 1));
+    int rc = 0;
+    if (!r || !of || !ix || !left || !rate || !to_go) {
+        rc = 2;
+        goto out;
+    }
+    /* the subset's own CSR, so share() sees exactly these flows in this order */
+    of[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t a = off[sub[i]], b = off[sub[i] + 1];
+        memcpy(ix + of[i], idx + a, sizeof(int64_t) * (b - a));
+        of[i + 1] = of[i] + (b - a);
+        r[i] = rows[sub[i]];
+        left[i] = s->f[LEFT][r[i]];
+        rate[i] = s->f[RATE][r[i]];
+    }
+    for (;;) {
+        int any = 0;
+        double dt = INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            int live = left[i] > 0 && rate[i] > 0;
+            to_go[i] = live ? left[i] / rate[i] : INFINITY;
+            any |= live;
+            if (to_go[i] < dt) dt = to_go[i];
+        }
+        if (!any) break;
+        if (now + dt > t) {
+            for (int64_t i = 0; i < n; i++) {
+                double x = left[i] - rate[i] * (t - now);
+                left[i] = x > 0 ? x : 0.0;
+            }
+            break;
+        }
+        double tie = dt * (1 + REL_TIE);
+        now += dt;
+        for (int64_t i = 0; i < n; i++) {
+            if (left[i] > 0 && rate[i] > 0 && to_go[i] <= tie) {
+                left[i] = 0.0;
+                s->f[DRAINED][r[i]] = now;
+            } else {
+                double x = left[i] - rate[i] * dt;
+                left[i] = x > 0 ? x : 0.0;
+            }
+        }
+        rc = share(s, n, r, left, of, ix, capacity, slot, rate);
+        if (rc) goto out;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        s->f[LEFT][r[i]] = left[i];
+        s->f[RATE][r[i]] = rate[i];
+    }
+out:
+    free(r);
+    free(of);
+    free(ix);
+    free(left);
+    free(rate);
+    free(to_go);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Fluid.catch_up: rows grouped by their last update time (ascending), each group drained to t. */
+int m4ray_fluid_catch_up(double *state, int64_t n_rows, int64_t n, const int64_t *rows,
+                         const int64_t *off, const int64_t *idx, const double *capacity,
+                         int64_t *slot, double t) {
+    fluid s = view(state, n_rows);
+    double *times = malloc(sizeof(double) * (n + 1));
+    int64_t *sub = malloc(sizeof(int64_t) * (n + 1));
+    int rc = 0;
+    if (!times || !sub) {
+        rc = 2;
+        goto out;
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double t0 = s.f[T_LAST][rows[i]];
+        if (t0 < t) times[m++] = t0;
+    }
+    qsort(times, m, sizeof(double), cmp_double);
+    for (int64_t u = 0; u < m && !rc; u++) {
+        if (u && times[u] == times[u - 1]) continue;
+        int64_t k = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (s.f[T_LAST][rows[i]] == times[u]) sub[k++] = i;
+        rc = drain(&s, k, sub, rows, off, idx, capacity, slot, times[u], t);
+    }
+    if (!rc)
+        for (int64_t i = 0; i < n; i++) s.f[T_LAST][rows[i]] = t;
+out:
+    free(times);
+    free(sub);
+    return rc;
+}
+
+/* Fluid.advance: catch up, re-share, project; base[n] and features[n][3] (row-major). */
+int m4ray_fluid_advance(double *state, int64_t n_rows, int64_t n, const int64_t *rows,
+                        const int64_t *off, const int64_t *idx, const double *capacity,
+                        int64_t *slot, double t, int hold, double *base, double *features) {
+    int rc = m4ray_fluid_catch_up(state, n_rows, n, rows, off, idx, capacity, slot, t);
+    if (rc) return rc;
+    fluid s = view(state, n_rows);
+    double *left = malloc(sizeof(double) * (n + 1));
+    double *rate = malloc(sizeof(double) * (n + 1));
+    if (!left || !rate) {
+        rc = 2;
+        goto out;
+    }
+    for (int64_t i = 0; i < n; i++) left[i] = s.f[LEFT][rows[i]];
+    rc = share(&s, n, rows, left, off, idx, capacity, slot, rate);
+    if (rc) goto out;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows[i];
+        s.f[RATE][r] = rate[i];
+        double drain_end = left[i] > 0 ? t + left[i] / rate[i] : s.f[DRAINED][r];
+        double end = drain_end + s.f[DELAY][r];
+        double projected = (hold ? (end > t ? end : t) : end) - s.f[START][r];
+        double b = projected / s.f[IDEAL][r];
+        b = b > 1.0 ? b : 1.0;
+        base[i] = b;
+        features[3 * i] = log2(b);
+        features[3 * i + 1] = rate[i] / s.f[BOTTLENECK][r];
+        features[3 * i + 2] = left[i] / s.f[WORK][r];
+    }
+out:
+    free(left);
+    free(rate);
+    return rc;
+}
+
+/* ======================================================================================
+ * The engine's bookkeeping (m4ray/sim/m4/engine.py, M4Engine), for NativeM4Engine: links'
+ * users and owning components, flow rows (path, start, ideal FCT, last slowdown), components
+ * (their flows in arrival order, merged on arrival, never split), the touched set, and the
+ * fluid anchor's rows. The neural states stay in Python (numpy), except that a link going idle
+ * is reset here from `link_init` into `h_link` (both [n_links][hidden], Python-owned).
+ * ====================================================================================== */
+
+typedef struct {
+    int64_t head, tail, n_flows; /* rows in arrival order (next/prev links) */
+    double t_last, t_fluid;
+    char alive, touched;
+} comp;
+
+typedef struct {
+    int64_t n_links, hidden;
+    const double *capacity, *latency; /* Python-owned [n_links]; latency may be NULL */
+    double *h_link;
+    const double *link_init;
+    int64_t *users, *owner, *slot;
+    /* rows */
+    int64_t n_rows, max_len, n_free, n_active;
+    int64_t *path, *plen, *comp_of, *next, *prev, *free_rows;
+    double *start, *ideal, *slow, *state; /* state: the fluid block [N_FIELDS][n_rows] */
+    /* components */
+    comp *comps;
+    int64_t n_comps, cap_comps, n_live;
+    int64_t *touched;
+    int64_t n_touched, cap_touched;
+    /* the anchor: on, hold, and a window (0 bytes: none) */
+    int fluid, hold;
+    double mtu, header, window_bytes, ack_bytes;
+} engine;
+
+static void *grow(void *p, int64_t n, size_t size) { return realloc(p, (n ? n : 1) * size); }
+
+void m4ray_engine_free(engine *e) {
+    if (!e) return;
+    free(e->users);
+    free(e->owner);
+    free(e->slot);
+    free(e->path);
+    free(e->plen);
+    free(e->comp_of);
+    free(e->next);
+    free(e->prev);
+    free(e->free_rows);
+    free(e->start);
+    free(e->ideal);
+    free(e->slow);
+    free(e->state);
+    free(e->comps);
+    free(e->touched);
+    free(e);
+}
+
+/* rows 0..n_rows-1 with paths up to max_len links (grown, contents kept; new rows free) */
+static int alloc_rows(engine *e, int64_t n_rows, int64_t max_len) {
+    int64_t old = e->n_rows, old_len = e->max_len;
+    int64_t *path = calloc(n_rows * max_len + 1, sizeof(int64_t));
+    double *state = calloc(N_FIELDS * n_rows + 1, sizeof(double));
+    if (!path || !state) {
+        free(path);
+        free(state);
+        return 2;
+    }
+    for (int64_t r = 0; r < old; r++)
+        memcpy(path + r * max_len, e->path + r * old_len, old_len * sizeof(int64_t));
+    for (int k = 0; k < N_FIELDS; k++)
+        memcpy(state + k * n_rows, e->state + k * old, old * sizeof(double));
+    free(e->path);
+    free(e->state);
+    e->path = path;
+    e->state = state;
+    int64_t **ints[] = {&e->plen, &e->comp_of, &e->next, &e->prev, &e->free_rows};
+    for (int i = 0; i < 5; i++) {
+        int64_t *p = grow(*ints[i], n_rows, sizeof(int64_t));
+        if (!p) return 2;
+        *ints[i] = p;
+    }
+    double **reals[] = {&e->start, &e->ideal, &e->slow};
+    for (int i = 0; i < 3; i++) {
+        double *p = grow(*reals[i], n_rows, sizeof(double));
+        if (!p) return 2;
+        *reals[i] = p;
+    }
+    /* new rows are taken in increasing order (the free list is a stack) */
+    memmove(e->free_rows + (n_rows - old), e->free_rows, e->n_free * sizeof(int64_t));
+    for (int64_t r = old; r < n_rows; r++) e->free_rows[n_rows - 1 - r] = r;
+    e->n_free += n_rows - old;
+    e->n_rows = n_rows;
+    e->max_len = max_len;
+    return 0;
+}
+
+engine *m4ray_engine_new(int64_t n_links, int64_t hidden, const double *capacity,
+                         const double *latency, double *h_link, const double *link_init,
+                         int fluid, int hold, double mtu, double header, double window_bytes,
+                         double ack_bytes) {
+    engine *e = calloc(1, sizeof(engine));
+    if (!e) return NULL;
+    e->n_links = n_links;
+    e->hidden = hidden;
+    e->capacity = capacity;
+    e->latency = latency;
+    e->h_link = h_link;
+    e->link_init = link_init;
+    e->fluid = fluid;
+    e->hold = hold;
+    e->mtu = mtu;
+    e->header = header;
+    e->window_bytes = window_bytes;
+    e->ack_bytes = ack_bytes;
+    e->users = calloc(n_links + 1, sizeof(int64_t));
+    e->owner = malloc((n_links + 1) * sizeof(int64_t));
+    e->slot = malloc((n_links + 1) * sizeof(int64_t));
+    if (!e->users || !e->owner || !e->slot || alloc_rows(e, 64, 8)) {
+        m4ray_engine_free(e);
+        return NULL;
+    }
+    for (int64_t l = 0; l < n_links; l++) e->owner[l] = e->slot[l] = -1;
+    return e;
+}
+
+static int touch(engine *e, int64_t c) {
+    if (e->comps[c].touched) return 0;
+    if (e->n_touched == e->cap_touched) {
+        int64_t cap = 2 * e->cap_touched + 16;
+        int64_t *p = realloc(e->touched, cap * sizeof(int64_t));
+        if (!p) return 2;
+        e->touched = p;
+        e->cap_touched = cap;
+    }
+    e->comps[c].touched = 1;
+    e->touched[e->n_touched++] = c;
+    return 0;
+}
+
+/* Window.limit_on over the path's links: (rate cap, bits to drain); (inf, bits) where it does
+ * not bind */
+static void window_limit(const engine *e, const int64_t *links, int64_t n, double bits,
+                         double *cap, double *work) {
+    *cap = INFINITY;
+    *work = bits;
+    if (e->window_bytes <= 0) return;
+    double latency = 0, inverse = 0, bottleneck = INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        latency += e->latency[links[i]];
+        inverse += 1 / e->capacity[links[i]];
+        if (e->capacity[links[i]] < bottleneck) bottleneck = e->capacity[links[i]];
+    }
+    double packet = (e->mtu + e->header) * 8.0;
+    double rtt = 2 * latency + (packet + e->ack_bytes * 8.0) * inverse;
+    double k = ceil(e->window_bytes / e->mtu);
+    double tx = packet / bottleneck;
+    if (rtt <= k * tx) return;
+    double packets = ceil(bits / packet - 1e-9);
+    double late = floor((packets - 1) / k) * (rtt - k * tx);
+    *cap = k * packet / rtt;
+    *work = (bits / bottleneck + late) * *cap;
+}
+
+/* A flow on `links` arrives at t: joins (merging) the components owning its links; returns its
+ * row, -1 for a link id out of range, -2 when memory runs out. */
+int64_t m4ray_engine_arrive(engine *e, const int64_t *links, int64_t n, double wire_bytes,
+                            double ideal, double t) {
+    if (n < 1) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (links[i] < 0 || links[i] >= e->n_links) return -1;
+    if (!e->n_free || n > e->max_len) {
+        int64_t rows = e->n_free ? e->n_rows : 2 * e->n_rows;
+        if (alloc_rows(e, rows, n > e->max_len ? n : e->max_len)) return -2;
+    }
+    /* the distinct owners, ascending (Python: sorted({owner} - {-1})) */
+    int64_t owners[64], n_own = 0;
+    int64_t *own = n <= 64 ? owners : malloc(n * sizeof(int64_t));
+    if (!own) return -2;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t c = e->owner[links[i]];
+        if (c < 0) continue;
+        int64_t j = 0;
+        while (j < n_own && own[j] != c) j++;
+        if (j == n_own) own[n_own++] = c;
+    }
+    for (int64_t i = 1; i < n_own; i++)
+        for (int64_t j = i; j > 0 && own[j - 1] > own[j]; j--) {
+            int64_t x = own[j];
+            own[j] = own[j - 1];
+            own[j - 1] = x;
+        }
+    int64_t root;
+    if (!n_own) {
+        if (e->n_comps == e->cap_comps) {
+            int64_t cap = 2 * e->cap_comps + 16;
+            comp *p = realloc(e->comps, cap * sizeof(comp));
+            if (!p) {
+                if (own != owners) free(own);
+                return -2;
+            }
+            e->comps = p;
+            e->cap_comps = cap;
+        }
+        root = e->n_comps++;
+        e->comps[root] = (comp){-1, -1, 0, t, t, 1, 0};
+        e->n_live++;
+    } else {
+        /* the one with most flows; ties: the lowest id */
+        root = own[0];
+        for (int64_t j = 1; j < n_own; j++)
+            if (e->comps[own[j]].n_flows > e->comps[root].n_flows) root = own[j];
+        comp *keep = &e->comps[root];
+        for (int64_t j = 0; j < n_own; j++) {
+            int64_t other = own[j];
+            if (other == root) continue;
+            comp *gone = &e->comps[other];
+            for (int64_t r = gone->head; r >= 0; r = e->next[r]) {
+                e->comp_of[r] = root;
+                for (int64_t i = 0; i < e->plen[r]; i++) e->owner[e->path[r * e->max_len + i]] = root;
+            }
+            if (gone->head >= 0) { /* its flows follow keep's, in their order */
+                if (keep->tail >= 0) {
+                    e->next[keep->tail] = gone->head;
+                    e->prev[gone->head] = keep->tail;
+                } else {
+                    keep->head = gone->head;
+                }
+                keep->tail = gone->tail;
+            }
+            keep->n_flows += gone->n_flows;
+            if (gone->t_last < keep->t_last) keep->t_last = gone->t_last;
+            if (gone->t_fluid < keep->t_fluid) keep->t_fluid = gone->t_fluid;
+            gone->alive = 0;
+            gone->touched = 0; /* dropped from the touched list at the next prepare */
+            e->n_live--;
+        }
+    }
+    if (own != owners) free(own);
+    int64_t row = e->free_rows[--e->n_free];
+    comp *c = &e->comps[root];
+    for (int64_t i = 0; i < n; i++) {
+        e->owner[links[i]] = root;
+        e->users[links[i]]++;
+        e->path[row * e->max_len + i] = links[i];
+    }
+    e->plen[row] = n;
+    e->start[row] = t;
+    e->ideal[row] = ideal;
+    e->slow[row] = 1.0;
+    e->comp_of[row] = root;
+    e->next[row] = -1;
+    e->prev[row] = c->tail;
+    if (c->tail >= 0)
+        e->next[c->tail] = row;
+    else
+        c->head = row;
+    c->tail = row;
+    c->n_flows++;
+    e->n_active++;
+    if (e->fluid) {
+        double bits = wire_bytes * 8.0, cap = INFINITY, work = bits, bottleneck = INFINITY;
+        for (int64_t i = 0; i < n; i++)
+            if (e->capacity[links[i]] < bottleneck) bottleneck = e->capacity[links[i]];
+        if (e->latency) window_limit(e, links, n, bits, &cap, &work);
+        fluid s = view(e->state, e->n_rows);
+        double delay = ideal - bits / bottleneck;
+        double v[N_FIELDS] = {work, work, 0.0, cap, t, t, ideal, delay > 0 ? delay : 0.0,
+                              bottleneck, INFINITY};
+        for (int k = 0; k < N_FIELDS; k++) s.f[k][row] = v[k];
+    }
+    if (touch(e, root)) return -2;
+    return row;
+}
+
+/* the rows of component c in order, their links as CSR (fresh arrays; NULL on no memory) */
+static int64_t comp_rows(const engine *e, const comp *c, int64_t *rows, int64_t *off,
+                         int64_t *idx) {
+    int64_t n = 0;
+    off[0] = 0;
+    for (int64_t r = c->head; r >= 0; r = e->next[r]) {
+        rows[n] = r;
+        memcpy(idx + off[n], e->path + r * e->max_len, e->plen[r] * sizeof(int64_t));
+        off[n + 1] = off[n] + e->plen[r];
+        n++;
+    }
+    return n;
+}
+
+/* Row `row` completes at t: the flows left behind are caught up to t (the anchor), the row
+ * leaves its component, idle links are reset and released. Returns 0, 2 on no memory. */
+int m4ray_engine_complete(engine *e, int64_t row, double t) {
+    int64_t ci = e->comp_of[row];
+    comp *c = &e->comps[ci];
+    if (e->fluid && c->t_fluid < t) {
+        int64_t *rows = malloc((c->n_flows + 1) * sizeof(int64_t));
+        int64_t *off = malloc((c->n_flows + 2) * sizeof(int64_t));
+        int64_t *idx = malloc((c->n_flows * e->max_len + 1) * sizeof(int64_t));
+        int rc = (!rows || !off || !idx) ? 2 : 0;
+        if (!rc) {
+            int64_t n = comp_rows(e, c, rows, off, idx);
+            rc = m4ray_fluid_catch_up(e->state, e->n_rows, n, rows, off, idx, e->capacity,
+                                      e->slot, t);
+        }
+        free(rows);
+        free(off);
+        free(idx);
+        if (rc) return rc;
+        c->t_fluid = t;
+    }
+    if (e->prev[row] >= 0)
+        e->next[e->prev[row]] = e->next[row];
+    else
+        c->head = e->next[row];
+    if (e->next[row] >= 0)
+        e->prev[e->next[row]] = e->prev[row];
+    else
+        c->tail = e->prev[row];
+    c->n_flows--;
+    e->n_active--;
+    e->free_rows[e->n_free++] = row;
+    for (int64_t i = 0; i < e->plen[row]; i++) {
+        int64_t l = e->path[row * e->max_len + i];
+        if (--e->users[l] == 0) {
+            e->owner[l] = -1;
+            memcpy(e->h_link + l * e->hidden, e->link_init + l * e->hidden,
+                   e->hidden * sizeof(double));
+        }
+    }
+    if (c->n_flows) return touch(e, ci);
+    c->alive = 0;
+    c->touched = 0;
+    e->n_live--;
+    return 0;
+}
+
+static int cmp_int64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sizes of the next prepare: [components, flows, links, edges] (the touched components). */
+void m4ray_engine_pending(engine *e, int64_t *sizes) {
+    int64_t k = 0, flows = 0, edges = 0;
+    for (int64_t j = 0; j < e->n_touched; j++) {
+        comp *c = &e->comps[e->touched[j]];
+        if (!c->touched) continue;
+        k++;
+        flows += c->n_flows;
+        for (int64_t r = c->head; r >= 0; r = e->next[r]) edges += e->plen[r];
+    }
+    sizes[0] = k;
+    sizes[1] = flows;
+    sizes[2] = edges; /* an upper bound on links */
+    sizes[3] = edges;
+}
+
+/* The touched components at t as one graph (sizes from m4ray_engine_pending): comps[k]
+ * ascending, per component its flows / links / Δt (µs) in n_flows / n_links / dt, rows[F],
+ * their path lengths plen[F], links[L] (each component's sorted), incidence [2][E] (flow row,
+ * then local link, of every path link in order); with the anchor base[F] and features[F][3]. Clears the touched set; returns the
+ * number of links, or -2 on no memory. */
+int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flows,
+                             int64_t *n_links, double *dt, int64_t *rows, int64_t *plen,
+                             int64_t *links, int64_t *incidence, double *base,
+                             double *features) {
+    int64_t k = 0;
+    for (int64_t j = 0; j < e->n_touched; j++)
+        if (e->comps[e->touched[j]].touched) comps[k++] = e->touched[j];
+    e->n_touched = 0;
+    qsort(comps, k, sizeof(int64_t), cmp_int64);
+    int64_t F = 0, L = 0;
+    for (int64_t j = 0; j < k; j++) {
+        comp *c = &e->comps[comps[j]];
+        c->touched = 0;
+        int64_t l0 = L;
+        for (int64_t r = c->head; r >= 0; r = e->next[r]) {
+            rows[F] = r;
+            plen[F] = e->plen[r];
+            F++;
+            for (int64_t i = 0; i < e->plen[r]; i++) {
+                int64_t l = e->path[r * e->max_len + i];
+                if (e->slot[l] < 0) {
+                    e->slot[l] = 0;
+                    links[L++] = l;
+                }
+            }
+        }
+        qsort(links + l0, L - l0, sizeof(int64_t), cmp_int64);
+        n_flows[j] = c->n_flows;
+        n_links[j] = L - l0;
+        double d = t - c->t_last;
+        dt[j] = (d > 0 ? d : 0.0) * 1e6;
+    }
+    int64_t n_edges = 0;
+    for (int64_t f = 0; f < F; f++) n_edges += plen[f];
+    for (int64_t i = 0; i < L; i++) e->slot[links[i]] = i;
+    for (int64_t f = 0, j = 0; f < F; f++)
+        for (int64_t i = 0; i < plen[f]; i++, j++) {
+            incidence[j] = f;
+            incidence[n_edges + j] = e->slot[e->path[rows[f] * e->max_len + i]];
+        }
+    for (int64_t i = 0; i < L; i++) e->slot[links[i]] = -1;
+    int64_t *tmp = malloc((F + n_edges + 2) * sizeof(int64_t));
+    if (!tmp) return -2;
+    if (e->fluid && F) {
+        int64_t *off = tmp, *idx = tmp + F + 1;
+        off[0] = 0;
+        for (int64_t f = 0; f < F; f++) {
+            memcpy(idx + off[f], e->path + rows[f] * e->max_len, plen[f] * sizeof(int64_t));
+            off[f + 1] = off[f] + plen[f];
+        }
+        int rc = m4ray_fluid_advance(e->state, e->n_rows, F, rows, off, idx, e->capacity,
+                                     e->slot, t, e->hold, base, features);
+        if (rc) {
+            free(tmp);
+            return -2;
+        }
+        for (int64_t j = 0; j < k; j++) e->comps[comps[j]].t_fluid = t;
+    }
+    free(tmp);
+    return L;
+}
+
+/* Write back an update at t: each row's slowdown; predicted completion times (rounded to the
+ * picosecond) into finish[n]; the components' last update time. */
+void m4ray_engine_finish(engine *e, double t, int64_t k, const int64_t *comps, int64_t n,
+                         const int64_t *rows, const double *slowdown, double *finish) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows[i];
+        e->slow[r] = slowdown[i];
+        finish[i] = nearbyint((e->start[r] + slowdown[i] * e->ideal[r]) * 1e12) / 1e12;
+    }
+    for (int64_t j = 0; j < k; j++) e->comps[comps[j]].t_last = t;
+}
+
+double m4ray_engine_slowdown(const engine *e, int64_t row) { return e->slow[row]; }
+int64_t m4ray_engine_users(const engine *e, int64_t link) { return e->users[link]; }
+int64_t m4ray_engine_components(const engine *e) { return e->n_live; }

@@ -1,0 +1,196 @@
+"""The m4 engine's compiled core (``m4ray/sim/m4/_core.c``) against the Python reference: the
+fluid anchor's rows and the whole engine, flow for flow, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from m4ray import native
+from m4ray.errors import InputError
+from m4ray.sim.failures import GrayFailure
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import Window
+from m4ray.sim.m4 import LocalStepper, M4Engine
+from m4ray.sim.m4 import fluid as core
+from m4ray.sim.m4.backend import M4Backend
+from m4ray.sim.m4.engine import NativeM4Engine
+from m4ray.sim.m4.fluid import Fluid
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import FatTreeSpec, RailClusterSpec
+from m4ray.sim.trace import run_trace
+from m4ray.train.model import M4Model, ModelConfig
+
+
+def _model(fluid: bool, window: bool = False, hold: bool = True) -> M4Model:
+    torch.manual_seed(0)
+    cfg = ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=fluid)
+    cfg.fluid_window = window
+    cfg.fluid_hold = hold
+    model = M4Model(cfg)
+    with torch.no_grad():  # a correction that depends on the state, so any slip shows
+        model.head[-1].weight.normal_(0, 0.3)
+        model.head[-1].bias.fill_(3.0 if not fluid else 0.05)
+    return model.double().eval()
+
+
+class _Direct:
+    def __init__(self, model: M4Model, native: bool, window_bytes: int | None, window_us):
+        self.model, self.native = model, native
+        self.window_bytes, self.window_us = window_bytes, window_us
+        self.engines: list[M4Engine] = []
+
+    def build(self, topology, routing):
+        engine = M4Engine(
+            topology.bandwidth_bps,
+            self.model.cfg,
+            [0.1] * self.model.cfg.n_params,
+            LocalStepper(self.model),
+            routing,
+            window=None if self.window_bytes is None else Window(self.window_bytes),
+            link_latency_s=topology.latency_s,
+            native=self.native,
+        )
+        self.engines.append(engine)
+        return M4Backend(engine, window_us=self.window_us)
+
+
+def _flows(hosts, rng, n: int) -> list[Flow]:
+    flows = []
+    for i in range(n):
+        a, b = rng.choice(len(hosts), size=2, replace=False)
+        size = int(rng.choice([2_000, 30_000, 400_000, 3_000_000]))
+        flows.append(Flow(i, hosts[int(a)], hosts[int(b)], size, float(rng.uniform(0, 4e-4))))
+    flows += [Flow(n + i, hosts[i], hosts[0], 200_000, 1e-4) for i in range(1, 9)]  # incast
+    return flows
+
+
+@pytest.mark.parametrize(
+    ("fluid", "window", "hold", "window_us"),
+    [
+        (True, True, False, 0.0),  # m4-v2's engine
+        (True, False, True, None),
+        (True, True, True, 10.0),
+        (False, False, True, 0.0),  # m4-small's
+    ],
+    ids=["v2", "fluid-per-event", "window-hold-10us", "no-anchor"],
+)
+def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(fluid, window, hold, window_us):
+    """Arrivals that merge components, completions that split links off, a link slowed mid-run,
+    every update policy: the compiled engine's FCTs equal the reference's exactly."""
+    assert core.library() is not None  # the core builds here: no silent fallback
+    topo = GrayFailure(n_degraded=2, reduction=4).apply(FatTreeSpec(k=4).build())
+    routing = Routing(topo, seed=0)
+    hosts = sorted(topo.hosts)
+    flows = _flows(hosts, np.random.default_rng(7), 120)
+    model = _model(fluid, window, hold)
+    answers, engines = [], []
+    for native_ in (False, True):
+        cfg = _Direct(model, native_, 6_000 if window else None, window_us)
+        table = run_trace(topo, flows, cfg, routing)
+        answers.append(table.column("fct_s").to_numpy())
+        engines.append(cfg.engines[0])
+    assert type(engines[0]) is M4Engine
+    assert type(engines[1]) is NativeM4Engine
+    assert engines[1].n_updates == engines[0].n_updates > 40
+    assert engines[1].n_stepped_flows == engines[0].n_stepped_flows
+    assert engines[1].n_active == engines[1].n_components == 0
+    np.testing.assert_array_equal(answers[1], answers[0])
+    slowdown = answers[0] / table.column("ideal_fct_s").to_numpy()
+    assert slowdown.max() > 1.5  # flows do share
+
+
+def test_set_bandwidth_resets_an_idle_link_at_once_and_a_busy_one_when_it_idles():
+    topo = RailClusterSpec().build()
+    routing = Routing(topo, seed=0)
+    hosts = sorted(topo.hosts)
+    model = _model(True, True)
+    outs = []
+    for native_ in (False, True):
+        engine = M4Engine(
+            topo.bandwidth_bps,
+            model.cfg,
+            [0.1] * model.cfg.n_params,
+            LocalStepper(model),
+            routing,
+            window=Window(6_000),
+            link_latency_s=topo.latency_s,
+            native=native_,
+        )
+        path = routing.path(hosts[0], hosts[9], 0).links
+        engine.arrive_path(0, path, 500_000, 1e-4, 0.0)
+        engine.update(0.0)
+        engine.set_bandwidth(path[0], 25e9)  # busy: its state keeps going
+        idle = routing.path(hosts[3], hosts[20], 1).links[0]
+        engine.set_bandwidth(idle, 25e9)  # idle: takes the new initial state now
+        first = engine.update(1e-5)
+        engine.arrive_path(1, path, 100_000, 2e-5, 2e-5)
+        second = engine.update(2e-5)
+        engine.complete(0, 3e-5)
+        engine.complete(1, 3e-5)
+        outs.append((first, second, engine._h_link.copy()))
+    assert outs[0][0] == outs[1][0]
+    assert outs[0][1] == outs[1][1]
+    np.testing.assert_array_equal(outs[0][2], outs[1][2])
+
+
+def test_bad_links_are_rejected_by_the_compiled_engine_and_change_nothing():
+    model = _model(True)
+    engine = M4Engine(np.full(4, 1e9), model.cfg, [0.1] * model.cfg.n_params, native=True)
+    assert isinstance(engine, NativeM4Engine)
+    with pytest.raises(InputError, match=r"links must be ids in \[0, 4\)"):
+        engine.arrive_path(0, [1, 4], 1000, 1e-5, 0.0)
+    with pytest.raises(InputError, match="not active"):
+        engine.complete(0, 1e-5)
+    assert engine.n_active == engine.n_components == 0
+    engine.arrive_path(0, [1, 2], 1000, 1e-5, 0.0)
+    with pytest.raises(InputError, match="already active"):
+        engine.arrive_path(0, [3], 1000, 1e-5, 0.0)
+    assert engine.n_active == engine.n_components == 1
+
+
+def test_the_compiled_fluid_rows_equal_the_python_ones():
+    """Random components (shared links, sender caps, rows last updated at different times):
+    catch_up and advance give the same rows, bases and features."""
+    rng = np.random.default_rng(3)
+    capacity = rng.choice([10e9, 25e9, 100e9], size=12)
+    states = [Fluid(40, native=False), Fluid(40, native=True)]
+    assert states[1].native
+    rows = np.arange(30)
+    links = [rng.choice(12, size=int(rng.integers(1, 5)), replace=False) for _ in rows]
+    t = 0.0
+    for step in range(6):
+        arriving = rows[step * 5 : step * 5 + 5]
+        caps = {int(r): (float(rng.uniform(1e9, 20e9)), 8e5) for r in arriving if r % 3 == 0}
+        for state in states:
+            for r in arriving:
+                bottleneck = capacity[links[r]].min()
+                state.add(int(r), 50_000 + 1000 * int(r), 1e-5, bottleneck, t, window=caps.get(r))
+        live = rows[: step * 5 + 5]
+        for state in states:
+            state.catch_up(live[::2], [links[r] for r in live[::2]], capacity, t + 1e-6)
+        t += 1e-5
+        got = [s.advance(live, [links[r] for r in live], capacity, t) for s in states]
+        np.testing.assert_array_equal(got[1][0], got[0][0])
+        np.testing.assert_array_equal(got[1][1], got[0][1])
+        np.testing.assert_array_equal(states[1]._state, states[0]._state)
+    assert np.isfinite(states[0].drained).sum() > 3  # drains between updates happened
+
+
+def test_without_a_compiler_the_python_engine_answers_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("M4RAY_CACHE_DIR", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    core.library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="compiled fluid anchor unavailable, using Python"):
+            assert core.library() is None
+        model = _model(True)
+        engine = M4Engine(np.full(4, 1e9), model.cfg, [0.1] * model.cfg.n_params)
+        assert type(engine) is M4Engine
+        assert not Fluid(4).native
+    finally:
+        monkeypatch.delenv("CC")
+        monkeypatch.delenv("M4RAY_CACHE_DIR")
+        core.library.cache_clear()
+    assert native.cache_dir().exists()
