@@ -90,6 +90,7 @@ class Routing:
         self.wire = wire or WireFormat()
         self._dist: dict[int, np.ndarray] = {}
         self._last: tuple[tuple[int, int, int], Path] | None = None  # see path()
+        self.memo: dict = {}  # what callers derive from this routing once (max_bdp_bytes)
         self._host_set = frozenset(topo.hosts)
         self._bw = topo.bandwidth_bps.tolist()
         self._lat = topo.latency_s.tolist()
