@@ -112,3 +112,28 @@ def test_links_many_takes_the_same_paths_as_path(topo):
     table = Routing(topo, seed=11).links_many(src, dst, keys, chunk=700)
     for row, s, d, k in zip(table.tolist(), src.tolist(), dst.tolist(), keys.tolist(), strict=True):
         assert tuple(x for x in row if x >= 0) == routing.path(s, d, k).links
+
+
+def test_max_bdp_bytes_is_the_largest_over_the_paths_path_takes():
+    """The vectorised BDP (routed with links_many) equals a loop over Routing.path, to the bit,
+    on healthy and degraded rail and fat-tree topologies; the answer is kept on the routing."""
+    from m4ray.sim.failures import GrayFailure
+    from m4ray.sim.ns3.transports import max_bdp_bytes
+    from m4ray.sim.topologies import FatTreeSpec, RailClusterSpec
+
+    for topo in (
+        RailClusterSpec().build(),
+        GrayFailure(n_degraded=8, reduction=4).apply(RailClusterSpec().build()),
+        GrayFailure(n_degraded=2, reduction=7).apply(FatTreeSpec(k=4).build()),
+    ):
+        routing = Routing(topo, seed=3, wire=WireFormat(mtu_bytes=8948, header_bytes=54))
+        packet = 8948 + 54
+        best = 0.0
+        for src in topo.hosts:
+            for dst in topo.hosts:
+                if dst != src:
+                    path = routing.path(src, dst)
+                    rtt = 2 * path.latency_s + (packet + 64) * 8 * path.inverse_bw_sum
+                    best = max(best, path.bottleneck_bps * rtt / 8)
+        assert max_bdp_bytes(routing, 64) == best
+        assert routing.memo[("max_bdp_bytes", 64)] == best
