@@ -257,7 +257,9 @@ def test_engine_initial_flow_states_are_the_models(model):
     (graph,) = pending.graphs  # flows 0 and 4 share link 0: one component, listed first
     assert pending.flow_ids == [0, 4, 1, 2, 3]
     order = torch.tensor(pending.flow_ids)
-    torch.testing.assert_close(graph.h_flow, expected[order].double(), rtol=1e-7, atol=1e-7)
+    torch.testing.assert_close(
+        torch.as_tensor(graph.h_flow), expected[order].double(), rtol=1e-7, atol=1e-7
+    )
 
 
 def test_a_shared_stepper_steps_alone_outside_a_group_and_fails_every_member_on_error(model):

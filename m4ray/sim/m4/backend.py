@@ -100,7 +100,8 @@ class M4Config:
 
     ``checkpoint``: a name under ``checkpoints/`` or a directory; ``window_us``: when updates
     happen (module docstring); ``network``: the ns-3 network/CC settings the model is asked to
-    imitate (its params13); ``threads``: torch intra-op threads (1 is fastest for small graphs);
+    imitate (its params13); ``threads``: BLAS threads of the process running the numpy step
+    (1 is fastest for small graphs; 0 leaves them);
     ``max_flows_per_step``: cap on flows in one forward pass; ``share_steps``: a sweep task runs
     up to this many m4 scenarios together in one process, their updates batched into shared
     forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone."""
@@ -126,14 +127,12 @@ class M4Config:
         return ("m4", self.checkpoint, self.max_flows_per_step, self.threads), self.share_steps
 
     def _stepper(self):
-        """A stepper of its own over the checkpoint's model (torch threads set)."""
-        import torch
+        """A stepper of its own over the checkpoint's model: the numpy step
+        (:mod:`m4ray.sim.m4.numpy_step`; this process never imports torch for it)."""
+        from m4ray.sim.m4.numpy_step import NumpyStepper, load_numpy_model
 
-        from m4ray.sim.m4.step import LocalStepper
-
-        if self.threads > 0:
-            torch.set_num_threads(self.threads)
-        return LocalStepper(load_model(self.checkpoint), max_flows=self.max_flows_per_step)
+        model = load_numpy_model(str(checkpoint_dir(self.checkpoint)))
+        return NumpyStepper(model, max_flows=self.max_flows_per_step, threads=self.threads)
 
     def shared_stepper(self) -> SharedStepper:
         """The stepper a group of this config's scenarios shares (see :meth:`group`)."""

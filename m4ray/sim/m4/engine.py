@@ -25,16 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.flowsim import Window
 from m4ray.sim.m4 import fluid as core
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.fluid import Fluid
-from m4ray.sim.m4.step import StepGraph, StepOut
+from m4ray.sim.m4.graph import StepGraph, StepOut
+from m4ray.sim.m4.numpy_step import initial_link_state
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.train.model import ModelConfig, initial_link_state
+from m4ray.train.config import ModelConfig
 
 Stepper = Callable[[list[StepGraph]], list[StepOut]]
 
@@ -99,9 +99,9 @@ class M4Engine:
         self.routing = routing
         self.cfg = model_cfg
         self.stepper = stepper
-        self.params = torch.tensor(params13, dtype=torch.float64).reshape(1, -1)
-        bw = torch.tensor(np.asarray(link_bandwidth_bps), dtype=torch.float64)
-        self._link_init = initial_link_state(model_cfg, bw).double().numpy()
+        self.params = np.asarray(params13, dtype=np.float64).reshape(1, -1)
+        bw = np.asarray(link_bandwidth_bps, dtype=np.float64)
+        self._link_init = initial_link_state(model_cfg, bw)
         self._h_link = self._link_init.copy()
         self._capacity = np.asarray(link_bandwidth_bps, dtype=np.float64).copy()
         self._fluid = Fluid(0, hold=model_cfg.fluid_hold) if model_cfg.fluid else None
@@ -241,8 +241,7 @@ class M4Engine:
         takes it now, a busy one when it next goes idle. The fluid anchor's max-min rates use
         the new rate from the link's component's next update on."""
         self._capacity[link] = bandwidth_bps
-        bw = torch.tensor([float(bandwidth_bps)], dtype=torch.float64)
-        row = initial_link_state(self.cfg, bw)[0].double().numpy()
+        row = initial_link_state(self.cfg, np.array([float(bandwidth_bps)]))[0]
         self._link_init[link] = row
         if self._users[link] == 0:
             self._h_link[link] = row
@@ -302,15 +301,15 @@ class M4Engine:
     ) -> StepGraph:
         """The step's graph of ``rows`` and ``links`` (arrays) with per-component Δt."""
         return StepGraph(
-            h_flow=torch.from_numpy(self._h_flow[rows]),
-            h_link=torch.from_numpy(self._h_link[links]),
-            dt_flow_us=torch.from_numpy(np.repeat(dt, n_flows)),
-            dt_link_us=torch.from_numpy(np.repeat(dt, n_links)),
-            incidence=torch.from_numpy(incidence),
-            params=self.params.expand(len(rows), -1),
-            n_links=torch.from_numpy(plen),
-            base=None if base is None else torch.as_tensor(base),
-            fluid=None if fluid is None else torch.as_tensor(fluid),
+            h_flow=self._h_flow[rows],
+            h_link=self._h_link[links],
+            dt_flow_us=np.repeat(dt, n_flows),
+            dt_link_us=np.repeat(dt, n_links),
+            incidence=incidence,
+            params=np.repeat(self.params, len(rows), axis=0),
+            n_links=plen,
+            base=base,
+            fluid=fluid,
         )
 
     def _write_back(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
@@ -318,11 +317,11 @@ class M4Engine:
         if len(outs) != len(pending.graphs):
             raise SimulationError(f"{len(outs)} step outputs for {len(pending.graphs)} graphs")
         (out,) = outs
-        self._h_flow[pending.rows] = out.h_flow.numpy()
-        self._h_link[pending.links] = out.h_link.numpy()
+        self._h_flow[pending.rows] = np.asarray(out.h_flow)
+        self._h_link[pending.links] = np.asarray(out.h_link)
         self.n_updates += len(pending.comps)
         self.n_stepped_flows += len(pending.rows)
-        return out.slowdown.numpy()
+        return np.asarray(out.slowdown)
 
     def finish(self, pending: Pending, outs: list[StepOut]) -> dict[int, float]:
         """Write back the stepper's ``outs`` for ``pending``; predicted completion per flow."""
@@ -524,8 +523,7 @@ class NativeM4Engine(M4Engine):
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
         self._capacity[link] = bandwidth_bps
-        bw = torch.tensor([float(bandwidth_bps)], dtype=torch.float64)
-        self._link_init[link] = initial_link_state(self.cfg, bw)[0].double().numpy()
+        self._link_init[link] = initial_link_state(self.cfg, np.array([float(bandwidth_bps)]))[0]
         if self._lib.m4ray_engine_users(self._core, link) == 0:
             self._h_link[link] = self._link_init[link]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import greenlet
 
-from m4ray.sim.m4.step import LocalStepper, StepGraph, StepOut
+from m4ray.sim.m4.graph import StepGraph, StepOut
 
 # The shared stepper of the simulation running in this greenlet (set by simulate_together; read
 # by M4Config.build). None: each backend steps alone.
@@ -54,7 +54,7 @@ class SharedStepper:
     simulation's greenlet, it suspends that simulation until the round's batched step; called
     from anywhere else, it steps alone."""
 
-    def __init__(self, stepper: LocalStepper) -> None:
+    def __init__(self, stepper: Callable[[list[StepGraph]], list[StepOut]]) -> None:
         self.stepper = stepper
         self._scheduler: greenlet.greenlet | None = None
         self.n_passes = 0  # batched steps run

@@ -14,44 +14,12 @@ back; the model deployment in ``m4ray.serve`` calls the same :func:`step`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
+from m4ray.sim.m4.graph import StepGraph, StepOut, chunks
 from m4ray.train.model import M4Model
-
-
-@dataclass(kw_only=True, slots=True)
-class StepGraph:
-    """Flows and links to update (one or more components of one simulation): ``h_flow [F, H]``,
-    ``h_link [L, H]``, the Δt of each since its component's last update ``dt_flow_us [F]`` and
-    ``dt_link_us [L]`` (µs), ``incidence [2, E]`` local (flow row, link row) pairs,
-    ``params [F, P]``, ``n_links [F]``; for a model with the fluid anchor, flowSim's view of
-    the flows (:mod:`m4ray.sim.m4.fluid`): ``base [F]`` and ``fluid [F, 3]``."""
-
-    h_flow: torch.Tensor
-    h_link: torch.Tensor
-    dt_flow_us: torch.Tensor
-    dt_link_us: torch.Tensor
-    incidence: torch.Tensor
-    params: torch.Tensor
-    n_links: torch.Tensor
-    base: torch.Tensor | None = None
-    fluid: torch.Tensor | None = None
-
-    @property
-    def n_flows(self) -> int:
-        return len(self.h_flow)
-
-
-@dataclass(kw_only=True, slots=True)
-class StepOut:
-    """New states of a :class:`StepGraph`'s rows and each flow's slowdown ``[F]`` (≥ 1)."""
-
-    h_flow: torch.Tensor
-    h_link: torch.Tensor
-    slowdown: torch.Tensor
 
 
 def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
@@ -63,23 +31,24 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
     flow_off = [0, *accumulate(n_flow)]
     link_off = [0, *accumulate(n_link)]
     dtype = model.gru_time.weight_hh.dtype  # float64 from load_model; states follow it
-    h_flow = torch.cat([g.h_flow for g in graphs]).to(dtype)
-    h_link = torch.cat([g.h_link for g in graphs]).to(dtype)
-    dt_flow = torch.cat([g.dt_flow_us for g in graphs]).to(dtype)
-    dt_link = torch.cat([g.dt_link_us for g in graphs]).to(dtype)
-    incidence = torch.cat([g.incidence for g in graphs], dim=1)
+    t = torch.as_tensor  # graphs carry numpy arrays (the engine's) or tensors
+    h_flow = torch.cat([t(g.h_flow) for g in graphs]).to(dtype)
+    h_link = torch.cat([t(g.h_link) for g in graphs]).to(dtype)
+    dt_flow = torch.cat([t(g.dt_flow_us) for g in graphs]).to(dtype)
+    dt_link = torch.cat([t(g.dt_link_us) for g in graphs]).to(dtype)
+    incidence = torch.cat([t(g.incidence) for g in graphs], dim=1)
     if len(graphs) > 1:  # each graph's local rows, shifted to its place in the union
         n_edges = torch.tensor([g.incidence.shape[1] for g in graphs])
         shift = torch.tensor([flow_off[:-1], link_off[:-1]]).repeat_interleave(n_edges, dim=1)
         incidence = incidence + shift
-    params = torch.cat([g.params for g in graphs]).to(dtype)
-    n_links = torch.cat([g.n_links for g in graphs])
+    params = torch.cat([t(g.params) for g in graphs]).to(dtype)
+    n_links = torch.cat([t(g.n_links) for g in graphs])
     base = fluid = None
     if model.cfg.fluid:
         if any(g.fluid is None for g in graphs):
             raise ValueError("this m4 model is fluid-anchored: every graph needs base and fluid")
-        base = torch.cat([g.base for g in graphs]).to(dtype)
-        fluid = torch.cat([g.fluid for g in graphs]).to(dtype)
+        base = torch.cat([t(g.base) for g in graphs]).to(dtype)
+        fluid = torch.cat([t(g.fluid) for g in graphs]).to(dtype)
     with torch.inference_mode():
         h_flow, h_link = model.time_step(h_flow, h_link, dt_flow, dt_link)
         h_flow, h_link = model.spatial_step(h_flow, h_link, incidence, params, fluid)
@@ -92,19 +61,6 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
         )
         for i in range(len(graphs))
     ]
-
-
-def chunks(graphs: list[StepGraph], max_flows: int) -> list[list[StepGraph]]:
-    """Split ``graphs`` (in order) into runs of at most ``max_flows`` flows (a big one alone)."""
-    out: list[list[StepGraph]] = [[]]
-    total = 0
-    for g in graphs:
-        if out[-1] and total + g.n_flows > max_flows:
-            out.append([])
-            total = 0
-        out[-1].append(g)
-        total += g.n_flows
-    return [c for c in out if c]
 
 
 class LocalStepper:

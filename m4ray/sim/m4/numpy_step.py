@@ -1,0 +1,294 @@
+"""The m4 neural step in numpy: the in-process backend's forward pass, without torch.
+
+The same arithmetic as :func:`m4ray.sim.m4.step.step` over :class:`~m4ray.train.model.M4Model`
+(GRU time cells, GraphSAGE layers with sum aggregation and LayerNorm, GRU rate cells, the
+slowdown head, clamped at 1), in float64 from the checkpoint's float32 weights, as
+:func:`~m4ray.sim.m4.backend.load_model` runs torch. Why: a sweep task's m4 scenarios then never
+import torch (~1.3 s per worker process), and numpy's per-operation cost is a few µs where
+torch's is ~10, which is most of a small graph's step. The torch step stays the reference (a
+test holds the two within 1e-12) and what Serve and training run.
+
+Neighbour sums add each node's messages in edge order (a stable sort by target, then
+``np.add.reduceat``), as torch's ``index_add_`` does, so they do not depend on the other graphs
+of a batch. Matrix products may round by the last bit differently with the batch's shape (the
+BLAS kernels), as torch's do; in float64 that is far below the picosecond the engine rounds
+predicted times to (see ``load_model``), so grouped and alone answer alike (the sweep bench and
+the fan-out test check it flow by flow).
+
+Weights are read from the checkpoint's ``model.pt`` once per content and kept as ``.npz`` in
+the native cache (:func:`m4ray.native.cache_dir`); only that first read imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+
+from m4ray import native
+from m4ray.errors import InputError
+from m4ray.sim.m4.graph import StepGraph, StepOut, chunks
+from m4ray.train.config import ModelConfig
+
+_LN_EPS = 1e-5  # torch.nn.LayerNorm's default
+
+
+def initial_link_state(cfg: ModelConfig, bandwidth_bps: np.ndarray) -> np.ndarray:
+    """:func:`m4ray.train.model.initial_link_state` in numpy, as float64 ``[L, H]``: float32
+    arithmetic as there, the log2 taken in float64 and rounded (numpy's float32 log2 differs
+    from torch's by an ulp on 1.4 % of random rates, this on 0.01 %; a test holds the two equal
+    on every rate the templates and gray failures make)."""
+    bw = np.asarray(bandwidth_bps, dtype=np.float64)
+    h = np.zeros((len(bw), cfg.hidden), dtype=np.float32)
+    h[:, 1] = 1.0
+    if cfg.link_bandwidth:
+        ratio = bw.astype(np.float32) / np.float32(10e9)
+        h[:, 2] = np.float32(1.0) + np.log2(ratio.astype(np.float64)).astype(np.float32)
+    else:
+        h[:, 2] = 1.0
+    return h.astype(np.float64)
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h, g, p = cfg.hidden, cfg.gnn_hidden, cfg.n_params
+    dims = [h] + [g] * (cfg.gnn_layers - 1) + [h]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, (a, b) in enumerate(pairwise(dims)):
+        shapes |= {
+            f"gnn.{i}.lin.weight": (a, a),
+            f"gnn.{i}.lin.bias": (a,),
+            f"gnn.{i}.lin_l.weight": (b, a),
+            f"gnn.{i}.lin_l.bias": (b,),
+            f"gnn.{i}.lin_r.weight": (b, a),
+            f"gnn.{i}.norm.weight": (b,),
+            f"gnn.{i}.norm.bias": (b,),
+        }
+    for name, d_in in (
+        ("gru_time", 1),
+        ("gru_time_link", 1),
+        ("gru_rate", h + p + cfg.n_fluid),
+        ("gru_rate_link", h),
+    ):
+        shapes |= {
+            f"{name}.weight_ih": (3 * h, d_in),
+            f"{name}.weight_hh": (3 * h, h),
+            f"{name}.bias_ih": (3 * h,),
+            f"{name}.bias_hh": (3 * h,),
+        }
+    d_head = 1 + p + cfg.n_fluid + h
+    shapes |= {
+        "head.0.weight": (h, d_head),
+        "head.0.bias": (h,),
+        "head.3.weight": (1, h),
+        "head.3.bias": (1,),
+    }
+    return shapes
+
+
+def _weights_npz(directory: Path) -> Path:
+    """The checkpoint's weights as float64 ``.npz`` in the cache (written once per content)."""
+    source = directory / "model.pt"
+    if not source.exists():
+        raise InputError(
+            f"{source}: no such file (a checkpoint holds model.pt)", field="checkpoint"
+        )
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = native.cache_dir() / "weights" / f"m4-{digest}.npz"
+    if target.exists():
+        return target
+    import torch  # the one place the numpy step needs it: reading model.pt the first time
+
+    state = torch.load(source, map_location="cpu", weights_only=True)
+    arrays = {k: v.detach().double().numpy() for k, v in state.items()}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".npz")
+    os.close(fd)
+    np.savez(tmp, **arrays)
+    Path(tmp).replace(target)  # atomic: concurrent workers race harmlessly
+    return target
+
+
+class NumpyModel:
+    """The m4 weights (float64 arrays, transposed for ``x @ W``) and the step over them."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray]) -> None:
+        self.cfg = cfg
+        for name, shape in _expected_shapes(cfg).items():
+            if name not in weights:
+                raise InputError(f"the checkpoint has no weight '{name}'", field="model.pt")
+            if tuple(weights[name].shape) != shape:
+                raise InputError(
+                    f"weight '{name}' has shape {tuple(weights[name].shape)}, the config "
+                    f"builds {shape}",
+                    field="model.pt",
+                )
+        self.w = {
+            k: np.ascontiguousarray(np.asarray(v, dtype=np.float64).T)
+            if k.endswith(("weight", "weight_ih", "weight_hh")) and "norm" not in k
+            else np.asarray(v, dtype=np.float64)
+            for k, v in weights.items()
+        }
+
+    @classmethod
+    def load(cls, directory: str | Path) -> NumpyModel:
+        directory = Path(directory)
+        info = json.loads((directory / "model.json").read_text())
+        cfg = ModelConfig(**info["model"])
+        with np.load(_weights_npz(directory)) as data:
+            return cls(cfg, {k: data[k] for k in data.files})
+
+    # ------------------------------------------------------------ pieces
+    def _linear(self, name: str, x: np.ndarray, bias: bool = True) -> np.ndarray:
+        y = x @ self.w[f"{name}.weight"]
+        if bias:
+            y += self.w[f"{name}.bias"]
+        return y
+
+    def _gru(self, name: str, x: np.ndarray, h: np.ndarray) -> np.ndarray:
+        w = self.w
+        gi = x @ w[f"{name}.weight_ih"]
+        gi += w[f"{name}.bias_ih"]
+        gh = h @ w[f"{name}.weight_hh"]
+        gh += w[f"{name}.bias_hh"]
+        n_h = h.shape[1]
+        r = _sigmoid(gi[:, :n_h] + gh[:, :n_h])
+        z = _sigmoid(gi[:, n_h : 2 * n_h] + gh[:, n_h : 2 * n_h])
+        n = np.tanh(gi[:, 2 * n_h :] + r * gh[:, 2 * n_h :])
+        return (1 - z) * n + z * h
+
+    def _timed(self, name: str, h: np.ndarray, dt: np.ndarray) -> np.ndarray:
+        moving = dt > 0
+        if not moving.any():
+            return h
+        return np.where(moving[:, None], self._gru(name, dt[:, None], h), h)
+
+    def _sage(self, i: int, x: np.ndarray, sources, targets, starts) -> np.ndarray:
+        """One GraphSAGE layer; edge ``k`` (sorted by target) carries ``sources[k]``'s
+        message; ``targets`` / ``starts``: each target node and its first edge."""
+        messages = np.maximum(self._linear(f"gnn.{i}.lin", x), 0.0)
+        aggregated = np.zeros_like(x)
+        if len(sources):
+            aggregated[targets] = np.add.reduceat(messages[sources], starts, axis=0)
+        y = self._linear(f"gnn.{i}.lin_l", aggregated) + self._linear(
+            f"gnn.{i}.lin_r", x, bias=False
+        )
+        mean = y.mean(axis=1, keepdims=True)
+        var = ((y - mean) ** 2).mean(axis=1, keepdims=True)
+        return (y - mean) / np.sqrt(var + _LN_EPS) * self.w[f"gnn.{i}.norm.weight"] + self.w[
+            f"gnn.{i}.norm.bias"
+        ]
+
+    # ------------------------------------------------------------ the step
+    def step(self, graphs: list[StepGraph]) -> list[StepOut]:
+        """:func:`m4ray.sim.m4.step.step` in numpy: ``graphs`` advanced in one pass."""
+        if not graphs:
+            return []
+        cfg = self.cfg
+        n_flow = [len(g.h_flow) for g in graphs]
+        n_link = [len(g.h_link) for g in graphs]
+        flow_off = np.cumsum([0, *n_flow])
+        link_off = np.cumsum([0, *n_link])
+        cat = np.concatenate
+        h_flow = cat([np.asarray(g.h_flow, dtype=np.float64) for g in graphs])
+        h_link = cat([np.asarray(g.h_link, dtype=np.float64) for g in graphs])
+        dt_flow = cat([np.asarray(g.dt_flow_us, dtype=np.float64) for g in graphs])
+        dt_link = cat([np.asarray(g.dt_link_us, dtype=np.float64) for g in graphs])
+        incidence = cat(
+            [
+                np.asarray(g.incidence, dtype=np.int64)
+                + np.array([[flow_off[i]], [link_off[i]]], dtype=np.int64)
+                for i, g in enumerate(graphs)
+            ],
+            axis=1,
+        )
+        params = cat([np.asarray(g.params, dtype=np.float64) for g in graphs])
+        n_links = cat([np.asarray(g.n_links) for g in graphs]).astype(np.float64)
+        fluid = base = None
+        if cfg.fluid:
+            if any(g.fluid is None for g in graphs):
+                raise ValueError(
+                    "this m4 model is fluid-anchored: every graph needs base and fluid"
+                )
+            base = cat([np.asarray(g.base, dtype=np.float64) for g in graphs])
+            fluid = cat([np.asarray(g.fluid, dtype=np.float64) for g in graphs])
+
+        h_flow = self._timed("gru_time", h_flow, dt_flow)
+        h_link = self._timed("gru_time_link", h_link, dt_link)
+        n_f = len(h_flow)
+        flow, link = incidence[0], incidence[1] + n_f
+        src, dst = cat([flow, link]), cat([link, flow])
+        order = np.argsort(dst, kind="stable")  # each node's edges in edge order
+        sorted_dst = dst[order]
+        first = np.flatnonzero(np.r_[True, sorted_dst[1:] != sorted_dst[:-1]]) if len(dst) else []
+        targets = sorted_dst[first] if len(dst) else np.zeros(0, dtype=np.int64)
+        source_rows = src[order]
+        x = cat([h_flow, h_link])
+        for i in range(cfg.gnn_layers):
+            x = self._sage(i, x, source_rows, targets, first)
+        rate_in = [x[:n_f], params] + ([fluid] if cfg.fluid else [])
+        new_flow = self._gru("gru_rate", cat(rate_in, axis=1), h_flow)
+        new_link = self._gru("gru_rate_link", x[n_f:], h_link)
+        parts = [n_links[:, None], params] + ([fluid] if cfg.fluid else []) + [new_flow]
+        hidden = np.maximum(self._linear("head.0", cat(parts, axis=1)), 0.0)
+        out = self._linear("head.3", hidden)[:, 0]
+        slowdown = np.maximum(base * (1 + out) if cfg.fluid else out, 1.0)
+        return [
+            StepOut(
+                h_flow=new_flow[flow_off[i] : flow_off[i + 1]],
+                h_link=new_link[link_off[i] : link_off[i + 1]],
+                slowdown=slowdown[flow_off[i] : flow_off[i + 1]],
+            )
+            for i in range(len(graphs))
+        ]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@functools.lru_cache(maxsize=4)
+def load_numpy_model(directory: str) -> NumpyModel:
+    """The checkpoint in ``directory`` as a :class:`NumpyModel`, loaded once per process."""
+    return NumpyModel.load(directory)
+
+
+@functools.cache
+def limit_blas_threads(threads: int) -> None:
+    """Cap this process's BLAS threads (once per value; 0 leaves them). A step's products are
+    small: with two OpenBLAS threads on 2 cores the default sweep's m4 took 196 ms per scenario,
+    with one 121 ms (Ray workers already get one through ``OMP_NUM_THREADS``)."""
+    if threads > 0:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads, user_api="blas")
+
+
+class NumpyStepper:
+    """Runs the numpy step in this process (the in-process backend's stepper); ``threads``:
+    the process's BLAS threads (:func:`limit_blas_threads`)."""
+
+    def __init__(self, model: NumpyModel, *, max_flows: int = 4096, threads: int = 1) -> None:
+        self.model = model
+        self.max_flows = max_flows
+        limit_blas_threads(threads)
+
+    def __call__(self, graphs: list[StepGraph]) -> list[StepOut]:
+        out: list[StepOut] = []
+        for chunk in chunks(graphs, self.max_flows):
+            out += self.model.step(chunk)
+        return out
+
+
+__all__ = [
+    "NumpyModel",
+    "NumpyStepper",
+    "initial_link_state",
+    "limit_blas_threads",
+    "load_numpy_model",
+]

@@ -1,0 +1,139 @@
+"""The m4 step in numpy (the in-process backend's) against the torch step (the reference, which
+Serve and training run): same states and slowdowns to float64 rounding, from the same
+checkpoint; and a sweep's m4 scenario never imports torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from m4ray.errors import InputError
+from m4ray.sim.m4.backend import checkpoint_dir, load_model
+from m4ray.sim.m4.graph import StepGraph
+from m4ray.sim.m4.numpy_step import NumpyModel, initial_link_state, load_numpy_model
+from m4ray.sim.m4.step import step
+from m4ray.train import model as torch_model
+from m4ray.train.checkpoint import export
+from m4ray.train.model import M4Model, ModelConfig
+
+
+def _graphs(cfg: ModelConfig, rng, sizes) -> list[StepGraph]:
+    out = []
+    for n_flow, n_link in sizes:
+        per = int(rng.integers(1, min(n_link, 4) + 1))
+        inc = np.stack(
+            [
+                np.repeat(np.arange(n_flow), per),
+                np.concatenate([rng.choice(n_link, per, replace=False) for _ in range(n_flow)]),
+            ]
+        )
+        dt_flow = rng.uniform(0, 5, n_flow) * (rng.random(n_flow) > 0.3)  # some rows Δt = 0
+        out.append(
+            StepGraph(
+                h_flow=rng.normal(size=(n_flow, cfg.hidden)),
+                h_link=rng.normal(size=(n_link, cfg.hidden)),
+                dt_flow_us=dt_flow,
+                dt_link_us=rng.uniform(0, 5, n_link),
+                incidence=inc,
+                params=rng.random((n_flow, cfg.n_params)),
+                n_links=np.full(n_flow, per),
+                base=rng.uniform(1, 3, n_flow) if cfg.fluid else None,
+                fluid=rng.normal(size=(n_flow, 3)) if cfg.fluid else None,
+            )
+        )
+    return out
+
+
+def _trained_like(fluid: bool) -> M4Model:
+    torch.manual_seed(1)
+    cfg = ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=fluid)
+    model = M4Model(cfg)
+    with torch.no_grad():
+        model.head[-1].weight.normal_(0, 0.3)
+        model.head[-1].bias.fill_(0.2 if fluid else 2.0)
+    return model.double().eval()
+
+
+def _assert_same(torch_outs, numpy_outs) -> None:
+    assert len(torch_outs) == len(numpy_outs)
+    for a, b in zip(torch_outs, numpy_outs, strict=True):
+        for name in ("h_flow", "h_link", "slowdown"):
+            np.testing.assert_allclose(
+                getattr(b, name), getattr(a, name).numpy(), rtol=1e-12, atol=1e-12
+            )
+
+
+@pytest.mark.parametrize("fluid", [True, False], ids=["fluid", "m4"])
+def test_the_numpy_step_equals_the_torch_step(fluid, tmp_path, monkeypatch):
+    """Several graphs in one pass (rows with Δt 0, links shared by many flows), through a real
+    exported checkpoint: states and slowdowns within 1e-12 of torch's."""
+    monkeypatch.setenv("M4RAY_CACHE_DIR", str(tmp_path / "cache"))
+    model = _trained_like(fluid)
+    directory = export(model.float(), tmp_path / "ckpt", {}, "card")
+    reference = load_model.__wrapped__(str(directory))  # float64, as the backend ran torch
+    numpy_model = NumpyModel.load(directory)
+    assert list((tmp_path / "cache").rglob("m4-*.npz"))  # the weights were cached once
+    rng = np.random.default_rng(0)
+    graphs = _graphs(model.cfg, rng, [(3, 4), (1, 2), (30, 9), (5, 5)])
+    outs = numpy_model.step(graphs)
+    _assert_same(step(reference, graphs), outs)
+    assert all((o.slowdown >= 1).all() for o in outs)
+    assert len({float(x) for o in outs for x in o.slowdown}) > 10  # not all clamped
+    for g, together in zip(graphs, outs, strict=True):  # alone = in the batch, to rounding
+        (alone,) = numpy_model.step([g])
+        np.testing.assert_allclose(alone.slowdown, together.slowdown, rtol=1e-13)
+        np.testing.assert_allclose(alone.h_flow, together.h_flow, rtol=1e-12, atol=1e-13)
+
+
+def test_the_shipped_checkpoint_steps_alike_in_numpy_and_torch():
+    directory = str(checkpoint_dir("m4-v2"))
+    numpy_model, reference = load_numpy_model(directory), load_model("m4-v2")
+    graphs = _graphs(numpy_model.cfg, np.random.default_rng(5), [(12, 10), (2, 3), (60, 25)])
+    _assert_same(step(reference, graphs), numpy_model.step(graphs))
+
+
+def test_initial_link_states_equal_the_models():
+    cfg = ModelConfig(hidden=8)
+    rates = np.array([10e9, 25e9, 40e9, 100e9, 200e9, 400e9, 2400e9, 3200e9, 1.6e12])
+    rates = np.concatenate([rates, *(rates // r for r in range(2, 11))])
+    want = torch_model.initial_link_state(cfg, torch.tensor(rates, dtype=torch.float64))
+    np.testing.assert_array_equal(initial_link_state(cfg, rates), want.double().numpy())
+
+
+def test_a_checkpoint_with_a_missing_or_misshapen_weight_is_rejected(tmp_path, monkeypatch):
+    monkeypatch.setenv("M4RAY_CACHE_DIR", str(tmp_path / "cache"))
+    model = _trained_like(True)
+    weights = {k: v.numpy() for k, v in model.state_dict().items()}
+    with pytest.raises(InputError, match=r"no weight .head\.3\.bias."):
+        NumpyModel(model.cfg, {k: v for k, v in weights.items() if k != "head.3.bias"})
+    weights["gru_rate.weight_ih"] = weights["gru_rate.weight_ih"][:, :-1]
+    with pytest.raises(InputError, match=r"'gru_rate.weight_ih' has shape \(48, 31\)"):
+        NumpyModel(model.cfg, weights)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "model.json").write_text(json.dumps({"model": {}}))
+    with pytest.raises(InputError, match=r"model\.pt: no such file"):
+        NumpyModel.load(tmp_path / "empty")
+
+
+def test_an_m4_scenario_in_process_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from m4ray.sim.scenario import Scenario, simulate\n"
+        "from m4ray.sim.failures import GrayFailure\n"
+        "from m4ray.sim.m4 import M4Config\n"
+        "from m4ray.sim.simai import SimAIWorkloadSpec\n"
+        "s = Scenario(failure=GrayFailure(n_degraded=4, reduction=4),\n"
+        "    workload=SimAIWorkloadSpec(path='microAllReduce', scale=0.01),\n"
+        "    backend='m4', backend_config=M4Config())\n"
+        "row, _ = simulate(s)\n"
+        "assert row['status'] == 'ok', row['error']\n"
+        "print('torch' in sys.modules)\n"
+    )
+    load_numpy_model(str(checkpoint_dir("m4-v2")))  # its weights are in the cache now
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
