@@ -15,7 +15,8 @@ Semantics follow the standalone m4 engine (``reference/m4.md`` §7) and our trai
 
 The engine has no clock: the caller says when things happen (:class:`M4Backend` in-process, or
 the Serve session API). The neural work goes through ``stepper(graphs) -> outs`` in one call per
-update (:class:`~m4ray.sim.m4.step.LocalStepper` or the Serve model deployment); ``prepare`` /
+update (:class:`~m4ray.sim.m4.numpy_step.NumpyStepper` in-process, the torch
+:class:`~m4ray.sim.m4.step.LocalStepper`, or the Serve model deployment); ``prepare`` /
 ``finish`` split an update around a remote call.
 """
 
