@@ -10,7 +10,6 @@ backend's name.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -46,10 +45,21 @@ class EventQueue:
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
+        self._seq = 0
 
     def push(self, t: float, fn: Callable[[], None]) -> None:
-        heapq.heappush(self._heap, (t, next(self._seq), fn))
+        heapq.heappush(self._heap, (t, self._seq, fn))
+        self._seq += 1
+
+    def reserve(self, n: int) -> int:
+        """The first of ``n`` insertion ranks set aside now, for :meth:`push_ranked` later: an
+        event pushed with one of them sorts as if it had been pushed now."""
+        first = self._seq
+        self._seq += n
+        return first
+
+    def push_ranked(self, t: float, rank: int, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (t, rank, fn))
 
     def peek_time(self) -> float:
         return self._heap[0][0] if self._heap else float("inf")

@@ -172,6 +172,16 @@ def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routi
     )
 
 
+class _Batch:
+    """One update's predicted completions in time order, and the next one to run (``i``)."""
+
+    __slots__ = ("flows", "i", "ranks", "times", "versions")
+
+    def __init__(self, times, flows, versions, ranks) -> None:
+        self.times, self.flows, self.versions, self.ranks = times, flows, versions, ranks
+        self.i = 0
+
+
 class M4Backend(QueueClock):
     """Event-driven clock around an m4 engine, implementing ``NetworkBackend`` (seconds)."""
 
@@ -226,8 +236,44 @@ class M4Backend(QueueClock):
         self._apply(self.engine.update(self._now))
 
     def _apply(self, predictions: dict[int, float]) -> None:
-        for flow_id, t in predictions.items():
-            self._at(flow_id, t)
+        """Schedule an update's predicted completions as one batch: the flows in time order,
+        each at the insertion rank its own event would have had (:meth:`EventQueue.reserve`),
+        and only the next one in the queue at a time. Same order of events as one event per
+        flow, without a heap entry per flow and update (a component of thousands of flows,
+        an all-to-all at scale, is updated at every completion)."""
+        if not predictions:
+            return
+        flows = list(predictions)
+        now = self._now
+        times = [max(t, now) for t in predictions.values()]
+        version = self._version
+        for flow_id in flows:
+            version[flow_id] += 1
+        first = self.events.reserve(len(flows))
+        order = sorted(range(len(flows)), key=times.__getitem__)  # stable: ties by rank
+        batch = _Batch(
+            [times[i] for i in order],
+            [flows[i] for i in order],
+            [version[flows[i]] for i in order],
+            [first + i for i in order],
+        )
+        self._next_in(batch)
+
+    def _next_in(self, batch: _Batch) -> None:
+        """Queue ``batch``'s next completion that is still current (a later update may have
+        superseded the others: they would do nothing)."""
+        version, i = self._version, batch.i
+        while i < len(batch.flows) and version.get(batch.flows[i]) != batch.versions[i]:
+            i += 1
+        batch.i = i
+        if i < len(batch.flows):
+            self.events.push_ranked(batch.times[i], batch.ranks[i], lambda: self._fire(batch))
+
+    def _fire(self, batch: _Batch) -> None:
+        i = batch.i
+        batch.i = i + 1
+        self._finish(batch.flows[i], batch.versions[i])
+        self._next_in(batch)
 
     def _at(self, flow_id: int, t: float) -> None:
         version = self._version[flow_id] = self._version[flow_id] + 1
