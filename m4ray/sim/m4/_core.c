@@ -138,14 +138,17 @@ out:
     return rc;
 }
 
-/* Fluid._share: max-min rates of the rows with bits left (0 for the others) into rate[n]. */
-static int share(fluid *s, int64_t n, const int64_t *rows, const double *left, const int64_t *off,
-                 const int64_t *idx, const double *capacity, int64_t *slot, double *rate) {
+/* Fluid._share: max-min rates of the rows with bits left (0 for the others) into rate[n].
+ * Flow i is row rows[i] with the links of CSR entry pos[i] (pos NULL: entry i). */
+static int share(fluid *s, int64_t n, const int64_t *rows, const int64_t *pos,
+                 const double *left, const int64_t *off, const int64_t *idx,
+                 const double *capacity, int64_t *slot, double *rate) {
     int64_t *live = malloc(sizeof(int64_t) * (n + 1));
+    int64_t *sel = malloc(sizeof(int64_t) * (n + 1));
     double *caps = malloc(sizeof(double) * (n + 1));
     double *got = malloc(sizeof(double) * (n + 1));
     int rc = 0;
-    if (!live || !caps || !got) {
+    if (!live || !sel || !caps || !got) {
         rc = 2;
         goto out;
     }
@@ -154,45 +157,38 @@ static int share(fluid *s, int64_t n, const int64_t *rows, const double *left, c
         rate[i] = 0.0;
         if (left[i] > 0) {
             caps[m] = s->f[CAP][rows[i]];
+            sel[m] = pos ? pos[i] : i;
             live[m++] = i;
         }
     }
     if (m) {
-        rc = max_min(m, live, off, idx, capacity, caps, slot, got);
+        rc = max_min(m, sel, off, idx, capacity, caps, slot, got);
         if (!rc)
             for (int64_t j = 0; j < m; j++) rate[live[j]] = got[j];
     }
 out:
     free(live);
+    free(sel);
     free(caps);
     free(got);
     return rc;
 }
 
 /* Fluid._drain over rows `sub[0..n-1]` (indices into rows/off) last updated at `now`: they
- * drain at their rates, re-shared whenever one drains, until t. */
+ * drain at their rates, re-shared among themselves whenever one drains, until t. */
 static int drain(fluid *s, int64_t n, const int64_t *sub, const int64_t *rows, const int64_t *off,
                  const int64_t *idx, const double *capacity, int64_t *slot, double now,
                  double t) {
-    int64_t n_idx = 0;
-    for (int64_t i = 0; i < n; i++) n_idx += off[sub[i] + 1] - off[sub[i]];
     int64_t *r = malloc(sizeof(int64_t) * (n + 1));
-    int64_t *of = malloc(sizeof(int64_t) * (n + 1));
-    int64_t *ix = malloc(sizeof(int64_t) * (n_idx + 1));
     double *left = malloc(sizeof(double) * (n + 1));
     double *rate = malloc(sizeof(double) * (n + 1));
     double *to_go = malloc(sizeof(double) * (n + 1));
     int rc = 0;
-    if (!r || !of || !ix || !left || !rate || !to_go) {
+    if (!r || !left || !rate || !to_go) {
         rc = 2;
         goto out;
     }
-    /* the subset's own CSR, so share() sees exactly these flows in this order */
-    of[0] = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t a = off[sub[i]], b = off[sub[i] + 1];
-        memcpy(ix + of[i], idx + a, sizeof(int64_t) * (b - a));
-        of[i + 1] = of[i] + (b - a);
         r[i] = rows[sub[i]];
         left[i] = s->f[LEFT][r[i]];
         rate[i] = s->f[RATE][r[i]];
@@ -225,7 +221,7 @@ static int drain(fluid *s, int64_t n, const int64_t *sub, const int64_t *rows, c
                 left[i] = x > 0 ? x : 0.0;
             }
         }
-        rc = share(s, n, r, left, of, ix, capacity, slot, rate);
+        rc = share(s, n, r, sub, left, off, idx, capacity, slot, rate);
         if (rc) goto out;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -234,8 +230,6 @@ static int drain(fluid *s, int64_t n, const int64_t *sub, const int64_t *rows, c
     }
 out:
     free(r);
-    free(of);
-    free(ix);
     free(left);
     free(rate);
     free(to_go);
@@ -294,7 +288,7 @@ int m4ray_fluid_advance(double *state, int64_t n_rows, int64_t n, const int64_t 
         goto out;
     }
     for (int64_t i = 0; i < n; i++) left[i] = s.f[LEFT][rows[i]];
-    rc = share(&s, n, rows, left, off, idx, capacity, slot, rate);
+    rc = share(&s, n, rows, NULL, left, off, idx, capacity, slot, rate);
     if (rc) goto out;
     for (int64_t i = 0; i < n; i++) {
         int64_t r = rows[i];
