@@ -1,6 +1,6 @@
 """C sources compiled on first use with the system C compiler into a per-user cache named by the
 source's hash, and loaded with ctypes: the compiled twins of hot Python loops (m3's path flowSim,
-m4's fluid anchor). The Python loops stay the reference and the fallback: where no compiler is
+the m4 engine's core). The Python loops stay the reference and the fallback: where no compiler is
 found, :func:`load` returns ``None`` and says why once per library.
 
 ``M4RAY_NATIVE=0`` forces the fallbacks; ``CC`` picks the compiler; ``M4RAY_CACHE_DIR`` moves the

@@ -12,8 +12,7 @@ from m4ray.errors import InputError
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flows import Flow
 from m4ray.sim.flowsim import Window
-from m4ray.sim.m4 import LocalStepper, M4Engine
-from m4ray.sim.m4 import fluid as core
+from m4ray.sim.m4 import LocalStepper, M4Engine, core
 from m4ray.sim.m4.backend import M4Backend
 from m4ray.sim.m4.engine import NativeM4Engine
 from m4ray.sim.m4.fluid import Fluid
@@ -183,7 +182,7 @@ def test_without_a_compiler_the_python_engine_answers_with_one_warning(monkeypat
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     core.library.cache_clear()
     try:
-        with pytest.warns(UserWarning, match="compiled fluid anchor unavailable, using Python"):
+        with pytest.warns(UserWarning, match="compiled m4 core unavailable, using Python"):
             assert core.library() is None
         model = _model(True)
         engine = M4Engine(np.full(4, 1e9), model.cfg, [0.1] * model.cfg.n_params)

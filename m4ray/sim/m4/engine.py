@@ -29,9 +29,9 @@ import numpy as np
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.flowsim import Window
-from m4ray.sim.m4 import fluid as core
+from m4ray.sim.m4 import core
 from m4ray.sim.m4.arrival import Arrival
-from m4ray.sim.m4.fluid import Fluid
+from m4ray.sim.m4.fluid import N_FEATURES, Fluid
 from m4ray.sim.m4.graph import StepGraph, StepOut
 from m4ray.sim.m4.numpy_step import initial_link_state
 from m4ray.sim.routing import Routing, WireFormat
@@ -543,7 +543,7 @@ class NativeM4Engine(M4Engine):
         incidence = np.empty((2, n_edges), dtype=np.int64)
         base = features = None
         if self._anchored:
-            base, features = np.empty(n_flows), np.empty((n_flows, core.N_FEATURES))
+            base, features = np.empty(n_flows), np.empty((n_flows, N_FEATURES))
         n_used = self._lib.m4ray_engine_prepare(
             self._core,
             float(t),

@@ -38,60 +38,17 @@ same rows at the same event times, so training sees the features inference compu
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import numpy as np
 
-from m4ray import native
 from m4ray.errors import SimulationError
 from m4ray.sim.flowsim import max_min_rates
+from m4ray.sim.m4.core import library
 
 N_FEATURES = 3
 _REL_TIE = 1e-9  # drains within this relative distance of the earliest happen together (flowSim)
-SOURCE = Path(__file__).with_name("_core.c")
 
 Links = list[np.ndarray] | tuple[np.ndarray, np.ndarray]
 """Each row's link ids: one array per row, or CSR ``(offsets [n + 1], ids)``."""
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled twin of :meth:`Fluid.catch_up` and :meth:`Fluid.advance` (``_core.c``,
-    built by :mod:`m4ray.native`), or ``None`` (one warning) where it cannot be built."""
-    lib = native.load(SOURCE, "compiled fluid anchor")
-    if lib is None:
-        return None
-    ptr, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-    common = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f64]  # state .. t
-    lib.m4ray_fluid_catch_up.restype = ctypes.c_int
-    lib.m4ray_fluid_catch_up.argtypes = common
-    lib.m4ray_fluid_advance.restype = ctypes.c_int
-    lib.m4ray_fluid_advance.argtypes = [*common, ctypes.c_int, ptr, ptr]
-    # the engine core (NativeM4Engine)
-    lib.m4ray_engine_new.restype = ptr
-    lib.m4ray_engine_new.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int]
-    lib.m4ray_engine_new.argtypes += [f64] * 4
-    lib.m4ray_engine_free.restype = None
-    lib.m4ray_engine_free.argtypes = [ptr]
-    lib.m4ray_engine_arrive.restype = i64
-    lib.m4ray_engine_arrive.argtypes = [ptr, ptr, i64, f64, f64, f64]
-    lib.m4ray_engine_complete.restype = ctypes.c_int
-    lib.m4ray_engine_complete.argtypes = [ptr, i64, f64]
-    lib.m4ray_engine_pending.restype = None
-    lib.m4ray_engine_pending.argtypes = [ptr, ptr]
-    lib.m4ray_engine_prepare.restype = i64
-    lib.m4ray_engine_prepare.argtypes = [ptr, f64] + [ptr] * 10
-    lib.m4ray_engine_finish.restype = None
-    lib.m4ray_engine_finish.argtypes = [ptr, f64, i64, ptr, i64, ptr, ptr, ptr]
-    lib.m4ray_engine_slowdown.restype = f64
-    lib.m4ray_engine_slowdown.argtypes = [ptr, i64]
-    lib.m4ray_engine_users.restype = i64
-    lib.m4ray_engine_users.argtypes = [ptr, i64]
-    lib.m4ray_engine_components.restype = i64
-    lib.m4ray_engine_components.argtypes = [ptr]
-    return lib
 
 
 def csr(links: Links) -> tuple[np.ndarray, np.ndarray]:
@@ -205,9 +162,9 @@ class Fluid:
     @staticmethod
     def _check(rc: int) -> None:
         if rc == 2:
-            raise MemoryError("compiled fluid anchor: out of memory")
+            raise MemoryError("compiled m4 core: out of memory")
         if rc:
-            raise SimulationError(f"compiled fluid anchor failed ({rc})")
+            raise SimulationError(f"compiled m4 core failed ({rc})")
 
     def catch_up(self, rows: np.ndarray, links: Links, capacity_bps: np.ndarray, t: float) -> None:
         """Move ``rows`` (with their ``links``, ids into ``capacity_bps``) from their last update
@@ -284,4 +241,4 @@ class Fluid:
         return base, features
 
 
-__all__ = ["N_FEATURES", "Fluid", "Links", "csr", "library"]
+__all__ = ["N_FEATURES", "Fluid", "Links", "csr"]
