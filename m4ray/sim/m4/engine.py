@@ -31,7 +31,7 @@ from m4ray.errors import InputError, SimulationError
 from m4ray.sim.flowsim import Window
 from m4ray.sim.m4 import core
 from m4ray.sim.m4.arrival import Arrival
-from m4ray.sim.m4.fluid import N_FEATURES, Fluid
+from m4ray.sim.m4.fluid import N_FEATURES, Fluid, offsets
 from m4ray.sim.m4.graph import StepGraph, StepOut
 from m4ray.sim.m4.numpy_step import initial_link_state
 from m4ray.sim.routing import Routing, WireFormat
@@ -276,10 +276,8 @@ class M4Engine:
         rows = np.fromiter(map(self._rows.__getitem__, flow_ids), np.int64, len(flow_ids))
         links = np.fromiter((x for ls in link_lists for x in ls), np.int64, sum(n_links))
         self._slot[links] = np.arange(len(links))
-        plen = self._plen[rows]
-        paths = self._path[rows]
-        on_path = np.arange(paths.shape[1]) < plen[:, None]
-        local = self._slot[paths[on_path]]
+        plen, path_links = self._paths(rows)
+        local = self._slot[path_links]
         if (local < 0).any():
             self._slot[links] = -1
             raise SimulationError(f"at t={t}: a flow's link is not in its component")
@@ -288,9 +286,7 @@ class M4Engine:
         dt = np.asarray(dts, dtype=float)
         base = fluid = None
         if self._fluid is not None:
-            off = np.zeros(len(rows) + 1, dtype=np.int64)
-            np.cumsum(plen, out=off[1:])
-            csr = (off, paths[on_path])
+            csr = (offsets(plen), path_links)
             base, fluid = self._fluid.advance(rows, csr, self._capacity, t)
             for c in comps:
                 self._comps[c].t_fluid = t
@@ -389,13 +385,15 @@ class M4Engine:
         if comp.t_fluid >= t:  # every row of it is already at t (or later)
             return
         rows = np.fromiter(map(self._rows.__getitem__, comp.flows), np.int64, len(comp.flows))
-        plen = self._plen[rows]
-        off = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(plen, out=off[1:])
-        paths = self._path[rows]
-        csr = (off, paths[np.arange(paths.shape[1]) < plen[:, None]])
-        self._fluid.catch_up(rows, csr, self._capacity, t)
+        plen, path_links = self._paths(rows)
+        self._fluid.catch_up(rows, (offsets(plen), path_links), self._capacity, t)
         comp.t_fluid = t
+
+    def _paths(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``rows``' path lengths and their links, concatenated in row order."""
+        plen = self._plen[rows]
+        paths = self._path[rows]
+        return plen, paths[np.arange(paths.shape[1]) < plen[:, None]]
 
     def _alloc(self, n_rows: int, max_len: int) -> None:
         """Per-row arrays for ``n_rows`` flows with paths up to ``max_len`` links (grown as

@@ -51,14 +51,19 @@ Links = list[np.ndarray] | tuple[np.ndarray, np.ndarray]
 """Each row's link ids: one array per row, or CSR ``(offsets [n + 1], ids)``."""
 
 
+def offsets(lengths: np.ndarray) -> np.ndarray:
+    """CSR offsets ``[n + 1]`` of runs of ``lengths``."""
+    off = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off
+
+
 def csr(links: Links) -> tuple[np.ndarray, np.ndarray]:
     """``links`` as contiguous int64 CSR ``(offsets, ids)``."""
     if isinstance(links, tuple):
         off, idx = links
     else:
-        lengths = np.fromiter(map(len, links), np.int64, len(links))
-        off = np.zeros(len(links) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=off[1:])
+        off = offsets(np.fromiter(map(len, links), np.int64, len(links)))
         idx = np.concatenate(links) if len(links) else np.zeros(0, dtype=np.int64)
     return (
         np.ascontiguousarray(off, dtype=np.int64),
@@ -241,4 +246,4 @@ class Fluid:
         return base, features
 
 
-__all__ = ["N_FEATURES", "Fluid", "Links", "csr"]
+__all__ = ["N_FEATURES", "Fluid", "Links", "csr", "offsets"]
