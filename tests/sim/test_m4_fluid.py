@@ -56,23 +56,38 @@ def test_fluid_advance_shares_max_min_and_projects_a_lone_flow_at_its_ideal():
 
 
 class _Direct:
-    """A backend config around an in-memory model (the tests' stand-in for a checkpoint)."""
+    """A backend config around an in-memory model (the tests' stand-in for a checkpoint); the
+    engines it built are kept in ``engines``."""
 
-    def __init__(self, model: M4Model, window_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        model: M4Model,
+        window_bytes: int | None = None,
+        *,
+        native: bool = True,
+        window_us: float | None = None,
+        param: float = 0.0,
+    ) -> None:
         self.model = model.double()
         self.window_bytes = window_bytes
+        self.native = native
+        self.window_us = window_us
+        self.param = param
+        self.engines: list[M4Engine] = []
 
     def build(self, topology, routing):
         engine = M4Engine(
             topology.bandwidth_bps,
             self.model.cfg,
-            [0.0] * self.model.cfg.n_params,
+            [self.param] * self.model.cfg.n_params,
             LocalStepper(self.model),
             routing,
             window=None if self.window_bytes is None else Window(self.window_bytes),
             link_latency_s=topology.latency_s,
+            native=self.native,
         )
-        return M4Backend(engine, window_us=None)
+        self.engines.append(engine)
+        return M4Backend(engine, window_us=self.window_us)
 
 
 @pytest.mark.parametrize("window", [None, 24_000], ids=["no-window", "window"])

@@ -21,6 +21,8 @@ from m4ray.sim.topologies import FatTreeSpec, RailClusterSpec
 from m4ray.sim.trace import run_trace
 from m4ray.train.model import M4Model, ModelConfig
 
+from .test_m4_fluid import _Direct
+
 
 def _model(fluid: bool, window: bool = False, hold: bool = True) -> M4Model:
     torch.manual_seed(0)
@@ -32,27 +34,6 @@ def _model(fluid: bool, window: bool = False, hold: bool = True) -> M4Model:
         model.head[-1].weight.normal_(0, 0.3)
         model.head[-1].bias.fill_(3.0 if not fluid else 0.05)
     return model.double().eval()
-
-
-class _Direct:
-    def __init__(self, model: M4Model, native: bool, window_bytes: int | None, window_us):
-        self.model, self.native = model, native
-        self.window_bytes, self.window_us = window_bytes, window_us
-        self.engines: list[M4Engine] = []
-
-    def build(self, topology, routing):
-        engine = M4Engine(
-            topology.bandwidth_bps,
-            self.model.cfg,
-            [0.1] * self.model.cfg.n_params,
-            LocalStepper(self.model),
-            routing,
-            window=None if self.window_bytes is None else Window(self.window_bytes),
-            link_latency_s=topology.latency_s,
-            native=self.native,
-        )
-        self.engines.append(engine)
-        return M4Backend(engine, window_us=self.window_us)
 
 
 def _flows(hosts, rng, n: int) -> list[Flow]:
@@ -86,7 +67,9 @@ def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(fluid, window
     model = _model(fluid, window, hold)
     answers, engines = [], []
     for native_ in (False, True):
-        cfg = _Direct(model, native_, 6_000 if window else None, window_us)
+        cfg = _Direct(
+            model, 6_000 if window else None, native=native_, window_us=window_us, param=0.1
+        )
         table = run_trace(topo, flows, cfg, routing)
         answers.append(table.column("fct_s").to_numpy())
         engines.append(cfg.engines[0])
@@ -216,7 +199,7 @@ def test_batched_completions_run_in_the_order_of_one_event_per_flow(window_us):
     model = _model(True, True, False)
     answers = []
     for cls in (_PerFlow, M4Backend):
-        cfg = _Direct(model, True, 6_000, window_us)
+        cfg = _Direct(model, 6_000, window_us=window_us, param=0.1)
         build = cfg.build
         cfg.build = lambda t, r, b=build, c=cls: c(b(t, r).engine, window_us=window_us)
         answers.append(run_trace(topo, flows, cfg, routing).column("fct_s").to_numpy())
