@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from m4ray import native
 from m4ray.errors import InputError
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flows import Flow
@@ -168,14 +167,20 @@ def test_without_a_compiler_the_python_engine_answers_with_one_warning(monkeypat
         with pytest.warns(UserWarning, match="compiled m4 core unavailable, using Python"):
             assert core.library() is None
         model = _model(True)
-        engine = M4Engine(np.full(4, 1e9), model.cfg, [0.1] * model.cfg.n_params)
+        engine = M4Engine(
+            np.full(4, 1e9), model.cfg, [0.1] * model.cfg.n_params, LocalStepper(model)
+        )
         assert type(engine) is M4Engine
         assert not Fluid(4).native
+        engine.arrive_path(0, [0, 1], 100_000, 1e-4, 0.0)
+        engine.arrive_path(1, [1, 2], 100_000, 1e-4, 0.0)
+        finish = engine.update(0.0)  # flows 0 and 1 share link 1: one component
+        assert sorted(finish) == [0, 1] and min(finish.values()) >= 1e-4
+        assert engine.n_components == 1 and engine.n_updates == 1
     finally:
         monkeypatch.delenv("CC")
         monkeypatch.delenv("M4RAY_CACHE_DIR")
         core.library.cache_clear()
-    assert native.cache_dir().exists()
 
 
 class _PerFlow(M4Backend):
