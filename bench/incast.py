@@ -40,6 +40,7 @@ def main() -> None:
         "ns-3 rdma": network,
         "flowSim": FlowSimConfig(),
         "flowSim+window": FlowSimConfig.windowed(network, routing),
+        "flowSim+window+ACKs": FlowSimConfig.windowed(network, routing, acks=True),
     }
     for checkpoint in args.m4:
         backends[checkpoint] = M4Config(checkpoint=checkpoint, network=network, window_us=None)

@@ -68,6 +68,7 @@ def main() -> None:
                 "ns-3": scn.ns3,
                 "flowSim": FlowSimConfig(),
                 "flowSim+window": FlowSimConfig.windowed(scn.ns3, routing),
+                "flowSim+window+ACKs": FlowSimConfig.windowed(scn.ns3, routing, acks=True),
             }
             backends |= {m: M4Config(checkpoint=m, network=scn.ns3) for m in args.m4}
             slowdown = {}

@@ -21,6 +21,7 @@ class ModelConfig:
     fluid: bool = False  # flowSim's projection as features and as the base of the slowdown
     fluid_hold: bool = True  # a drained, active flow's projection is >= now (Fluid's `hold`)
     fluid_window: bool = False  # the anchor drains each flow as its sender's window allows
+    fluid_acks: bool = False  # the anchor's links also carry RDMA's ACKs (Fluid's `acks`)
 
     @property
     def n_fluid(self) -> int:
@@ -29,10 +30,14 @@ class ModelConfig:
     @property
     def anchor(self) -> str | None:
         """The fluid anchor's kind for :func:`collate` (None: off): ``hold`` or ``drain``, and
-        ``+window`` with ``fluid_window``."""
+        ``+window`` with ``fluid_window``, ``+acks`` with ``fluid_acks``."""
         if not self.fluid:
             return None
-        return ("hold" if self.fluid_hold else "drain") + ("+window" if self.fluid_window else "")
+        return (
+            ("hold" if self.fluid_hold else "drain")
+            + ("+window" if self.fluid_window else "")
+            + ("+acks" if self.fluid_acks else "")
+        )
 
     def __post_init__(self) -> None:
         if min(self.hidden, self.gnn_hidden, self.gnn_layers, self.n_params) < 1:

@@ -21,6 +21,7 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.sim.flowsim import Window
+from m4ray.sim.ns3.transports import RdmaConfig
 from m4ray.sim.routing import WireFormat
 from m4ray.train.model import PeriodSample
 
@@ -125,6 +126,7 @@ def scenario_samples(
     bandwidth = link_table.bandwidth_bps
     wire = _wire(scenarios.loc[scenario_id, "params"])
     window = _window(scenarios.loc[scenario_id, "params"], link_table, wire)
+    acks = _ack_fraction(scenarios.loc[scenario_id, "params"], wire)
     return [
         _sample(
             scenario_id,
@@ -136,13 +138,14 @@ def scenario_samples(
             bandwidth=bandwidth,
             wire=wire,
             window=window,
+            acks=acks,
         )
         for p in keep.period_id
     ]
 
 
 def _sample(
-    scenario_id, period, *, groups, remaining, queues, params, bandwidth, wire, window
+    scenario_id, period, *, groups, remaining, queues, params, bandwidth, wire, window, acks
 ) -> Sample:
     flows = groups["flows"][period].sort_values("flow_id")
     events = groups["events"][period].sort_values("event")
@@ -160,6 +163,8 @@ def _sample(
     link_row = pd.Series(np.arange(len(links)), index=links)
     inc_flow = np.repeat(np.arange(len(flows)), [len(p) for p in paths])
     inc_link = link_row.loc[np.concatenate(paths)].to_numpy()
+    # each link row's reverse (the cable's other direction) among the period's rows, or -1
+    reverse = link_row.reindex(links ^ 1).fillna(-1).to_numpy().astype(np.int64)
     size = flows.size_bytes.to_numpy()
     ideal = flows.ideal_fct_s.to_numpy()
     rem = remaining.get(period)
@@ -200,6 +205,8 @@ def _sample(
             [window(p, b * 8.0) for p, b in zip(paths, wire.wire_bytes(size), strict=True)],
             dtype=torch.float64,
         ),
+        link_reverse=torch.tensor(reverse),
+        ack_fraction=acks,
     )
     flowsim = np.maximum(flows.flowsim_fct_s.to_numpy() / ideal, 1.0)
     return Sample(
@@ -219,6 +226,16 @@ def _wire(params_json: str) -> WireFormat:
         mtu_bytes=int(params.get("mtu_bytes", default.mtu_bytes)),
         header_bytes=int(params.get("header_bytes", default.header_bytes)),
     )
+
+
+def _ack_fraction(params_json: str, wire: WireFormat) -> float:
+    """ACK wire bits per data wire bit (:func:`~m4ray.sim.flowsim.ack_fraction`): RDMA's ACK
+    per packet (datasets before ``ack_bytes`` was recorded: the default ACK); 0 for TCP."""
+    params = json.loads(params_json)
+    if params.get("transport", "rdma") != "rdma":
+        return 0.0
+    ack = int(params.get("ack_bytes", RdmaConfig().ack_bytes))
+    return ack / (wire.mtu_bytes + wire.header_bytes)
 
 
 def _window(params_json: str, links: pd.DataFrame, wire: WireFormat):

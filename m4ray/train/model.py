@@ -223,7 +223,9 @@ class PeriodSample:
     models with ``fluid`` need, and ``wire_bytes [F]`` (payload and headers; default the
     sizes), what their fluid anchor drains; ``window [F, 2]`` (rate cap in bit/s, bits to
     drain) where the sender's window binds (:meth:`~m4ray.sim.flowsim.Window.limit`; inf, wire
-    bits elsewhere), which models with ``fluid_window`` need.
+    bits elsewhere), which models with ``fluid_window`` need; ``link_reverse [L]`` each link
+    row's reverse link row (-1: not in the period) and ``ack_fraction`` (ACK bits per data
+    bit; 0: TCP), which models with ``fluid_acks`` need.
     """
 
     size_bytes: torch.Tensor
@@ -240,6 +242,8 @@ class PeriodSample:
     ideal_s: torch.Tensor | None = None
     wire_bytes: torch.Tensor | None = None
     window: torch.Tensor | None = None
+    link_reverse: torch.Tensor | None = None
+    ack_fraction: float = 0.0
     # engine_schedule's answers (they depend on the recorded events only), by `fluid`
     schedules: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -249,9 +253,9 @@ class PeriodSample:
 
     def to(self, device: torch.device | str) -> PeriodSample:
         moved = {
-            name: getattr(self, name).to(device)
+            name: value.to(device) if isinstance(value, torch.Tensor) else value
             for name in self.__slots__
-            if isinstance(getattr(self, name), torch.Tensor)
+            if name != "schedules" and (value := getattr(self, name)) is not None
         }
         return PeriodSample(**moved, schedules=self.schedules)
 
@@ -336,6 +340,7 @@ class _Components:
             state, bandwidth, *_ = self.fluid
             members = np.fromiter(flows, np.int64, len(flows))
             state.catch_up(members, [np.asarray(self.paths[g]) for g in flows], bandwidth, t * 1e-6)
+            state.release(f, self.paths[f])
         del flows[f]
         idle = []
         for link in self.paths[f]:
@@ -412,13 +417,18 @@ def _schedule(s: PeriodSample, fluid: bool | str | None) -> list[EventUpdate]:
     if fluid:
         if s.ideal_s is None:
             raise ValueError("a fluid-anchored model needs the periods' ideal FCTs (ideal_s)")
-        window = None
-        if isinstance(fluid, str) and fluid.endswith("+window"):
+        window = acks = None
+        kinds = fluid.split("+") if isinstance(fluid, str) else []
+        if "window" in kinds:
             if s.window is None:
                 raise ValueError("a window-anchored model needs the periods' windows (window)")
             window = s.window.double().cpu().numpy()
+        if "acks" in kinds and s.ack_fraction > 0:
+            if s.link_reverse is None:
+                raise ValueError("an ACK-loaded anchor needs the periods' reverse links")
+            acks = (s.ack_fraction, s.link_reverse.cpu().numpy())
         anchor = (
-            Fluid(len(paths), hold=not (isinstance(fluid, str) and fluid.startswith("drain"))),
+            Fluid(len(paths), hold="drain" not in kinds, acks=acks),
             s.link_bandwidth.double().cpu().numpy(),
             s.ideal_s.double().cpu().numpy(),
             (s.size_bytes if s.wire_bytes is None else s.wire_bytes).double().cpu().numpy(),

@@ -7,7 +7,14 @@ import pytest
 
 from m4ray.sim.backend import NetworkBackend
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import FlowSim, FlowSimConfig, Window, max_min_rates
+from m4ray.sim.flowsim import (
+    FlowSim,
+    FlowSimConfig,
+    Window,
+    ack_capacity,
+    max_min_rates,
+    reverse_links,
+)
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import fat_tree
 from m4ray.sim.trace import run_trace
@@ -229,3 +236,28 @@ def test_impossible_flowsim_settings_name_the_field(settings, field):
     with pytest.raises(InputError) as err:
         FlowSimConfig(**settings)
     assert err.value.field == field
+
+
+def test_ack_load_takes_a_fraction_of_the_reverse_link():
+    """ACKs of the data on a link's reverse ride on it: a cable used both ways gives each
+    direction 1 − a + a² (three passes toward 1 / (1 + a)), one used one way gives it all;
+    per link, what :func:`ack_capacity` leaves is capacity − a · reverse data (at least 1 %)."""
+    topo = parking_lot([10, 10])  # hosts 0, 1, 2 on a chain of 10 Gbps switch links
+    routing = Routing(topo)
+    a = 64 / (routing.wire.mtu_bytes + routing.wire.header_bytes)
+    size = 1_000_000
+    both_ways = [Flow(0, 0, 2, size), Flow(1, 2, 0, size)]
+    ack = run_trace(topo, both_ways, FlowSimConfig(ack_load=True), routing).column("fct_s")
+    classic = run_trace(topo, both_ways, FlowSimConfig(), routing).column("fct_s")
+    delay = classic.to_numpy() - bits(size) / 10e9  # delivery delays: ACKs leave them be
+    np.testing.assert_allclose(ack.to_numpy() - delay, bits(size) / (10e9 * (1 - a + a * a)))
+    one_way = [Flow(0, 0, 2, size), Flow(1, 1, 2, size)]
+    assert (
+        run_trace(topo, one_way, FlowSimConfig(ack_load=True), routing)
+        .column("fct_s")
+        .equals(run_trace(topo, one_way, FlowSimConfig(), routing).column("fct_s"))
+    )
+    capacity = np.array([10.0, 10.0, 4.0, 4.0])
+    data = np.array([0.0, 5.0, 100.0, -1e-9])  # a hair below 0 (rounding) counts as 0
+    out = ack_capacity(capacity, reverse_links(4), 0.1, data)
+    np.testing.assert_allclose(out, [9.5, 10.0, 4.0, 0.04])

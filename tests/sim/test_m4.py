@@ -86,7 +86,9 @@ def _chain_period() -> PeriodSample:
     )
 
 
-def _replay_online(model, p: PeriodSample, window=None, latency_s=None) -> torch.Tensor:
+def _replay_online(
+    model, p: PeriodSample, window=None, latency_s=None, ack_fraction: float = 0.0
+) -> torch.Tensor:
     """Drive the engine with the period's events; each flow's slowdown when it completes."""
     engine = M4Engine(
         p.link_bandwidth.numpy(),
@@ -95,6 +97,7 @@ def _replay_online(model, p: PeriodSample, window=None, latency_s=None) -> torch
         LocalStepper(model),
         window=window,
         link_latency_s=latency_s,
+        ack_fraction=ack_fraction,
     )
     t = np.cumsum(p.dt_us.double().numpy()) * 1e-6
     online = {}

@@ -21,11 +21,14 @@ from m4ray.train.model import M4Model, ModelConfig, forward_period
 from .test_m4 import _chain_period, _replay_online, _single_component_periods
 
 
-def _fluid_model(correction: bool, hold: bool = True, window: bool = False) -> M4Model:
+def _fluid_model(
+    correction: bool, hold: bool = True, window: bool = False, acks: bool = False
+) -> M4Model:
     torch.manual_seed(0)
     cfg = ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=True)
     cfg.fluid_hold = hold
     cfg.fluid_window = window
+    cfg.fluid_acks = acks
     model = M4Model(cfg)
     if correction:  # a model-dependent answer, so a wrong mapping would show
         with torch.no_grad():
@@ -67,12 +70,14 @@ class _Direct:
         native: bool = True,
         window_us: float | None = None,
         param: float = 0.0,
+        ack_fraction: float = 0.0,
     ) -> None:
         self.model = model.double()
         self.window_bytes = window_bytes
         self.native = native
         self.window_us = window_us
         self.param = param
+        self.ack_fraction = ack_fraction
         self.engines: list[M4Engine] = []
 
     def build(self, topology, routing):
@@ -84,6 +89,7 @@ class _Direct:
             routing,
             window=None if self.window_bytes is None else Window(self.window_bytes),
             link_latency_s=topology.latency_s,
+            ack_fraction=self.ack_fraction,
             native=self.native,
         )
         self.engines.append(engine)
@@ -182,6 +188,48 @@ def test_engine_reproduces_offline_predictions_with_a_window_anchor():
     p.schedules.clear()  # the replay's schedule is kept on the sample
     with pytest.raises(ValueError, match="windows"):
         forward_period(model, p)
+
+
+def test_engine_reproduces_offline_predictions_with_ack_load():
+    """The replay's anchor carries the ACKs of each link's reverse data as the engine's does
+    (the chain's links 2k and 2k + 1 are one cable's two directions, as the engine's are): the
+    same rates, so the same predictions; and ACKs change them."""
+    model = _fluid_model(correction=True, acks=True)
+    p = _chain_with_ideals()
+    p.link_reverse = torch.arange(len(p.link_bandwidth)) ^ 1
+    p.link_reverse[-1] = -1  # link 7 is not in the period
+    p.ack_fraction = 64 / 1048
+    with torch.no_grad():
+        offline = forward_period(copy.deepcopy(model).float(), p)[0].clamp(min=1.0)
+        p.schedules.clear()
+        no_acks = forward_period(_fluid_model(correction=True).float(), p)[0].clamp(min=1.0)
+    online = _replay_online(copy.deepcopy(model).double(), p, ack_fraction=p.ack_fraction)
+    assert not torch.allclose(offline, no_acks, rtol=1e-3)  # the ACK load changes the answers
+    torch.testing.assert_close(online, offline, rtol=3e-4, atol=3e-4)
+
+
+def test_fluid_ack_load_follows_rates_and_leaves_with_the_flow():
+    """Two rows on one cable's two directions: each gets 1 − a + a² of it (three passes from
+    idle links), the per-link data rates are theirs, and a released row's rate leaves its
+    links; the compiled rows equal the Python ones bit for bit."""
+    a, capacity = 0.1, np.full(4, 10e9)
+    links = [np.array([0, 2]), np.array([3, 1])]  # 0/1 and 2/3 are cables' two directions
+    results = []
+    for native in (False, True):
+        fluid = Fluid(2, native=native, acks=(a, np.arange(4) ^ 1))
+        for row in (0, 1):
+            fluid.add(row, 1e6, 1e-3, 10e9, 0.0)
+        fluid.advance(np.array([0, 1]), links, capacity, 0.0)
+        np.testing.assert_allclose(fluid.rate[:2], 10e9 * (1 - a + a * a))
+        np.testing.assert_allclose(fluid.data, [fluid.rate[0], fluid.rate[1]] * 2)
+        fluid.catch_up(np.array([0, 1]), links, capacity, 1e-5)
+        fluid.release(1, links[1])
+        assert fluid.rate[1] == 0 and fluid.data[1] == fluid.data[3] == 0
+        base, _ = fluid.advance(np.array([0]), links[:1], capacity, 1e-5)
+        assert fluid.rate[0] == 10e9  # its ACKs' link carries no data now
+        results.append((fluid.rate[:2].copy(), fluid.left[:2].copy(), base))
+    for x, y in zip(*results, strict=True):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_a_fluid_model_needs_ideal_fcts():

@@ -23,11 +23,12 @@ from m4ray.train.model import M4Model, ModelConfig
 from .test_m4_fluid import _Direct
 
 
-def _model(fluid: bool, window: bool = False, hold: bool = True) -> M4Model:
+def _model(fluid: bool, window: bool = False, hold: bool = True, acks: bool = False) -> M4Model:
     torch.manual_seed(0)
     cfg = ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=fluid)
     cfg.fluid_window = window
     cfg.fluid_hold = hold
+    cfg.fluid_acks = acks
     model = M4Model(cfg)
     with torch.no_grad():  # a correction that depends on the state, so any slip shows
         model.head[-1].weight.normal_(0, 0.3)
@@ -46,16 +47,19 @@ def _flows(hosts, rng, n: int) -> list[Flow]:
 
 
 @pytest.mark.parametrize(
-    ("fluid", "window", "hold", "window_us"),
+    ("fluid", "window", "hold", "window_us", "acks"),
     [
-        (True, True, False, 0.0),  # m4-v2's engine
-        (True, False, True, None),
-        (True, True, True, 10.0),
-        (False, False, True, 0.0),  # m4-small's
+        (True, True, False, 0.0, False),  # m4-v2's engine
+        (True, True, False, 0.0, True),  # with ACK load
+        (True, False, True, None, False),
+        (True, True, True, 10.0, False),
+        (False, False, True, 0.0, False),  # m4-small's
     ],
-    ids=["v2", "fluid-per-event", "window-hold-10us", "no-anchor"],
+    ids=["v2", "v2-acks", "fluid-per-event", "window-hold-10us", "no-anchor"],
 )
-def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(fluid, window, hold, window_us):
+def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(
+    fluid, window, hold, window_us, acks
+):
     """Arrivals that merge components, completions that split links off, a link slowed mid-run,
     every update policy: the compiled engine's FCTs equal the reference's exactly."""
     assert core.library() is not None  # the core builds here: no silent fallback
@@ -63,11 +67,16 @@ def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(fluid, window
     routing = Routing(topo, seed=0)
     hosts = sorted(topo.hosts)
     flows = _flows(hosts, np.random.default_rng(7), 120)
-    model = _model(fluid, window, hold)
+    model = _model(fluid, window, hold, acks)
     answers, engines = [], []
     for native_ in (False, True):
         cfg = _Direct(
-            model, 6_000 if window else None, native=native_, window_us=window_us, param=0.1
+            model,
+            6_000 if window else None,
+            native=native_,
+            window_us=window_us,
+            param=0.1,
+            ack_fraction=0.05 if acks else 0.0,
         )
         table = run_trace(topo, flows, cfg, routing)
         answers.append(table.column("fct_s").to_numpy())

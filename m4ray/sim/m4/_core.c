@@ -8,6 +8,11 @@
  * `idx[off[i]] .. idx[off[i + 1] - 1]`, ids into `capacity`. `slot` is caller-owned scratch of
  * one int64 per link, all -1 on entry and left so.
  *
+ * With ACK load (`ackload`, NULL: off; fluid.py's `acks`), a link's capacity for max-min is what
+ * the ACKs of the data on its reverse link leave (flowsim.ack_capacity), and a share runs three times,
+ * the rows' rates going into the per-link data rates after each (Fluid._share); `data` changes
+ * only through set_rates, in the same order as Python's loops, so the two agree to the bit.
+ *
  * Returns 0, or 2 when memory runs out. Units: bits, bits/s, seconds. */
 #include <math.h>
 #include <stdint.h>
@@ -15,6 +20,7 @@
 #include <string.h>
 
 #define REL_TIE 1e-9
+#define ACK_PASSES 3 /* fluid.ACK_PASSES */
 
 /* the order of Fluid._ARRAYS */
 enum { WORK, LEFT, RATE, CAP, T_LAST, START, IDEAL, DELAY, BOTTLENECK, DRAINED, N_FIELDS };
@@ -22,6 +28,23 @@ enum { WORK, LEFT, RATE, CAP, T_LAST, START, IDEAL, DELAY, BOTTLENECK, DRAINED, 
 typedef struct {
     double *f[N_FIELDS];
 } fluid;
+
+typedef struct {
+    double frac;            /* ACK wire bits per data wire bit */
+    const int64_t *reverse; /* [n_links] the link that carries a link's data's ACKs' (-1: none) */
+    double *data;           /* [n_links] Σ rates of the rows crossing each link */
+} ackload;
+
+/* flowsim.ack_capacity for one link */
+static double effective(const double *capacity, const ackload *a, int64_t link) {
+    double c = capacity[link];
+    if (!a) return c;
+    int64_t r = a->reverse[link];
+    if (r < 0) return c;
+    double d = a->data[r];
+    double x = c - a->frac * (d > 0 ? d : 0.0), floor = 0.01 * c;
+    return x > floor ? x : floor;
+}
 
 static fluid view(double *state, int64_t n_rows) {
     fluid s;
@@ -32,7 +55,8 @@ static fluid view(double *state, int64_t n_rows) {
 /* Max-min fair rates of flows `sel[0..n-1]` (indices into off) by progressive filling, each
  * capped at caps[i]: max_min_rates, step for step. */
 static int max_min(int64_t n, const int64_t *sel, const int64_t *off, const int64_t *idx,
-                   const double *capacity, const double *caps, int64_t *slot, double *rate) {
+                   const double *capacity, const ackload *ack, const double *caps, int64_t *slot,
+                   double *rate) {
     int64_t n_edges = 0;
     for (int64_t i = 0; i < n; i++) n_edges += off[sel[i] + 1] - off[sel[i]];
     int64_t *used = malloc(sizeof(int64_t) * (n_edges + 1));
@@ -58,7 +82,7 @@ static int max_min(int64_t n, const int64_t *sel, const int64_t *off, const int6
             if (slot[link] < 0) {
                 slot[link] = n_used;
                 used[n_used] = link;
-                remaining[n_used] = capacity[link];
+                remaining[n_used] = effective(capacity, ack, link);
                 load[n_used] = 0.0;
                 n_used++;
             }
@@ -138,9 +162,22 @@ out:
     return rc;
 }
 
-/* Fluid._share: max-min rates of the rows with bits left (0 for the others) into rate[n].
+/* Fluid._set_rates: rows take their new rates; the data rate of their links follows. */
+static void set_rates(fluid *s, const ackload *a, int64_t n, const int64_t *rows,
+                      const int64_t *pos, const int64_t *off, const int64_t *idx,
+                      const double *rate) {
+    for (int64_t i = 0; i < n; i++) {
+        double d = rate[i] - s->f[RATE][rows[i]];
+        if (d == 0) continue;
+        int64_t e = pos ? pos[i] : i;
+        for (int64_t j = off[e]; j < off[e + 1]; j++) a->data[idx[j]] += d;
+        s->f[RATE][rows[i]] = rate[i];
+    }
+}
+
+/* Fluid._rates: max-min rates of the rows with bits left (0 for the others) into rate[n].
  * Flow i is row rows[i] with the links of CSR entry pos[i] (pos NULL: entry i). */
-static int share(fluid *s, int64_t n, const int64_t *rows, const int64_t *pos,
+static int rates(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, const int64_t *pos,
                  const double *left, const int64_t *off, const int64_t *idx,
                  const double *capacity, int64_t *slot, double *rate) {
     int64_t *live = malloc(sizeof(int64_t) * (n + 1));
@@ -162,7 +199,7 @@ static int share(fluid *s, int64_t n, const int64_t *rows, const int64_t *pos,
         }
     }
     if (m) {
-        rc = max_min(m, sel, off, idx, capacity, caps, slot, got);
+        rc = max_min(m, sel, off, idx, capacity, ack, caps, slot, got);
         if (!rc)
             for (int64_t j = 0; j < m; j++) rate[live[j]] = got[j];
     }
@@ -174,11 +211,25 @@ out:
     return rc;
 }
 
+/* Fluid._share: the rates; with ACK load ACK_PASSES times, each pass's rates set
+ * (Fluid._set_rates). */
+static int share(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, const int64_t *pos,
+                 const double *left, const int64_t *off, const int64_t *idx,
+                 const double *capacity, int64_t *slot, double *rate) {
+    if (!ack) return rates(s, NULL, n, rows, pos, left, off, idx, capacity, slot, rate);
+    for (int pass = 0; pass < ACK_PASSES; pass++) {
+        int rc = rates(s, ack, n, rows, pos, left, off, idx, capacity, slot, rate);
+        if (rc) return rc;
+        set_rates(s, ack, n, rows, pos, off, idx, rate);
+    }
+    return 0;
+}
+
 /* Fluid._drain over rows `sub[0..n-1]` (indices into rows/off) last updated at `now`: they
  * drain at their rates, re-shared among themselves whenever one drains, until t. */
-static int drain(fluid *s, int64_t n, const int64_t *sub, const int64_t *rows, const int64_t *off,
-                 const int64_t *idx, const double *capacity, int64_t *slot, double now,
-                 double t) {
+static int drain(fluid *s, const ackload *ack, int64_t n, const int64_t *sub, const int64_t *rows,
+                 const int64_t *off, const int64_t *idx, const double *capacity, int64_t *slot,
+                 double now, double t) {
     int64_t *r = malloc(sizeof(int64_t) * (n + 1));
     double *left = malloc(sizeof(double) * (n + 1));
     double *rate = malloc(sizeof(double) * (n + 1));
@@ -221,7 +272,7 @@ static int drain(fluid *s, int64_t n, const int64_t *sub, const int64_t *rows, c
                 left[i] = x > 0 ? x : 0.0;
             }
         }
-        rc = share(s, n, r, sub, left, off, idx, capacity, slot, rate);
+        rc = share(s, ack, n, r, sub, left, off, idx, capacity, slot, rate);
         if (rc) goto out;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -241,11 +292,34 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static int catch_up(fluid *s, const ackload *ack, int64_t n, const int64_t *rows,
+                    const int64_t *off, const int64_t *idx, const double *capacity, int64_t *slot,
+                    double t);
+
+/* the ACK load of the exported calls: off where reverse is NULL */
+static const ackload *acks_of(ackload *a, double frac, const int64_t *reverse, double *data) {
+    if (!reverse) return NULL;
+    a->frac = frac;
+    a->reverse = reverse;
+    a->data = data;
+    return a;
+}
+
 /* Fluid.catch_up: rows grouped by their last update time (ascending), each group drained to t. */
 int m4ray_fluid_catch_up(double *state, int64_t n_rows, int64_t n, const int64_t *rows,
                          const int64_t *off, const int64_t *idx, const double *capacity,
-                         int64_t *slot, double t) {
+                         int64_t *slot, double t, double ack_frac, const int64_t *reverse,
+                         double *data) {
     fluid s = view(state, n_rows);
+    ackload a;
+    return catch_up(&s, acks_of(&a, ack_frac, reverse, data), n, rows, off, idx, capacity, slot,
+                    t);
+}
+
+static int catch_up(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows,
+                    const int64_t *off, const int64_t *idx, const double *capacity, int64_t *slot,
+                    double t) {
+    fluid s = *sp;
     double *times = malloc(sizeof(double) * (n + 1));
     int64_t *sub = malloc(sizeof(int64_t) * (n + 1));
     int rc = 0;
@@ -264,7 +338,7 @@ int m4ray_fluid_catch_up(double *state, int64_t n_rows, int64_t n, const int64_t
         int64_t k = 0;
         for (int64_t i = 0; i < n; i++)
             if (s.f[T_LAST][rows[i]] == times[u]) sub[k++] = i;
-        rc = drain(&s, k, sub, rows, off, idx, capacity, slot, times[u], t);
+        rc = drain(&s, ack, k, sub, rows, off, idx, capacity, slot, times[u], t);
     }
     if (!rc)
         for (int64_t i = 0; i < n; i++) s.f[T_LAST][rows[i]] = t;
@@ -275,12 +349,26 @@ out:
 }
 
 /* Fluid.advance: catch up, re-share, project; base[n] and features[n][3] (row-major). */
+static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows,
+                   const int64_t *off, const int64_t *idx, const double *capacity, int64_t *slot,
+                   double t, int hold, double *base, double *features);
+
 int m4ray_fluid_advance(double *state, int64_t n_rows, int64_t n, const int64_t *rows,
                         const int64_t *off, const int64_t *idx, const double *capacity,
-                        int64_t *slot, double t, int hold, double *base, double *features) {
-    int rc = m4ray_fluid_catch_up(state, n_rows, n, rows, off, idx, capacity, slot, t);
-    if (rc) return rc;
+                        int64_t *slot, double t, int hold, double *base, double *features,
+                        double ack_frac, const int64_t *reverse, double *data) {
     fluid s = view(state, n_rows);
+    ackload a;
+    return advance(&s, acks_of(&a, ack_frac, reverse, data), n, rows, off, idx, capacity, slot,
+                   t, hold, base, features);
+}
+
+static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows,
+                   const int64_t *off, const int64_t *idx, const double *capacity, int64_t *slot,
+                   double t, int hold, double *base, double *features) {
+    int rc = catch_up(sp, ack, n, rows, off, idx, capacity, slot, t);
+    if (rc) return rc;
+    fluid s = *sp;
     double *left = malloc(sizeof(double) * (n + 1));
     double *rate = malloc(sizeof(double) * (n + 1));
     if (!left || !rate) {
@@ -288,7 +376,7 @@ int m4ray_fluid_advance(double *state, int64_t n_rows, int64_t n, const int64_t 
         goto out;
     }
     for (int64_t i = 0; i < n; i++) left[i] = s.f[LEFT][rows[i]];
-    rc = share(&s, n, rows, NULL, left, off, idx, capacity, slot, rate);
+    rc = share(&s, ack, n, rows, NULL, left, off, idx, capacity, slot, rate);
     if (rc) goto out;
     for (int64_t i = 0; i < n; i++) {
         int64_t r = rows[i];
@@ -341,7 +429,11 @@ typedef struct {
     /* the anchor: on, hold, and a window (0 bytes: none) */
     int fluid, hold;
     double mtu, header, window_bytes, ack_bytes;
+    /* the anchor's ACK load (ack.reverse NULL: off) */
+    ackload ack;
 } engine;
+
+static const ackload *engine_acks(const engine *e) { return e->ack.reverse ? &e->ack : NULL; }
 
 static void *grow(void *p, int64_t n, size_t size) { return realloc(p, (n ? n : 1) * size); }
 
@@ -362,6 +454,8 @@ void m4ray_engine_free(engine *e) {
     free(e->state);
     free(e->comps);
     free(e->touched);
+    free((int64_t *)e->ack.reverse);
+    free(e->ack.data);
     free(e);
 }
 
@@ -407,7 +501,7 @@ static int alloc_rows(engine *e, int64_t n_rows, int64_t max_len) {
 engine *m4ray_engine_new(int64_t n_links, int64_t hidden, const double *capacity,
                          const double *latency, double *h_link, const double *link_init,
                          int fluid, int hold, double mtu, double header, double window_bytes,
-                         double ack_bytes) {
+                         double ack_bytes, double ack_frac) {
     engine *e = calloc(1, sizeof(engine));
     if (!e) return NULL;
     e->n_links = n_links;
@@ -430,6 +524,18 @@ engine *m4ray_engine_new(int64_t n_links, int64_t hidden, const double *capacity
         return NULL;
     }
     for (int64_t l = 0; l < n_links; l++) e->owner[l] = e->slot[l] = -1;
+    if (fluid && ack_frac > 0) {
+        int64_t *reverse = malloc((n_links + 1) * sizeof(int64_t));
+        e->ack.data = calloc(n_links + 1, sizeof(double));
+        e->ack.frac = ack_frac;
+        if (!reverse || !e->ack.data) {
+            free(reverse);
+            m4ray_engine_free(e);
+            return NULL;
+        }
+        for (int64_t l = 0; l < n_links; l++) reverse[l] = l ^ 1; /* flowsim.reverse_links */
+        e->ack.reverse = reverse;
+    }
     return e;
 }
 
@@ -608,14 +714,20 @@ int m4ray_engine_complete(engine *e, int64_t row, double t) {
         int rc = (!rows || !off || !idx) ? 2 : 0;
         if (!rc) {
             int64_t n = comp_rows(e, c, rows, off, idx);
-            rc = m4ray_fluid_catch_up(e->state, e->n_rows, n, rows, off, idx, e->capacity,
-                                      e->slot, t);
+            fluid s = view(e->state, e->n_rows);
+            rc = catch_up(&s, engine_acks(e), n, rows, off, idx, e->capacity, e->slot, t);
         }
         free(rows);
         free(off);
         free(idx);
         if (rc) return rc;
         c->t_fluid = t;
+    }
+    if (engine_acks(e)) { /* Fluid.release: its data leaves its links */
+        fluid s = view(e->state, e->n_rows);
+        int64_t entry[2] = {0, e->plen[row]};
+        double zero = 0.0;
+        set_rates(&s, &e->ack, 1, &row, NULL, entry, e->path + row * e->max_len, &zero);
     }
     if (e->prev[row] >= 0)
         e->next[e->prev[row]] = e->next[row];
@@ -719,8 +831,9 @@ int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flo
             memcpy(idx + off[f], e->path + rows[f] * e->max_len, plen[f] * sizeof(int64_t));
             off[f + 1] = off[f] + plen[f];
         }
-        int rc = m4ray_fluid_advance(e->state, e->n_rows, F, rows, off, idx, e->capacity,
-                                     e->slot, t, e->hold, base, features);
+        fluid s = view(e->state, e->n_rows);
+        int rc = advance(&s, engine_acks(e), F, rows, off, idx, e->capacity, e->slot, t, e->hold,
+                         base, features);
         if (rc) {
             free(tmp);
             return -2;

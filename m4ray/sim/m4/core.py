@@ -23,14 +23,15 @@ def library() -> ctypes.CDLL | None:
         return None
     ptr, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     common = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f64]  # state .. t
+    acks = [f64, ptr, ptr]  # ACK fraction, reverse links (NULL: no ACK load), data rates
     lib.m4ray_fluid_catch_up.restype = ctypes.c_int
-    lib.m4ray_fluid_catch_up.argtypes = common
+    lib.m4ray_fluid_catch_up.argtypes = [*common, *acks]
     lib.m4ray_fluid_advance.restype = ctypes.c_int
-    lib.m4ray_fluid_advance.argtypes = [*common, ctypes.c_int, ptr, ptr]
+    lib.m4ray_fluid_advance.argtypes = [*common, ctypes.c_int, ptr, ptr, *acks]
     # the engine core (NativeM4Engine)
     lib.m4ray_engine_new.restype = ptr
     lib.m4ray_engine_new.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int]
-    lib.m4ray_engine_new.argtypes += [f64] * 4
+    lib.m4ray_engine_new.argtypes += [f64] * 5
     lib.m4ray_engine_free.restype = None
     lib.m4ray_engine_free.argtypes = [ptr]
     lib.m4ray_engine_arrive.restype = i64

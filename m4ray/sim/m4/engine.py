@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
-from m4ray.sim.flowsim import Window
+from m4ray.sim.flowsim import Window, reverse_links
 from m4ray.sim.m4 import core
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.fluid import N_FEATURES, Fluid, offsets
@@ -90,6 +90,7 @@ class M4Engine:
         *,
         window: Window | None = None,
         link_latency_s: np.ndarray | None = None,
+        ack_fraction: float = 0.0,
         native: bool = True,
     ) -> None:
         if len(params13) != model_cfg.n_params:
@@ -105,7 +106,10 @@ class M4Engine:
         self._link_init = initial_link_state(model_cfg, bw)
         self._h_link = self._link_init.copy()
         self._capacity = np.asarray(link_bandwidth_bps, dtype=np.float64).copy()
-        self._fluid = Fluid(0, hold=model_cfg.fluid_hold) if model_cfg.fluid else None
+        # the anchor's ACK load (models with fluid_acks, over RDMA: ACK bits per data bit)
+        self._ack_fraction = ack_fraction if model_cfg.fluid and model_cfg.fluid_acks else 0.0
+        acks = (self._ack_fraction, reverse_links(len(bw))) if self._ack_fraction > 0 else None
+        self._fluid = Fluid(0, hold=model_cfg.fluid_hold, acks=acks) if model_cfg.fluid else None
         # the anchor's sender window (models with fluid_window; None: no window binds)
         self._window = window if model_cfg.fluid and model_cfg.fluid_window else None
         if self._window is not None and link_latency_s is None:
@@ -216,6 +220,7 @@ class M4Engine:
         comp = self._comps[c]
         if self._fluid is not None:  # the flows left behind shared with it until now
             self._fluid_catch_up(comp, t)
+            self._fluid.release(self._rows[flow_id], self._links_of[flow_id])
         row = self._rows.pop(flow_id)
         del comp.flows[flow_id]
         self._fresh.pop(row, None)
@@ -467,6 +472,7 @@ class NativeM4Engine(M4Engine):
             float(wire.header_bytes),
             0.0 if window is None else float(window.bytes),
             0.0 if window is None else float(window.ack_bytes),
+            float(self._ack_fraction),
         )
         if not self._core:
             raise MemoryError("m4 engine core: out of memory")

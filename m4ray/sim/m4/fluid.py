@@ -22,8 +22,18 @@ when it drained (if it has) and when the row was last brought up to date.
   alone, it drains when the packet model says: flowSim with that window. RDMA's fixed window
   below a path's bandwidth-delay product is what made ns-3's 10–100 KB flows 1.9x (fat-tree)
   to 5x (rail) slower than flowSim on topologies m4 never saw.
+* With ACK load (``ModelConfig.fluid_acks``; ``acks``), the receivers' ACKs take their share of
+  the links, as in flowSim with ``ack_load`` (:func:`~m4ray.sim.flowsim.ack_capacity`): a link
+  gives data what the ACKs of the data on its reverse link leave. The data rate per link is
+  that of every active row, kept here as rows' rates change, so one component's ACKs slow
+  another's data (a ring's step: each flow's ACKs ride with the next flow's data); a share runs
+  three times, its rows' rates counted after each (from idle links: 1, 1 − a, 1 − a + a²
+  of a ring step's link, where ns-3 gives 1 / (1 + a)). RDMA ACKs every packet, and ns-3's ring
+  steps took 1 / (1 + ack / packet) of a link where flowSim gave all of it (0.2–0.7 % on the
+  gray-failure grid).
 * A departing flow's rows are caught up first (:meth:`Fluid.catch_up` from the engine's
-  ``complete``), so the flows left behind shared with it until it went.
+  ``complete``), so the flows left behind shared with it until it went; then its rate leaves
+  its links (:meth:`Fluid.release`).
 
 The projected slowdown ``base = (projection − start) / ideal`` is flowSim's answer for that flow
 given the events so far; the model predicts ``base × (1 + correction)`` and reads three features:
@@ -41,10 +51,11 @@ from __future__ import annotations
 import numpy as np
 
 from m4ray.errors import SimulationError
-from m4ray.sim.flowsim import max_min_rates
+from m4ray.sim.flowsim import ack_capacity, max_min_rates
 from m4ray.sim.m4.core import library
 
 N_FEATURES = 3
+ACK_PASSES = 3  # max-min passes of a share with ACK load (flowSim's too; _core.c's)
 _REL_TIE = 1e-9  # drains within this relative distance of the earliest happen together (flowSim)
 
 Links = list[np.ndarray] | tuple[np.ndarray, np.ndarray]
@@ -83,7 +94,8 @@ class Fluid:
 
     The per-row arrays are the rows of one block ``[len(_ARRAYS), n_rows]`` (what the compiled
     twin reads). ``native``: use it when it builds (the default; ``False`` runs the Python
-    loops, the reference)."""
+    loops, the reference). ``acks``: (ACK bits per data bit, each link's reverse link or -1)
+    for the ACK load (None: off)."""
 
     _ARRAYS = (
         "work",
@@ -98,7 +110,14 @@ class Fluid:
         "drained",
     )  # the field order of _core.c
 
-    def __init__(self, n_rows: int = 64, *, hold: bool = True, native: bool = True) -> None:
+    def __init__(
+        self,
+        n_rows: int = 64,
+        *,
+        hold: bool = True,
+        native: bool = True,
+        acks: tuple[float, np.ndarray] | None = None,
+    ) -> None:
         # hold: a drained flow that is still active is projected no earlier than now (m4-v2);
         # otherwise at its drain end + delay, possibly past (the backend then completes it at
         # once), so a correction > 0 cannot compound through a projection that grows with time
@@ -106,6 +125,11 @@ class Fluid:
         self.native = native and library() is not None
         self._state = np.zeros((len(self._ARRAYS), 0))
         self._slot = np.zeros(0, dtype=np.int64)  # the compiled twin's per-link scratch
+        self.ack_fraction, self.reverse, self.data = 0.0, None, None
+        if acks is not None:
+            self.ack_fraction = float(acks[0])
+            self.reverse = np.ascontiguousarray(acks[1], dtype=np.int64)
+            self.data = np.zeros(len(self.reverse))  # Σ rates of the rows on each link
         self.resize(n_rows)
 
     def resize(self, n_rows: int) -> None:
@@ -151,6 +175,8 @@ class Fluid:
         if len(self._slot) < len(capacity):
             self._slot = np.full(len(capacity), -1, dtype=np.int64)
         keep = (rows, off, idx, capacity)  # alive while C reads them
+        if self.reverse is not None and len(self.reverse) < len(capacity):
+            raise ValueError(f"ACK load over {len(self.reverse)} links, {len(capacity)} given")
         args = (
             self._state.ctypes.data,
             self._state.shape[1],
@@ -177,7 +203,7 @@ class Fluid:
         itself whenever one of its flows drains."""
         if self.native:
             _keep, args = self._native_args(rows, links, capacity_bps, t)
-            self._check(library().m4ray_fluid_catch_up(*args))
+            self._check(library().m4ray_fluid_catch_up(*args, *self._native_acks()))
             return
         links = _lists(links)
         rows = np.asarray(rows, dtype=np.int64)
@@ -205,7 +231,38 @@ class Fluid:
             rate = self._share(rows, left, links, capacity_bps)
         self.left[rows], self.rate[rows] = left, rate
 
+    def _native_acks(self) -> tuple:
+        if self.reverse is None:
+            return (0.0, None, None)
+        return (self.ack_fraction, self.reverse.ctypes.data, self.data.ctypes.data)
+
+    def release(self, row: int, links) -> None:
+        """``row``'s flow has left (caught up first): its rate leaves its ``links``."""
+        if self.reverse is not None:
+            self._set_rates([row], [np.asarray(links)], np.zeros(1))
+
+    def _set_rates(self, rows, links, rate: np.ndarray) -> None:
+        """Rows take their new rates; their links' data rates follow (``_core.c`` set_rates,
+        in the same order: the two agree to the bit)."""
+        data, old = self.data, self.rate
+        for r, ls, new in zip(list(rows), links, rate.tolist(), strict=True):
+            d = new - old[r]
+            if d == 0:
+                continue
+            for link in ls.tolist():
+                data[link] += d
+            old[r] = new
+
     def _share(self, rows, left, links, capacity_bps) -> np.ndarray:
+        if self.reverse is None:
+            return self._rates(rows, left, links, capacity_bps)
+        for _ in range(ACK_PASSES):
+            capacity = ack_capacity(capacity_bps, self.reverse, self.ack_fraction, self.data)
+            rate = self._rates(rows, left, links, capacity)
+            self._set_rates(rows, links, rate)
+        return rate
+
+    def _rates(self, rows, left, links, capacity_bps) -> np.ndarray:
         rate = np.zeros(len(left))
         live = np.flatnonzero(left > 0)
         if len(live):
@@ -225,7 +282,7 @@ class Fluid:
             base = np.empty(len(keep[0]))
             features = np.empty((len(keep[0]), N_FEATURES))
             rc = library().m4ray_fluid_advance(
-                *args, int(self.hold), base.ctypes.data, features.ctypes.data
+                *args, int(self.hold), base.ctypes.data, features.ctypes.data, *self._native_acks()
             )
             self._check(rc)
             return base, features
