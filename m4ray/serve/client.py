@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from m4ray.errors import InputError, M4rayError, SimulationError
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.backend import M4Backend
@@ -136,27 +138,45 @@ def _arrival(a: Arrival) -> dict[str, int]:
 
 
 class ServedEngine:
-    """The engine side of :class:`M4Backend`, held by a server session."""
+    """The engine side of :class:`M4Backend`, held by a server session. Active flows get rows
+    here as the in-process engine gives them (reused once a flow leaves), which the backend
+    keys its predictions' versions by."""
 
     def __init__(self, client: SessionClient, routing: Routing) -> None:
         self.client = client
         self.routing = routing
         self._events: list[tuple[float, Arrival | int]] = []  # in order, since the last update
+        self._rows: dict[int, int] = {}
+        self._free: list[int] = []
 
     def arrive(self, flow: Arrival, t: float) -> float:
         self._events.append((t, flow))
+        self._rows[flow.id] = self._free.pop() if self._free else len(self._rows)
         path = self.routing.path(flow.src, flow.dst, flow.id)
         return t + self.routing.ideal_fct(flow.size_bytes, path)
 
     def complete(self, flow_id: int, t: float) -> float:
         self._events.append((t, flow_id))
+        self._free.append(self._rows.pop(flow_id))
         return math.nan
+
+    def row(self, flow_id: int) -> int:
+        return self._rows[flow_id]
 
     def update(self, t: float) -> dict[int, float]:
         if not self._events:
             return {}
         events, self._events = self._events, []
         return self.client.events(t, sequence=events)
+
+    def predict(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`update` as (rows, flow ids, times), as the in-process engine gives them."""
+        predictions = self.update(t)
+        if not predictions:
+            return None
+        ids = np.fromiter(predictions, np.int64, len(predictions))
+        rows = np.fromiter(map(self._rows.__getitem__, predictions), np.int64, len(ids))
+        return rows, ids, np.fromiter(predictions.values(), np.float64, len(ids))
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
         raise SimulationError("link-rate changes during a run are not supported by m4_served")

@@ -258,8 +258,8 @@ def test_engine_initial_flow_states_are_the_models(model):
         model.cfg, torch.tensor(sizes), torch.tensor([len(p) for p in paths])
     )
     (graph,) = pending.graphs  # flows 0 and 4 share link 0: one component, listed first
-    assert pending.flow_ids == [0, 4, 1, 2, 3]
-    order = torch.tensor(pending.flow_ids)
+    assert np.asarray(pending.flow_ids).tolist() == [0, 4, 1, 2, 3]
+    order = torch.as_tensor(pending.flow_ids)
     torch.testing.assert_close(
         torch.as_tensor(graph.h_flow), expected[order].double(), rtol=1e-7, atol=1e-7
     )

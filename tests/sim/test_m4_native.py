@@ -195,9 +195,10 @@ def test_without_a_compiler_the_python_engine_answers_with_one_warning(monkeypat
 class _PerFlow(M4Backend):
     """The backend as it scheduled before batches: one event per flow and update."""
 
-    def _apply(self, predictions):
-        for flow_id, t in predictions.items():
-            self._at(flow_id, t)
+    def _apply(self, predicted):
+        if predicted is not None:
+            for flow_id, t in zip(predicted[1].tolist(), predicted[2].tolist(), strict=True):
+                self._at(flow_id, t)
 
 
 @pytest.mark.parametrize("window_us", [None, 0.0, 10.0])

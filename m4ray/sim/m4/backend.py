@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
@@ -90,6 +92,10 @@ class Engine(Protocol):
     def complete(self, flow_id: int, t: float) -> float: ...
 
     def update(self, t: float) -> dict[int, float]: ...
+
+    def predict(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None: ...
+
+    def row(self, flow_id: int) -> int: ...
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None: ...
 
@@ -175,12 +181,14 @@ def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routi
 
 
 class _Batch:
-    """One update's predicted completions in time order, and the next one to run (``i``)."""
+    """One update's predicted completions in time order (the flows' ids, rows and the rows'
+    versions then), and the next one to run (``i``)."""
 
-    __slots__ = ("flows", "i", "ranks", "times", "versions")
+    __slots__ = ("flows", "i", "ranks", "rows", "times", "versions")
 
-    def __init__(self, times, flows, versions, ranks) -> None:
-        self.times, self.flows, self.versions, self.ranks = times, flows, versions, ranks
+    def __init__(self, times, flows, rows, versions, ranks) -> None:
+        self.times, self.flows, self.rows = times, flows, rows
+        self.versions, self.ranks = versions, ranks
         self.i = 0
 
 
@@ -193,7 +201,9 @@ class M4Backend(QueueClock):
         self.events = EventQueue()
         self._now = 0.0
         self._done: dict[int, DoneCallback] = {}
-        self._version: dict[int, int] = {}
+        # per engine row, the version of its latest prediction: an event whose version is no
+        # longer its row's was superseded (rows are reused, versions only grow)
+        self._version = np.zeros(64, dtype=np.int64)
         self._armed = False
         self.n_events = 0  # arrivals + completions
 
@@ -203,7 +213,6 @@ class M4Backend(QueueClock):
             Arrival(flow.id, flow.src, flow.dst, flow.size_bytes), self._now
         )
         self._done[flow.id] = on_done
-        self._version[flow.id] = 0
         self.n_events += 1
         if self.window_s:
             self._at(flow.id, baseline)
@@ -228,44 +237,54 @@ class M4Backend(QueueClock):
     # ------------------------------------------------------------ internals
     def _changed(self) -> None:
         if self.window_s is None:
-            self._apply(self.engine.update(self._now))
+            self._apply(self.engine.predict(self._now))
         elif not self._armed:
             self._armed = True
             self.events.push(self._now + self.window_s, self._timer)
 
     def _timer(self) -> None:
         self._armed = False
-        self._apply(self.engine.update(self._now))
+        self._apply(self.engine.predict(self._now))
 
-    def _apply(self, predictions: dict[int, float]) -> None:
+    def _bump(self, rows: np.ndarray) -> np.ndarray:
+        """New versions of ``rows``' predictions."""
+        if rows.max() >= len(self._version):
+            grown = np.zeros(2 * int(rows.max()) + 2, dtype=np.int64)
+            grown[: len(self._version)] = self._version
+            self._version = grown
+        self._version[rows] += 1
+        return self._version[rows]
+
+    def _apply(self, predicted) -> None:
         """Schedule an update's predicted completions as one batch: the flows in time order,
         each at the insertion rank its own event would have had (:meth:`EventQueue.reserve`),
         and only the next one in the queue at a time. Same order of events as one event per
         flow, without a heap entry per flow and update (a component of thousands of flows,
-        an all-to-all at scale, is updated at every completion)."""
-        if not predictions:
+        an all-to-all at scale, is updated at every completion). ``predicted``: the engine's
+        (rows, flow ids, times), or None."""
+        if predicted is None:
             return
-        flows = list(predictions)
-        now = self._now
-        times = [max(t, now) for t in predictions.values()]
-        version = self._version
-        for flow_id in flows:
-            version[flow_id] += 1
-        first = self.events.reserve(len(flows))
-        order = sorted(range(len(flows)), key=times.__getitem__)  # stable: ties by rank
+        rows, flows, times = predicted
+        if not len(rows):
+            return
+        times = np.maximum(times, self._now)
+        versions = self._bump(rows)
+        first = self.events.reserve(len(rows))
+        order = np.argsort(times, kind="stable")  # ties by rank
         batch = _Batch(
-            [times[i] for i in order],
-            [flows[i] for i in order],
-            [version[flows[i]] for i in order],
-            [first + i for i in order],
+            times[order].tolist(),
+            flows[order].tolist(),
+            rows[order].tolist(),
+            versions[order].tolist(),
+            (order + first).tolist(),
         )
         self._next_in(batch)
 
     def _next_in(self, batch: _Batch) -> None:
         """Queue ``batch``'s next completion that is still current (a later update may have
         superseded the others: they would do nothing)."""
-        version, i = self._version, batch.i
-        while i < len(batch.flows) and version.get(batch.flows[i]) != batch.versions[i]:
+        version, i, rows = self._version, batch.i, batch.rows
+        while i < len(rows) and version[rows[i]] != batch.versions[i]:
             i += 1
         batch.i = i
         if i < len(batch.flows):
@@ -274,18 +293,18 @@ class M4Backend(QueueClock):
     def _fire(self, batch: _Batch) -> None:
         i = batch.i
         batch.i = i + 1
-        self._finish(batch.flows[i], batch.versions[i])
+        self._finish(batch.flows[i], batch.rows[i], batch.versions[i])
         self._next_in(batch)
 
     def _at(self, flow_id: int, t: float) -> None:
-        version = self._version[flow_id] = self._version[flow_id] + 1
-        self.events.push(max(t, self._now), lambda: self._finish(flow_id, version))
+        row = self.engine.row(flow_id)
+        version = int(self._bump(np.array([row]))[0])
+        self.events.push(max(t, self._now), lambda: self._finish(flow_id, row, version))
 
-    def _finish(self, flow_id: int, version: int) -> None:
-        if self._version.get(flow_id) != version:
+    def _finish(self, flow_id: int, row: int, version: int) -> None:
+        if self._version[row] != version:
             return  # superseded by a newer prediction
         self.engine.complete(flow_id, self._now)
-        del self._version[flow_id]
         on_done = self._done.pop(flow_id)
         self.n_events += 1
         self._changed()

@@ -61,7 +61,7 @@ class Pending:
 
     t: float
     comps: list[int]
-    flow_ids: list[int]
+    flow_ids: list[int] | np.ndarray  # (the compiled engine: an array)
     rows: np.ndarray
     links: np.ndarray
     graphs: list[StepGraph]
@@ -254,12 +254,27 @@ class M4Engine:
 
     def update(self, t: float) -> dict[int, float]:
         """Advance the touched components to ``t``; predicted completion time per flow in them."""
+        predicted = self.predict(t)
+        if predicted is None:
+            return {}
+        _, flow_ids, finish = predicted
+        return dict(zip(flow_ids.tolist(), finish.tolist(), strict=True))
+
+    def predict(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`update` as arrays (None when nothing changed): the updated flows' rows, ids
+        and predicted completion times (what :class:`M4Backend` schedules, with no per-flow
+        Python for the thousands of flows of an all-to-all's component)."""
         if self.stepper is None:
             raise SimulationError("this engine has no stepper; use prepare()/finish()")
         pending = self.prepare(t)
         if pending is None:
-            return {}
-        return self.finish(pending, self.stepper(pending.graphs))
+            return None
+        finish = self._finish_times(pending, self.stepper(pending.graphs))
+        return pending.rows, np.asarray(pending.flow_ids, dtype=np.int64), finish
+
+    def row(self, flow_id: int) -> int:
+        """The state row of active flow ``flow_id`` (reused once it leaves)."""
+        return self._rows[flow_id]
 
     def prepare(self, t: float) -> Pending | None:
         """The touched components at ``t`` as one graph (None when nothing changed)."""
@@ -327,14 +342,18 @@ class M4Engine:
 
     def finish(self, pending: Pending, outs: list[StepOut]) -> dict[int, float]:
         """Write back the stepper's ``outs`` for ``pending``; predicted completion per flow."""
+        finish = self._finish_times(pending, outs)
+        return dict(zip(np.asarray(pending.flow_ids).tolist(), finish.tolist(), strict=True))
+
+    def _finish_times(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
+        """:meth:`finish`'s write-back; the predicted completion times in ``pending``'s order."""
         slowdown = self._write_back(pending, outs)
         rows = pending.rows
         self._slow[rows] = slowdown
         for c in pending.comps:
             self._comps[c].t_last = pending.t
         finish = self._start[rows] + slowdown * self._ideal[rows]
-        finish = np.round(finish * TICKS_PER_S) / TICKS_PER_S  # see TICKS_PER_S
-        return dict(zip(pending.flow_ids, finish.tolist(), strict=True))
+        return np.round(finish * TICKS_PER_S) / TICKS_PER_S  # see TICKS_PER_S
 
     @property
     def n_active(self) -> int:
@@ -478,7 +497,7 @@ class NativeM4Engine(M4Engine):
             raise MemoryError("m4 engine core: out of memory")
         self._fluid = None  # the core keeps the anchor's rows
         self._anchored = bool(model_cfg.fluid)
-        self._flow_of: list[int] = []  # row -> flow id
+        self._flow_of = np.full(64, -1, dtype=np.int64)  # row -> flow id
         self._buf = np.zeros(64, dtype=np.int64)  # an arriving flow's links
         self._sizes = np.zeros(4, dtype=np.int64)
 
@@ -508,10 +527,11 @@ class NativeM4Engine(M4Engine):
             grown = np.zeros((2 * row + 2, self.cfg.hidden))
             grown[: len(self._h_flow)] = self._h_flow
             self._h_flow = grown
-        flow_of = self._flow_of
-        if row >= len(flow_of):
-            flow_of.extend([-1] * (row + 1 - len(flow_of)))
-        flow_of[row] = flow_id
+        if row >= len(self._flow_of):
+            grown = np.full(2 * row + 2, -1, dtype=np.int64)
+            grown[: len(self._flow_of)] = self._flow_of
+            self._flow_of = grown
+        self._flow_of[row] = flow_id
         self._rows[flow_id] = row
         self._fresh[row] = (size_bytes, n)
         return t + ideal_s
@@ -560,17 +580,16 @@ class NativeM4Engine(M4Engine):
             raise MemoryError("m4 engine core: out of memory")
         links = links[:n_used]
         graph = self._graph(rows, links, dt, flows_per, links_per, incidence, plen, base, features)
-        flow_of = self._flow_of
         return Pending(
             t=t,
             comps=comps,
-            flow_ids=[flow_of[r] for r in rows.tolist()],
+            flow_ids=self._flow_of[rows],
             rows=rows,
             links=links,
             graphs=[graph],
         )
 
-    def finish(self, pending: Pending, outs: list[StepOut]) -> dict[int, float]:
+    def _finish_times(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
         slowdown = np.ascontiguousarray(self._write_back(pending, outs), dtype=np.float64)
         rows = pending.rows
         finish = np.empty(len(rows))
@@ -584,7 +603,7 @@ class NativeM4Engine(M4Engine):
             slowdown.ctypes.data,
             finish.ctypes.data,
         )
-        return dict(zip(pending.flow_ids, finish.tolist(), strict=True))
+        return finish
 
     @property
     def n_components(self) -> int:

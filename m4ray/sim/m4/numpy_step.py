@@ -30,6 +30,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse
 
 from m4ray import native
 from m4ray.errors import InputError
@@ -168,13 +169,11 @@ class NumpyModel:
             return h
         return np.where(moving[:, None], self._gru(name, dt[:, None], h), h)
 
-    def _sage(self, i: int, x: np.ndarray, sources, targets, starts) -> np.ndarray:
-        """One GraphSAGE layer; edge ``k`` (sorted by target) carries ``sources[k]``'s
-        message; ``targets`` / ``starts``: each target node and its first edge."""
+    def _sage(self, i: int, x: np.ndarray, adjacency: scipy.sparse.csr_matrix) -> np.ndarray:
+        """One GraphSAGE layer; row ``t`` of ``adjacency`` holds a 1 per edge into node ``t``
+        (at its source's column), so its product with the messages sums each node's."""
         messages = np.maximum(self._linear(f"gnn.{i}.lin", x), 0.0)
-        aggregated = np.zeros_like(x)
-        if len(sources):
-            aggregated[targets] = np.add.reduceat(messages[sources], starts, axis=0)
+        aggregated = adjacency @ messages
         y = self._linear(f"gnn.{i}.lin_l", aggregated) + self._linear(
             f"gnn.{i}.lin_r", x, bias=False
         )
@@ -223,14 +222,18 @@ class NumpyModel:
         n_f = len(h_flow)
         flow, link = incidence[0], incidence[1] + n_f
         src, dst = cat([flow, link]), cat([link, flow])
-        order = np.argsort(dst, kind="stable")  # each node's edges in edge order
-        sorted_dst = dst[order]
-        first = np.flatnonzero(np.r_[True, sorted_dst[1:] != sorted_dst[:-1]]) if len(dst) else []
-        targets = sorted_dst[first] if len(dst) else np.zeros(0, dtype=np.int64)
-        source_rows = src[order]
         x = cat([h_flow, h_link])
+        # sums into each node as a sparse product (np.add.reduceat over gathered messages took
+        # 10x as long): each node's edges in edge order, so the sums run in the same order
+        # whether this graph is stepped alone or beside others (alone = batched, to the bit)
+        order = np.argsort(dst, kind="stable")
+        starts = np.zeros(len(x) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=len(x)), out=starts[1:])
+        adjacency = scipy.sparse.csr_matrix(
+            (np.ones(len(dst)), src[order], starts), shape=(len(x), len(x))
+        )
         for i in range(cfg.gnn_layers):
-            x = self._sage(i, x, source_rows, targets, first)
+            x = self._sage(i, x, adjacency)
         rate_in = [x[:n_f], params] + ([fluid] if cfg.fluid else [])
         new_flow = self._gru("gru_rate", cat(rate_in, axis=1), h_flow)
         new_link = self._gru("gru_rate_link", x[n_f:], h_link)
