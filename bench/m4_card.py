@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN = "<!-- bench/m4_card.py: begin (generated; do not edit) -->"
 END = "<!-- bench/m4_card.py: end -->"
 GRID_SCALE1 = ["grid.n=[2,8,16]", "grid.r=[4,7,10]", "workload.scale=1"]
-BACKENDS = "backends=[ns3,flowsim,flowsim_acks,m4]"  # flowSim with ACK load: m4's anchor's physics
 
 
 def commands(checkpoint: str, name: str, shared: Path | None) -> dict[str, list[str]]:
@@ -46,8 +45,8 @@ def commands(checkpoint: str, name: str, shared: Path | None) -> dict[str, list[
     out = {
         "holdout": [py, "bench/m4_holdout.py", "--m4", "m4-small", checkpoint, "--scenarios", "1"],
         "incast": [py, "bench/incast.py", "--m4", "m4-small", checkpoint],
-        "sweep": [*sweep, f"name=card-{name}-sweep", BACKENDS],
-        "scale1": [*sweep, f"name=card-{name}-scale1", BACKENDS, *GRID_SCALE1],
+        "sweep": [*sweep, f"name=card-{name}-sweep"],
+        "scale1": [*sweep, f"name=card-{name}-scale1", *GRID_SCALE1],
     }
     if shared is not None:
         out["m4_example"] = [

@@ -81,6 +81,9 @@ def mix64_array(*values: np.ndarray) -> np.ndarray:
     return h
 
 
+_MAX_PATHS = 1 << 16  # path descriptions a Routing keeps (bounded memory at 1,024+ GPUs)
+
+
 class Routing:
     """Routes flows over a :class:`Topology`; distances are computed lazily per destination host."""
 
@@ -90,6 +93,11 @@ class Routing:
         self.wire = wire or WireFormat()
         self._dist: dict[int, np.ndarray] = {}
         self._last: tuple[tuple[int, int, int], Path] | None = None  # see path()
+        # kept: each (switch, dst)'s next-hop links toward dst (hosts have a port or two: not
+        # worth their memory), and the descriptions of the first _MAX_PATHS paths (a
+        # collective's flows take the same few again and again)
+        self._next: dict[tuple[int, int], list[int]] = {}
+        self._paths: dict[tuple[int, ...], Path] = {}
         self.memo: dict = {}  # what callers derive from this routing once (max_bdp_bytes)
         self._host_set = frozenset(topo.hosts)
         self._bw = topo.bandwidth_bps.tolist()
@@ -204,19 +212,29 @@ class Routing:
         links = []
         node = src
         while node != dst:
-            candidates = [
-                link
-                for link in self.topo.out_links[node]
-                if dist[self._dst_of[link]] == dist[node] - 1
-                and (self._dst_of[link] == dst or self._dst_of[link] not in self._host_set)
-            ]
+            candidates = self._next.get((node, dst))
+            if candidates is None:
+                candidates = [
+                    link
+                    for link in self.topo.out_links[node]
+                    if dist[self._dst_of[link]] == dist[node] - 1
+                    and (self._dst_of[link] == dst or self._dst_of[link] not in self._host_set)
+                ]
+                if node not in self._host_set:
+                    self._next[node, dst] = candidates
             if len(candidates) > 1:
                 link = candidates[mix64(self.seed, src, dst, flow_key, node) % len(candidates)]
             else:
                 link = candidates[0]
             links.append(link)
             node = self._dst_of[link]
-        return self._describe(tuple(links))
+        key = tuple(links)
+        path = self._paths.get(key)
+        if path is None:
+            path = self._describe(key)
+            if len(self._paths) < _MAX_PATHS:
+                self._paths[key] = path
+        return path
 
     def _describe(self, links: tuple[int, ...]) -> Path:
         bw = [self._bw[link] for link in links]
