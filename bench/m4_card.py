@@ -78,11 +78,28 @@ def keep_tables(stdout: str) -> str:
     return "\n".join(line for line in stdout.splitlines() if not noise.match(line))
 
 
-def write(card: Path, sections: dict[str, tuple[list[str], str, float]]) -> None:
+def written(text: str) -> dict[str, str]:
+    """The sections a card already has, by name (their text, heading included)."""
+    block = re.search(re.escape(BEGIN) + "(.*?)" + re.escape(END), text, re.S)
+    if block is None:
+        return {}
+    pieces = re.split(r"^(?=### )", block.group(1), flags=re.M)[1:]
+    return {piece.split()[1]: piece.rstrip("\n") + "\n" for piece in pieces}
+
+
+def write(card: Path, sections: dict[str, tuple[list[str], str, float]], order: list[str]) -> None:
+    """Write ``sections`` into the card's generated block; sections in ``order`` that were not
+    run keep their earlier text (``--only``)."""
     text = card.read_text()
+    earlier = written(text)
     old = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END) + "\n?", re.S)
     parts = [BEGIN, "## Measured (bench/m4_card.py)", ""]
-    for name, (cmd, stdout, wall) in sections.items():
+    for name in order:
+        if name not in sections:
+            if name in earlier:
+                parts.append(earlier[name])
+            continue
+        cmd, stdout, wall = sections[name]
         shown = " ".join(["python", *cmd[1:]] if cmd[0] == sys.executable else cmd)
         parts += [f"### {name}", "", f"`{shown}` ({wall:.0f} s)", "", "```", stdout, "```", ""]
     section = "\n".join(parts) + END + "\n"
@@ -94,7 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, help="the checkpoint directory (its card)")
     parser.add_argument("--shared", type=Path, help="the shared data folder (the field's files)")
-    parser.add_argument("--only", nargs="+", help="run these sections only (others kept out)")
+    parser.add_argument(
+        "--only", nargs="+", help="rerun these sections only (the card keeps the others)"
+    )
     args = parser.parse_args()
     card = args.checkpoint / "model_card.md"
     if not card.exists():
@@ -109,7 +128,7 @@ def main() -> None:
         stdout, wall = run(cmd)
         sections[name] = (cmd, keep_tables(stdout), wall)
         print(sections[name][1], flush=True)
-    write(card, sections)
+    write(card, sections, list(cmds))
     print(f"wrote {len(sections)} sections into {card}")
 
 

@@ -326,3 +326,19 @@ def test_the_default_checkpoint_is_m4_v2_with_a_card_the_benches_wrote():
     for script in commands:
         assert script == "-m" or (root / script).exists(), script
     assert section.count("```") == 2 * len(commands)  # every command's output pasted
+
+
+def test_a_run_id_names_the_checkpoints_weights_not_only_its_name(tmp_path):
+    """A checkpoint retrained in place gets new run ids (a resumed sweep reruns it instead of
+    returning the old model's rows); the same files keep theirs."""
+    import shutil
+
+    from m4ray.sim.scenario import Scenario
+
+    ckpt = tmp_path / "mine"
+    shutil.copytree(checkpoint_dir("m4-small"), ckpt)
+    first = Scenario(backend="m4", backend_config=M4Config(checkpoint=str(ckpt))).run_id
+    again = Scenario(backend="m4", backend_config=M4Config(checkpoint=str(ckpt))).run_id
+    (ckpt / "model.pt").write_bytes((ckpt / "model.pt").read_bytes() + b"retrained")
+    retrained = Scenario(backend="m4", backend_config=M4Config(checkpoint=str(ckpt))).run_id
+    assert first == again != retrained

@@ -162,17 +162,21 @@ out:
     return rc;
 }
 
-/* Fluid._set_rates: rows take their new rates; the data rate of their links follows. */
-static void set_rates(fluid *s, const ackload *a, int64_t n, const int64_t *rows,
-                      const int64_t *pos, const int64_t *off, const int64_t *idx,
-                      const double *rate) {
+/* Fluid._set_rates: rows take their new rates; the data rate of their links follows. Returns
+ * whether any rate changed. */
+static int set_rates(fluid *s, const ackload *a, int64_t n, const int64_t *rows,
+                     const int64_t *pos, const int64_t *off, const int64_t *idx,
+                     const double *rate) {
+    int changed = 0;
     for (int64_t i = 0; i < n; i++) {
         double d = rate[i] - s->f[RATE][rows[i]];
         if (d == 0) continue;
         int64_t e = pos ? pos[i] : i;
         for (int64_t j = off[e]; j < off[e + 1]; j++) a->data[idx[j]] += d;
         s->f[RATE][rows[i]] = rate[i];
+        changed = 1;
     }
+    return changed;
 }
 
 /* Fluid._rates: max-min rates of the rows with bits left (0 for the others) into rate[n].
@@ -211,8 +215,9 @@ out:
     return rc;
 }
 
-/* Fluid._share: the rates; with ACK load ACK_PASSES times, each pass's rates set
- * (Fluid._set_rates). */
+/* Fluid._share: the rates; with ACK load up to ACK_PASSES times, each pass's rates set
+ * (Fluid._set_rates): a pass that changes no rate leaves the data rates, so every later pass
+ * would give the same rates (stopping there is exact). */
 static int share(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, const int64_t *pos,
                  const double *left, const int64_t *off, const int64_t *idx,
                  const double *capacity, int64_t *slot, double *rate) {
@@ -220,7 +225,7 @@ static int share(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, c
     for (int pass = 0; pass < ACK_PASSES; pass++) {
         int rc = rates(s, ack, n, rows, pos, left, off, idx, capacity, slot, rate);
         if (rc) return rc;
-        set_rates(s, ack, n, rows, pos, off, idx, rate);
+        if (!set_rates(s, ack, n, rows, pos, off, idx, rate)) break;
     }
     return 0;
 }

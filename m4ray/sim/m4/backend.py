@@ -16,6 +16,7 @@ completion is scheduled at its latest prediction and rescheduled whenever an upd
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
+from m4ray.fingerprint import added_field
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.arrival import Arrival
@@ -36,6 +38,27 @@ if TYPE_CHECKING:  # torch is imported when a model is built, not with the confi
     from m4ray.sim.m4.shared import SharedStepper
 
 CHECKPOINTS = Path(__file__).resolve().parents[3] / "checkpoints"
+
+
+def weights_digest(name: str) -> str:
+    """A digest of checkpoint ``name``'s ``model.json`` and ``model.pt`` ("" where there is
+    none: the error comes when the backend is built)."""
+    try:
+        directory = checkpoint_dir(name)
+    except InputError:
+        return ""
+    files = [directory / "model.json", directory / "model.pt"]
+    return _digest(
+        tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists())
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(files: tuple[tuple[str, int, int], ...]) -> str:
+    h = hashlib.sha256()
+    for path, *_ in files:
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def checkpoint_dir(name: str) -> Path:
@@ -110,7 +133,9 @@ class M4Config:
     (1 is fastest for small graphs; 0 leaves them);
     ``max_flows_per_step``: cap on flows in one forward pass; ``share_steps``: a sweep task runs
     up to this many m4 scenarios together in one process, their updates batched into shared
-    forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone."""
+    forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone. ``weights``
+    is set from the checkpoint's files (:func:`weights_digest`), so a run's id names the model
+    that ran, not only its name: a checkpoint retrained in place does not reuse old results."""
 
     checkpoint: str = "m4-v2"
     window_us: float | None = 0.0
@@ -118,8 +143,10 @@ class M4Config:
     threads: int = 1
     max_flows_per_step: int = 4096
     share_steps: int = 64
+    weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
 
     def __post_init__(self) -> None:
+        self.weights = weights_digest(self.checkpoint)
         if self.window_us is not None and self.window_us < 0:
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
         if self.share_steps < 1:

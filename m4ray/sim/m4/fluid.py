@@ -241,10 +241,11 @@ class Fluid:
         if self.reverse is not None:
             self._set_rates([row], [np.asarray(links)], np.zeros(1))
 
-    def _set_rates(self, rows, links, rate: np.ndarray) -> None:
+    def _set_rates(self, rows, links, rate: np.ndarray) -> bool:
         """Rows take their new rates; their links' data rates follow (``_core.c`` set_rates,
-        in the same order: the two agree to the bit)."""
+        in the same order: the two agree to the bit). Returns whether any rate changed."""
         data, old = self.data, self.rate
+        changed = False
         for r, ls, new in zip(list(rows), links, rate.tolist(), strict=True):
             d = new - old[r]
             if d == 0:
@@ -252,14 +253,17 @@ class Fluid:
             for link in ls.tolist():
                 data[link] += d
             old[r] = new
+            changed = True
+        return changed
 
     def _share(self, rows, left, links, capacity_bps) -> np.ndarray:
         if self.reverse is None:
             return self._rates(rows, left, links, capacity_bps)
-        for _ in range(ACK_PASSES):
+        for _ in range(ACK_PASSES):  # a pass that changes no rate ends it (the rest would too)
             capacity = ack_capacity(capacity_bps, self.reverse, self.ack_fraction, self.data)
             rate = self._rates(rows, left, links, capacity)
-            self._set_rates(rows, links, rate)
+            if not self._set_rates(rows, links, rate):
+                break
         return rate
 
     def _rates(self, rows, left, links, capacity_bps) -> np.ndarray:
