@@ -138,9 +138,15 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         f"test_{who}_{stat}": value for who, row in table.items() for stat, value in row.items()
     }
     plot = error_cdf(errors, run_dir / "plots" / "slowdown_error_cdf.png")
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    # the code that trained: the commit the MLflow run recorded when it began (a long run may
+    # export after later commits)
+    began = mlflow.get_run(run_id).data.params.get("git_commit") or git_commit()
     meta = {
         "dataset_version": version,
-        "git_commit": git_commit(),
+        "git_commit": began,
         "epochs": state["epoch"] + 1,
         "train_periods": len(splits["train"]),
         "val_periods": len(splits["val"]),
@@ -154,10 +160,10 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     transports = dataset_transports(cfg.data.dataset)
     if len(transports) == 1:  # what the m4 backend should describe to it (check_transport)
         meta["transport"] = transports[0]
+    if (now := git_commit()) != began:
+        meta["exported_at"] = now
     export_dir = Path(cfg.export_dir or run_dir / "export")
     checkpoint.export(model, export_dir, meta, model_card(meta, table, cfg))
-    import mlflow
-
     with mlflow.start_run(run_id=run_id):
         mlflow.log_metrics(metrics)
         mlflow.log_artifacts(str(export_dir), artifact_path="checkpoint")
@@ -243,6 +249,7 @@ def model_card(meta: dict[str, Any], table: dict[str, dict[str, float]], cfg: Tr
         if m.fluid
         else ""
     )
+    exported = f" (exported at `{meta['exported_at']}`)" if "exported_at" in meta else ""
     return f"""# m4 checkpoint
 
 m4 (arXiv 2503.01770): GRU time/rate cells over flow and link states, {m.gnn_layers} GraphSAGE
@@ -254,7 +261,7 @@ slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.train.checkpoint.l
 - training: {meta["epochs"]} epochs, batch {cfg.batch_size} periods, Adam lr {cfg.lr}, aux weights
   {cfg.weight_remain}/{cfg.weight_queue}; {meta["hardware"]}; {meta["train_wall_s"]} s wall
 - command: `{meta["command"]}`
-- code: git `{meta["git_commit"]}`
+- code: git `{meta["git_commit"]}`{exported}
 - ground truth: ns-3 {meta.get("transport", "(mixed transports)")}{anchor}
 
 ## Held-out per-flow slowdown error |ŝ/s − 1| ({meta["test_flows"]} flows)
