@@ -33,6 +33,7 @@ from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Topology
 
 _REL_TIE = 1e-9  # completions within this relative distance of the earliest finish together
+ACK_PASSES = 3  # max-min passes of a share with ACK load (the m4 anchor's too: fluid.py, _core.c)
 
 
 def max_min_rates(
@@ -112,12 +113,17 @@ def reverse_links(n_links: int) -> np.ndarray:
     return np.arange(n_links, dtype=np.int64) ^ 1
 
 
-def ack_fraction(network, wire: WireFormat) -> float:
-    """ACK wire bits per data wire bit of an ns-3 network config (``Ns3Config``): RDMA ACKs
-    every packet; 0 for TCP (delayed, cumulative ACKs: not modelled)."""
+def ack_fraction(ack_bytes: float, wire: WireFormat) -> float:
+    """ACK wire bits per data wire bit: one ACK of ``ack_bytes`` per full data packet."""
+    return ack_bytes / (wire.mtu_bytes + wire.header_bytes)
+
+
+def network_ack_fraction(network, wire: WireFormat) -> float:
+    """:func:`ack_fraction` of an ns-3 network config (``Ns3Config``): RDMA ACKs every packet;
+    0 for TCP (delayed, cumulative ACKs: not modelled)."""
     if network.transport != "rdma":
         return 0.0
-    return network.rdma.ack_bytes / (wire.mtu_bytes + wire.header_bytes)
+    return ack_fraction(network.rdma.ack_bytes, wire)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,11 +223,7 @@ class FlowSimConfig:
             routing,
             rate_cap_bps=self.rate_cap_bps,
             window=None if self.window_bytes is None else Window(self.window_bytes, self.ack_bytes),
-            ack_fraction=(
-                self.ack_bytes / (routing.wire.mtu_bytes + routing.wire.header_bytes)
-                if self.ack_load
-                else 0.0
-            ),
+            ack_fraction=ack_fraction(self.ack_bytes, routing.wire) if self.ack_load else 0.0,
         )
 
 
@@ -322,15 +324,15 @@ class FlowSim(QueueClock):
         return self._now + dt, finishing
 
     def _share(self, caps: np.ndarray | None) -> np.ndarray:
-        """Max-min rates; with ACK load, twice more over the capacities the previous pass's
-        ACKs leave (the m4 anchor's three passes: the ACKs' share ``a`` is a fraction of a
-        percent to a few, and the third pass leaves an error of ``a³``)."""
+        """Max-min rates; with ACK load, again over the capacities the previous pass's ACKs
+        leave, ``ACK_PASSES`` in all (the ACKs' share ``a`` is a fraction of a percent to a
+        few, and the third pass leaves an error of ``a³``)."""
         rates = max_min_rates(self._links, self._capacity, caps)
         if not self.ack_fraction:
             return rates
         lengths = np.fromiter(map(len, self._links), np.int64, len(self._links))
         every = np.concatenate(self._links)
-        for _ in range(2):
+        for _ in range(ACK_PASSES - 1):
             data = np.bincount(
                 every, weights=np.repeat(rates, lengths), minlength=len(self._capacity)
             )

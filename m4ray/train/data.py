@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from m4ray.errors import InputError
-from m4ray.sim.flowsim import Window
+from m4ray.sim.flowsim import Window, ack_fraction
 from m4ray.sim.ns3.transports import RdmaConfig
 from m4ray.sim.routing import WireFormat
 from m4ray.train.model import PeriodSample
@@ -229,13 +229,12 @@ def _wire(params_json: str) -> WireFormat:
 
 
 def _ack_fraction(params_json: str, wire: WireFormat) -> float:
-    """ACK wire bits per data wire bit (:func:`~m4ray.sim.flowsim.ack_fraction`): RDMA's ACK
-    per packet (datasets before ``ack_bytes`` was recorded: the default ACK); 0 for TCP."""
+    """The scenario's :func:`~m4ray.sim.flowsim.ack_fraction`: RDMA's ACK per packet (datasets
+    before ``ack_bytes`` was recorded: the default ACK); 0 for TCP."""
     params = json.loads(params_json)
     if params.get("transport", "rdma") != "rdma":
         return 0.0
-    ack = int(params.get("ack_bytes", RdmaConfig().ack_bytes))
-    return ack / (wire.mtu_bytes + wire.header_bytes)
+    return ack_fraction(int(params.get("ack_bytes", RdmaConfig().ack_bytes)), wire)
 
 
 def _window(params_json: str, links: pd.DataFrame, wire: WireFormat):

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #define REL_TIE 1e-9
-#define ACK_PASSES 3 /* fluid.ACK_PASSES */
+#define ACK_PASSES 3 /* flowsim.ACK_PASSES */
 
 /* the order of Fluid._ARRAYS */
 enum { WORK, LEFT, RATE, CAP, T_LAST, START, IDEAL, DELAY, BOTTLENECK, DRAINED, N_FIELDS };

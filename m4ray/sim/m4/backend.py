@@ -192,7 +192,7 @@ def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routi
     """An m4 engine for ``topology`` described as ``network`` (the model's params13 and, for
     models whose anchor has a window, the network's sender window over the links' latencies;
     with ACK load, the network's ACK bits per data bit)."""
-    from m4ray.sim.flowsim import Window, ack_fraction
+    from m4ray.sim.flowsim import Window, network_ack_fraction
     from m4ray.sim.m4.engine import M4Engine
 
     return M4Engine(
@@ -203,7 +203,7 @@ def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routi
         routing,
         window=Window.of(network, routing) if model_cfg.fluid_window else None,
         link_latency_s=topology.latency_s,
-        ack_fraction=ack_fraction(network, routing.wire) if model_cfg.fluid_acks else 0.0,
+        ack_fraction=network_ack_fraction(network, routing.wire) if model_cfg.fluid_acks else 0.0,
     )
 
 

@@ -51,11 +51,10 @@ from __future__ import annotations
 import numpy as np
 
 from m4ray.errors import SimulationError
-from m4ray.sim.flowsim import ack_capacity, max_min_rates
+from m4ray.sim.flowsim import ACK_PASSES, ack_capacity, max_min_rates
 from m4ray.sim.m4.core import library
 
 N_FEATURES = 3
-ACK_PASSES = 3  # max-min passes of a share with ACK load (flowSim's too; _core.c's)
 _REL_TIE = 1e-9  # drains within this relative distance of the earliest happen together (flowSim)
 
 Links = list[np.ndarray] | tuple[np.ndarray, np.ndarray]

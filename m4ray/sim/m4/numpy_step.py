@@ -34,6 +34,7 @@ import scipy.sparse
 
 from m4ray import native
 from m4ray.errors import InputError
+from m4ray.sim.m4.fluid import offsets
 from m4ray.sim.m4.graph import StepGraph, StepOut, chunks
 from m4ray.train.config import ModelConfig
 
@@ -227,8 +228,7 @@ class NumpyModel:
         # 10x as long): each node's edges in edge order, so the sums run in the same order
         # whether this graph is stepped alone or beside others (alone = batched, to the bit)
         order = np.argsort(dst, kind="stable")
-        starts = np.zeros(len(x) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(dst, minlength=len(x)), out=starts[1:])
+        starts = offsets(np.bincount(dst, minlength=len(x)))
         adjacency = scipy.sparse.csr_matrix(
             (np.ones(len(dst)), src[order], starts), shape=(len(x), len(x))
         )
