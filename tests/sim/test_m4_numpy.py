@@ -97,6 +97,76 @@ def test_the_shipped_checkpoint_steps_alike_in_numpy_and_torch():
     _assert_same(step(reference, graphs), numpy_model.step(graphs))
 
 
+def _with_components(graphs: list[StepGraph], cfg: ModelConfig) -> StepGraph:
+    """``graphs`` as the components of one graph (rows and wiring concatenated), as the
+    engine packs the components an update touched."""
+    f_off = np.cumsum([0, *(len(g.h_flow) for g in graphs)])
+    l_off = np.cumsum([0, *(len(g.h_link) for g in graphs)])
+    cat = np.concatenate
+    return StepGraph(
+        h_flow=cat([g.h_flow for g in graphs]),
+        h_link=cat([g.h_link for g in graphs]),
+        dt_flow_us=cat([g.dt_flow_us for g in graphs]),
+        dt_link_us=cat([g.dt_link_us for g in graphs]),
+        incidence=cat(
+            [g.incidence + np.array([[f_off[i]], [l_off[i]]]) for i, g in enumerate(graphs)], axis=1
+        ),
+        params=cat([g.params for g in graphs]),
+        n_links=cat([g.n_links for g in graphs]),
+        base=cat([g.base for g in graphs]) if cfg.fluid else None,
+        fluid=cat([g.fluid for g in graphs]) if cfg.fluid else None,
+        comp_flows=np.array([len(g.h_flow) for g in graphs]),
+        comp_links=np.array([len(g.h_link) for g in graphs]),
+    )
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["fingerprints", "all-collide"])
+def test_identical_components_are_stepped_once_with_the_same_answers(collide, monkeypatch):
+    """A batch whose components repeat (a collective's steps; one ring in many scenarios):
+    each distinct component is stepped once and its outputs shared, and the answers equal the
+    plain forward pass over every row. A component that differs from another in one bit of one
+    link state is not shared; with every fingerprint colliding (forced), the word-by-word
+    check still tells components apart."""
+    from m4ray.sim.m4 import numpy_step
+
+    if collide:
+        monkeypatch.setattr(numpy_step, "_MIX", np.zeros(4096, dtype=np.uint64))
+    model = load_numpy_model(str(checkpoint_dir("m4-v2")))
+    cfg = model.cfg
+    a, b, c = _graphs(cfg, np.random.default_rng(7), [(2, 3), (1, 2), (4, 4)])
+    a2 = StepGraph(**{k: getattr(a, k) for k in a.__slots__})
+    a2.h_link = a.h_link.copy()
+    a2.h_link[1, 5] = np.nextafter(a.h_link[1, 5], np.inf)  # one bit from a
+    graphs = [_with_components([a, b, a, c, b], cfg), _with_components([a2, a], cfg), b]
+    rows: list = []
+    forward = model._forward
+
+    def counted(h_flow, *args):
+        rows.append(len(h_flow))
+        return forward(h_flow, *args)
+
+    monkeypatch.setattr(model, "_forward", counted)
+    outs = model.step(graphs)
+    assert rows == [2 + 1 + 4 + 2]  # a, b, c and a2: each distinct component once
+    union = _with_components([a, b, a, c, b, a2, a, b], cfg)
+    plain = forward(
+        union.h_flow,
+        union.h_link,
+        union.dt_flow_us,
+        union.dt_link_us,
+        union.incidence,
+        union.params,
+        union.n_links.astype(float),
+        union.base,
+        union.fluid,
+    )
+    got = [np.concatenate([getattr(o, name) for o in outs]) for name in ("h_flow", "h_link")]
+    np.testing.assert_array_equal(got[0], plain[0])
+    np.testing.assert_array_equal(got[1], plain[1])
+    np.testing.assert_array_equal(np.concatenate([o.slowdown for o in outs]), plain[2])
+    assert not np.array_equal(outs[1].h_link[:3], outs[1].h_link[3:])  # a2 is not a
+
+
 def test_initial_link_states_equal_the_models():
     cfg = ModelConfig(hidden=8)
     rates = np.array([10e9, 25e9, 40e9, 100e9, 200e9, 400e9, 2400e9, 3200e9, 1.6e12])

@@ -29,6 +29,9 @@ class StepGraph:
     n_links: Array
     base: Array | None = None
     fluid: Array | None = None
+    # the engine's components, in row order: flows and links of each (None: one component)
+    comp_flows: Array | None = None
+    comp_links: Array | None = None
 
     @property
     def n_flows(self) -> int:
@@ -44,6 +47,19 @@ class StepOut:
     slowdown: Array
 
 
+def split(h_flow: Array, h_link: Array, slowdown: Array, flow_off, link_off) -> list[StepOut]:
+    """A union's outputs cut back into its graphs' (``*_off``: each graph's first row, then
+    the total)."""
+    return [
+        StepOut(
+            h_flow=h_flow[flow_off[i] : flow_off[i + 1]],
+            h_link=h_link[link_off[i] : link_off[i + 1]],
+            slowdown=slowdown[flow_off[i] : flow_off[i + 1]],
+        )
+        for i in range(len(flow_off) - 1)
+    ]
+
+
 def chunks(graphs: list[StepGraph], max_flows: int) -> list[list[StepGraph]]:
     """Split ``graphs`` (in order) into runs of at most ``max_flows`` flows (a big one alone)."""
     out: list[list[StepGraph]] = [[]]
@@ -57,4 +73,4 @@ def chunks(graphs: list[StepGraph], max_flows: int) -> list[list[StepGraph]]:
     return [c for c in out if c]
 
 
-__all__ = ["StepGraph", "StepOut", "chunks"]
+__all__ = ["StepGraph", "StepOut", "chunks", "split"]

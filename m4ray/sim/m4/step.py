@@ -18,7 +18,7 @@ from itertools import accumulate
 
 import torch
 
-from m4ray.sim.m4.graph import StepGraph, StepOut, chunks
+from m4ray.sim.m4.graph import StepGraph, StepOut, chunks, split
 from m4ray.train.model import M4Model
 
 
@@ -53,14 +53,7 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
         h_flow, h_link = model.time_step(h_flow, h_link, dt_flow, dt_link)
         h_flow, h_link = model.spatial_step(h_flow, h_link, incidence, params, fluid)
         slowdown = model.slowdown(h_flow, n_links, params, fluid, base).clamp(min=1.0)
-    return [
-        StepOut(
-            h_flow=h_flow[flow_off[i] : flow_off[i + 1]],
-            h_link=h_link[link_off[i] : link_off[i + 1]],
-            slowdown=slowdown[flow_off[i] : flow_off[i + 1]],
-        )
-        for i in range(len(graphs))
-    ]
+    return split(h_flow, h_link, slowdown, flow_off, link_off)
 
 
 class LocalStepper:
