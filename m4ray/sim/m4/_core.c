@@ -426,6 +426,10 @@ typedef struct {
     int64_t n_rows, max_len, n_free, n_active;
     int64_t *path, *plen, *comp_of, *next, *prev, *free_rows;
     double *start, *ideal, *slow, *state; /* state: the fluid block [N_FIELDS][n_rows] */
+    /* the flows' neural states [n_rows][hidden]; a fresh row gets its initial state (from its
+     * size feature and path length) when it is first gathered */
+    double *h_flow, *size_feature;
+    int64_t *fresh;
     /* components */
     comp *comps;
     int64_t n_comps, cap_comps, n_live;
@@ -457,6 +461,9 @@ void m4ray_engine_free(engine *e) {
     free(e->ideal);
     free(e->slow);
     free(e->state);
+    free(e->h_flow);
+    free(e->size_feature);
+    free(e->fresh);
     free(e->comps);
     free(e->touched);
     free((int64_t *)e->ack.reverse);
@@ -482,18 +489,21 @@ static int alloc_rows(engine *e, int64_t n_rows, int64_t max_len) {
     free(e->state);
     e->path = path;
     e->state = state;
-    int64_t **ints[] = {&e->plen, &e->comp_of, &e->next, &e->prev, &e->free_rows};
-    for (int i = 0; i < 5; i++) {
+    int64_t **ints[] = {&e->plen, &e->comp_of, &e->next, &e->prev, &e->free_rows, &e->fresh};
+    for (int i = 0; i < 6; i++) {
         int64_t *p = grow(*ints[i], n_rows, sizeof(int64_t));
         if (!p) return 2;
         *ints[i] = p;
     }
-    double **reals[] = {&e->start, &e->ideal, &e->slow};
-    for (int i = 0; i < 3; i++) {
+    double **reals[] = {&e->start, &e->ideal, &e->slow, &e->size_feature};
+    for (int i = 0; i < 4; i++) {
         double *p = grow(*reals[i], n_rows, sizeof(double));
         if (!p) return 2;
         *reals[i] = p;
     }
+    double *h = grow(e->h_flow, n_rows * e->hidden, sizeof(double)); /* rows keep their place */
+    if (!h) return 2;
+    e->h_flow = h;
     /* new rows are taken in increasing order (the free list is a stack) */
     memmove(e->free_rows + (n_rows - old), e->free_rows, e->n_free * sizeof(int64_t));
     for (int64_t r = old; r < n_rows; r++) e->free_rows[n_rows - 1 - r] = r;
@@ -585,7 +595,7 @@ static void window_limit(const engine *e, const int64_t *links, int64_t n, doubl
 /* A flow on `links` arrives at t: joins (merging) the components owning its links; returns its
  * row, -1 for a link id out of range, -2 when memory runs out. */
 int64_t m4ray_engine_arrive(engine *e, const int64_t *links, int64_t n, double wire_bytes,
-                            double ideal, double t) {
+                            double ideal, double t, double size_feature) {
     if (n < 1) return -1;
     for (int64_t i = 0; i < n; i++)
         if (links[i] < 0 || links[i] >= e->n_links) return -1;
@@ -668,6 +678,8 @@ int64_t m4ray_engine_arrive(engine *e, const int64_t *links, int64_t n, double w
     e->start[row] = t;
     e->ideal[row] = ideal;
     e->slow[row] = 1.0;
+    e->size_feature[row] = size_feature;
+    e->fresh[row] = 1;
     e->comp_of[row] = root;
     e->next[row] = -1;
     e->prev[row] = c->tail;
@@ -765,6 +777,40 @@ static int cmp_int64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The step graph's rows of an update (Python-owned, written by prepare): the flows' states
+ * h_flow [F][hidden] and Δt dt_flow [F] (µs), the links' h_link [L][hidden] and dt_link [L],
+ * and the network parameters params [F][n_params] (each row a copy of `params`). */
+typedef struct {
+    double *h_flow, *dt_flow, *h_link, *dt_link, *params;
+    const double *params_row;
+    int64_t n_params;
+} graph_out;
+
+static void gather(engine *e, const graph_out *g, int64_t k, const int64_t *n_flows,
+                   const int64_t *n_links, const double *dt, int64_t F, const int64_t *rows,
+                   int64_t L, const int64_t *links) {
+    int64_t H = e->hidden;
+    for (int64_t f = 0; f < F; f++) {
+        int64_t r = rows[f];
+        double *h = e->h_flow + r * H;
+        if (e->fresh[r]) { /* train.model.initial_flow_state */
+            memset(h, 0, H * sizeof(double));
+            h[0] = 1.0;
+            h[2] = e->size_feature[r];
+            h[3] = (double)e->plen[r];
+            e->fresh[r] = 0;
+        }
+        memcpy(g->h_flow + f * H, h, H * sizeof(double));
+        memcpy(g->params + f * g->n_params, g->params_row, g->n_params * sizeof(double));
+    }
+    for (int64_t i = 0; i < L; i++)
+        memcpy(g->h_link + i * H, e->h_link + links[i] * H, H * sizeof(double));
+    for (int64_t j = 0, f = 0, l = 0; j < k; j++) {
+        for (int64_t i = 0; i < n_flows[j]; i++) g->dt_flow[f++] = dt[j];
+        for (int64_t i = 0; i < n_links[j]; i++) g->dt_link[l++] = dt[j];
+    }
+}
+
 /* Sizes of the next prepare: [components, flows, links, edges] (the touched components). */
 void m4ray_engine_pending(engine *e, int64_t *sizes) {
     int64_t k = 0, flows = 0, edges = 0;
@@ -784,12 +830,13 @@ void m4ray_engine_pending(engine *e, int64_t *sizes) {
 /* The touched components at t as one graph (sizes from m4ray_engine_pending): comps[k]
  * ascending, per component its flows / links / Δt (µs) in n_flows / n_links / dt, rows[F],
  * their path lengths plen[F], links[L] (each component's sorted), incidence [2][E] (flow row,
- * then local link, of every path link in order); with the anchor base[F] and features[F][3]. Clears the touched set; returns the
- * number of links, or -2 on no memory. */
+ * then local link, of every path link in order); with the anchor base[F] and features[F][3];
+ * the graph's rows into g (fresh flows get their initial states first). Clears the touched
+ * set; returns the number of links, or -2 on no memory. */
 int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flows,
                              int64_t *n_links, double *dt, int64_t *rows, int64_t *plen,
                              int64_t *links, int64_t *incidence, double *base,
-                             double *features) {
+                             double *features, const graph_out *g) {
     int64_t k = 0;
     for (int64_t j = 0; j < e->n_touched; j++)
         if (e->comps[e->touched[j]].touched) comps[k++] = e->touched[j];
@@ -827,6 +874,7 @@ int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flo
             incidence[n_edges + j] = e->slot[e->path[rows[f] * e->max_len + i]];
         }
     for (int64_t i = 0; i < L; i++) e->slot[links[i]] = -1;
+    gather(e, g, k, n_flows, n_links, dt, F, rows, L, links);
     int64_t *tmp = malloc((F + n_edges + 2) * sizeof(int64_t));
     if (!tmp) return -2;
     if (e->fluid && F) {
@@ -849,12 +897,19 @@ int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flo
     return L;
 }
 
-/* Write back an update at t: each row's slowdown; predicted completion times (rounded to the
+/* Write back an update at t: each row's new state h_flow [n][hidden] and slowdown, each
+ * link's new state h_link [n_links][hidden]; predicted completion times (rounded to the
  * picosecond) into finish[n]; the components' last update time. */
 void m4ray_engine_finish(engine *e, double t, int64_t k, const int64_t *comps, int64_t n,
-                         const int64_t *rows, const double *slowdown, double *finish) {
+                         const int64_t *rows, const double *slowdown, double *finish,
+                         const double *h_flow, int64_t n_links, const int64_t *links,
+                         const double *h_link) {
+    int64_t H = e->hidden;
+    for (int64_t i = 0; i < n_links; i++)
+        memcpy(e->h_link + links[i] * H, h_link + i * H, H * sizeof(double));
     for (int64_t i = 0; i < n; i++) {
         int64_t r = rows[i];
+        memcpy(e->h_flow + r * H, h_flow + i * H, H * sizeof(double));
         e->slow[r] = slowdown[i];
         finish[i] = nearbyint((e->start[r] + slowdown[i] * e->ideal[r]) * 1e12) / 1e12;
     }

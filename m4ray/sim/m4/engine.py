@@ -22,6 +22,7 @@ update (:class:`~m4ray.sim.m4.numpy_step.NumpyStepper` in-process, the torch
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -470,6 +471,14 @@ class M4Engine:
         self._fresh = {}
 
 
+@functools.lru_cache(maxsize=65536)
+def size_feature(size_bytes: int) -> float:
+    """A flow's size as its initial state holds it (:meth:`M4Engine._init_fresh`'s float32
+    arithmetic, once per size: collectives send few distinct sizes)."""
+    size = np.array([size_bytes], dtype=np.float64).astype(np.float32)
+    return float(np.log2(size / np.float32(1000) + np.float32(1))[0])
+
+
 class NativeM4Engine(M4Engine):
     """:class:`M4Engine` with its bookkeeping compiled (``_core.c``: links' users and owners,
     components, flow rows, the fluid anchor and its sender window): the same updates, flow
@@ -479,6 +488,7 @@ class NativeM4Engine(M4Engine):
 
     def __init__(self, link_bandwidth_bps, model_cfg, params13, *args, **kwargs) -> None:
         super().__init__(link_bandwidth_bps, model_cfg, params13, *args, **kwargs)
+        self._h_flow = None  # the core keeps the flows' states
         self._capacity = np.ascontiguousarray(self._capacity, dtype=np.float64)
         self._h_link = np.ascontiguousarray(self._h_link, dtype=np.float64)
         self._link_init = np.ascontiguousarray(self._link_init, dtype=np.float64)
@@ -509,6 +519,12 @@ class NativeM4Engine(M4Engine):
         self._buf = np.zeros(64, dtype=np.int64)  # an arriving flow's links
         self._sizes = np.zeros(4, dtype=np.int64)
         self._sizes_ptr = self._sizes.ctypes.data
+        # the core's graph_out: five output addresses (set per update), the parameter row's
+        # address and the parameter count
+        self._params_row = np.ascontiguousarray(self.params[0], dtype=np.float64)
+        self._graph_out = np.zeros(7, dtype=np.int64)
+        self._graph_out[5:] = [self._params_row.ctypes.data, len(self._params_row)]
+        self._graph_out_ptr = self._graph_out.ctypes.data
         self._buf_ptr = self._buf.ctypes.data
 
     def __del__(self) -> None:
@@ -526,7 +542,13 @@ class NativeM4Engine(M4Engine):
         self._buf[:n] = links
         work = size_bytes if wire_bytes is None else wire_bytes
         row = self._lib.m4ray_engine_arrive(
-            self._core, self._buf_ptr, n, float(work), float(ideal_s), float(t)
+            self._core,
+            self._buf_ptr,
+            n,
+            float(work),
+            float(ideal_s),
+            float(t),
+            size_feature(size_bytes),
         )
         if row < 0:
             if row == -2:
@@ -534,24 +556,18 @@ class NativeM4Engine(M4Engine):
             raise InputError(
                 f"flow {flow_id}: links must be ids in [0, {len(self._capacity)})", field="links"
             )
-        if row >= len(self._h_flow):
-            grown = np.zeros((2 * row + 2, self.cfg.hidden))
-            grown[: len(self._h_flow)] = self._h_flow
-            self._h_flow = grown
         if row >= len(self._flow_of):
             grown = np.full(2 * row + 2, -1, dtype=np.int64)
             grown[: len(self._flow_of)] = self._flow_of
             self._flow_of = grown
         self._flow_of[row] = flow_id
         self._rows[flow_id] = row
-        self._fresh[row] = (size_bytes, n)
         return t + ideal_s
 
     def complete(self, flow_id: int, t: float) -> float:
         row = self._rows.pop(flow_id, None)
         if row is None:
             raise InputError(f"flow {flow_id} is not active", field="id")
-        self._fresh.pop(row, None)
         slowdown = self._lib.m4ray_engine_slowdown(self._core, row)
         if self._lib.m4ray_engine_complete(self._core, row, float(t)):
             raise MemoryError("m4 engine core: out of memory")
@@ -568,54 +584,84 @@ class NativeM4Engine(M4Engine):
         k, n_flows, n_links, n_edges = self._sizes.tolist()
         if not k:
             return None
-        self._init_fresh()
         # two blocks per update (their views are the update's arrays), addressed by offset:
-        # one ctypes address each instead of one per array (~1 µs apiece, 12 per update)
+        # one ctypes address each instead of one per array (~1 µs apiece)
+        hidden, n_params, anchored = self.cfg.hidden, self.params.shape[1], self._anchored
         ints = np.empty(3 * k + 2 * n_flows + n_links + 2 * n_edges, dtype=np.int64)
-        anchored = self._anchored
-        floats = np.empty(k + n_flows * ((1 + N_FEATURES) * anchored + 1))
-        addresses, views = [], []
-        for block, sizes in (
-            (ints, (k, k, k, n_flows, n_flows, n_links, 2 * n_edges)),
-            (floats, (k, n_flows * anchored, n_flows * N_FEATURES * anchored, n_flows)),
-        ):
-            at, start = block.ctypes.data, 0
-            for size in sizes:
-                addresses.append(at + 8 * start)
-                views.append(block[start : start + size])
+        sizes = {
+            "comps": k, "flows_per": k, "links_per": k, "rows": n_flows, "plen": n_flows,
+            "links": n_links, "incidence": 2 * n_edges,
+        }  # fmt: skip
+        floats_sizes = {
+            "dt": k, "base": n_flows * anchored, "features": n_flows * N_FEATURES * anchored,
+            "finish": n_flows, "h_flow": n_flows * hidden, "h_link": n_links * hidden,
+            "dt_flow": n_flows, "dt_link": n_links, "params": n_flows * n_params,
+        }  # fmt: skip
+        floats = np.empty(sum(floats_sizes.values()))
+        at, view = {}, {}
+        for block, part in ((ints, sizes), (floats, floats_sizes)):
+            address, start = block.ctypes.data, 0
+            for name, size in part.items():
+                at[name] = address + 8 * start
+                view[name] = block[start : start + size]
                 start += size
-        comps, flows_per, links_per, rows, plen, links, incidence = views[:7]
-        dt, base, features, finish = views[7:]
-        ptr = addresses
+        g = self._graph_out
+        g[:5] = [at[x] for x in ("h_flow", "dt_flow", "h_link", "dt_link", "params")]
         n_used = self._lib.m4ray_engine_prepare(
             self._core,
             float(t),
-            ptr[0], ptr[1], ptr[2], ptr[7], ptr[3], ptr[4], ptr[5], ptr[6],
-            ptr[8] if anchored else None,
-            ptr[9] if anchored else None,
-        )  # fmt: skip
+            *(at[x] for x in ("comps", "flows_per", "links_per", "dt", "rows", "plen")),
+            at["links"],
+            at["incidence"],
+            at["base"] if anchored else None,
+            at["features"] if anchored else None,
+            self._graph_out_ptr,
+        )
         if n_used < 0:
             raise MemoryError("m4 engine core: out of memory")
-        links = links[:n_used]
-        incidence = incidence.reshape(2, n_edges)
-        if anchored:
-            features = features.reshape(n_flows, N_FEATURES)
-        else:
-            base = features = None
-        graph = self._graph(rows, links, dt, flows_per, links_per, incidence, plen, base, features)
+        rows, flows_per, links_per = view["rows"], view["flows_per"], view["links_per"]
+        graph = StepGraph(
+            h_flow=view["h_flow"].reshape(n_flows, hidden),
+            h_link=view["h_link"][: n_used * hidden].reshape(n_used, hidden),
+            dt_flow_us=view["dt_flow"],
+            dt_link_us=view["dt_link"][:n_used],
+            incidence=view["incidence"].reshape(2, n_edges),
+            params=view["params"].reshape(n_flows, n_params),
+            n_links=view["plen"],
+            base=view["base"] if anchored else None,
+            fluid=view["features"].reshape(n_flows, N_FEATURES) if anchored else None,
+            comp_flows=flows_per,
+            comp_links=links_per,
+        )
         return Pending(
             t=t,
-            comps=comps,
+            comps=view["comps"],
             flow_ids=self._flow_of[rows],
             rows=rows,
-            links=links,
+            links=view["links"][:n_used],
             graphs=[graph],
-            native=(ptr[0], ptr[3], finish, ptr[10]),
+            native=(at["comps"], at["rows"], view["finish"], at["finish"], at["links"]),
         )
 
     def _finish_times(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
-        slowdown = np.ascontiguousarray(self._write_back(pending, outs), dtype=np.float64)
-        comps_at, rows_at, finish, finish_at = pending.native
+        if len(outs) != len(pending.graphs):
+            raise SimulationError(f"{len(outs)} step outputs for {len(pending.graphs)} graphs")
+        (out,) = outs
+        comps_at, rows_at, finish, finish_at, links_at = pending.native
+        rows, links = pending.rows, pending.links
+        arrays = [
+            np.ascontiguousarray(a, dtype=np.float64)
+            for a in (out.slowdown, out.h_flow, out.h_link)
+        ]
+        slowdown, h_flow, h_link = arrays
+        hidden = self.cfg.hidden
+        if h_flow.shape != (len(rows), hidden) or h_link.shape != (len(links), hidden):
+            raise SimulationError(
+                f"step output shapes {h_flow.shape} / {h_link.shape}, the update has "
+                f"{len(rows)} flows and {len(links)} links of {hidden} states"
+            )
+        self.n_updates += len(pending.comps)
+        self.n_stepped_flows += len(rows)
         self._lib.m4ray_engine_finish(
             self._core,
             float(pending.t),
@@ -625,6 +671,10 @@ class NativeM4Engine(M4Engine):
             rows_at,
             slowdown.ctypes.data,
             finish_at,
+            h_flow.ctypes.data,
+            len(links),
+            links_at,
+            h_link.ctypes.data,
         )
         return finish
 
