@@ -27,7 +27,7 @@ import pyarrow as pa
 from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
-from m4ray.fingerprint import fingerprint
+from m4ray.fingerprint import added_field, fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
 from m4ray.sim.failures import degrade
 from m4ray.sim.ns3.backend import PARAMS13, Ns3Config, params13
@@ -162,6 +162,9 @@ class DatagenScenario:
     traffic: Any = None
     ns3: Ns3Config = field(default_factory=Ns3Config)
     wire: WireFormat = field(default_factory=WireFormat)
+    # busy periods couple each link with its reverse where the transport ACKs every packet
+    # (RDMA): a flow's ACKs load the reverse of its path, so the flows there share with it
+    ack_periods: bool = added_field(False, "busy periods over ACK-coupled links (2026-11-26)")
 
     TABLES: ClassVar[dict[str, pa.Schema]] = TABLES
 
@@ -216,6 +219,8 @@ class DatagenScenario:
         vector = self.params13()  # routes the topology once for the default window
         out = {
             "transport": self.ns3.transport,
+            "ack_bytes": rdma.ack_bytes,
+            "ack_periods": self.ack_periods,
             "mtu_bytes": self.wire.mtu_bytes,
             "header_bytes": self.wire.header_bytes,
             "buffer_bytes": rdma.buffer_bytes,

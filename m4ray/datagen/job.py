@@ -45,6 +45,8 @@ class DatagenConfig:
     families: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
     wall_limit_s: float = 600.0
+    # busy periods over ACK-coupled links (DatagenScenario.ack_periods), for RDMA scenarios
+    ack_periods: bool = False
 
     def __post_init__(self) -> None:
         if self.scenarios < 1:
@@ -87,7 +89,9 @@ def expand(cfg: DatagenConfig, root_seed: int) -> list[DatagenScenario]:
     for name, count in cfg.counts().items():
         family = cfg.families[name]
         for index, seed in enumerate(family_seeds(root_seed, name, count)):
-            scenarios.append(family.sample(name, index, seed, cfg.wall_limit_s))
+            scenario = family.sample(name, index, seed, cfg.wall_limit_s)
+            scenario.ack_periods = cfg.ack_periods
+            scenarios.append(scenario)
     return scenarios
 
 

@@ -82,6 +82,13 @@ class _Components:
         return root if self.active[root] == 0 else None
 
 
+def ack_coupled(flow_links: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Each flow's links and their reverses (:func:`~m4ray.sim.flowsim.reverse_links`: where
+    its per-packet ACKs travel), as :func:`busy_periods`' keys: a period then also joins flows
+    whose data share a cable with another's ACKs."""
+    return [(*links, *(link ^ 1 for link in links)) for links in flow_links]
+
+
 def busy_periods(
     event_flow: np.ndarray, event_kind: np.ndarray, flow_links: list[tuple[int, ...]]
 ) -> Periods:
@@ -117,4 +124,4 @@ def busy_periods(
     )
 
 
-__all__ = ["Periods", "busy_periods"]
+__all__ = ["Periods", "ack_coupled", "busy_periods"]

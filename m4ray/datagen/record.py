@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 
 from m4ray.datagen.families import ALGORITHMS, DatagenScenario
-from m4ray.datagen.periods import busy_periods
+from m4ray.datagen import periods as periods_mod
 from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import SimulationError
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import FlowSimConfig
+from m4ray.sim.flowsim import FlowSimConfig, network_ack_fraction
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
@@ -53,7 +53,8 @@ def record(scenario: DatagenScenario) -> dict[str, pa.Table]:
                 strict=True,
             )
         ]
-    return tables(topo, routing, flows, backend.recording())
+    coupled = scenario.ack_periods and network_ack_fraction(scenario.ns3, scenario.wire) > 0
+    return tables(topo, routing, flows, backend.recording(), ack_coupled=coupled)
 
 
 def _run_open_loop(backend, flows: list[Flow]) -> list[tuple[Flow, float]]:
@@ -70,8 +71,18 @@ def _run_open_loop(backend, flows: list[Flow]) -> list[tuple[Flow, float]]:
     return [(flow, finish[flow.id]) for flow in flows]
 
 
-def tables(topo: Topology, routing: Routing, done: list[tuple[Flow, float]], rec) -> dict:
-    """Assemble the tables from the delivered flows and the C++ recording."""
+def tables(
+    topo: Topology,
+    routing: Routing,
+    done: list[tuple[Flow, float]],
+    rec,
+    *,
+    ack_coupled: bool = False,
+) -> dict:
+    """Assemble the tables from the delivered flows and the C++ recording; with
+    ``ack_coupled``, busy periods join flows that share a link or use each other's reverse
+    links (where one's ACKs travel: :func:`~m4ray.sim.flowsim.reverse_links`), so a period
+    holds every flow whose data or ACKs load its links, as the m4 engine's anchor sees them."""
     done = sorted(done, key=lambda item: item[0].id)
     ids = np.array([f.id for f, _ in done], dtype=np.int64)
     if not np.array_equal(ids, np.arange(len(done))):
@@ -85,7 +96,8 @@ def tables(topo: Topology, routing: Routing, done: list[tuple[Flow, float]], rec
     )
     size = np.array([f.size_bytes for f in flows], dtype=np.int64)
     links = [p.links for p in paths]
-    periods = busy_periods(rec.event_flow, rec.event_kind, links)
+    keys = periods_mod.ack_coupled(links) if ack_coupled else links
+    periods = periods_mod.busy_periods(rec.event_flow, rec.event_kind, keys)
     flowsim = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_numpy()
 
     event_period = periods.period_of_flow[rec.event_flow]

@@ -9,7 +9,7 @@ import pytest
 
 from m4ray.datagen.families import CollectiveFamily, NetworkRanges, OpenLoopFamily
 from m4ray.datagen.job import DatagenConfig, expand, family_seeds
-from m4ray.datagen.periods import busy_periods
+from m4ray.datagen.periods import ack_coupled, busy_periods
 from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError
 from m4ray.sim.routing import Routing
@@ -97,6 +97,16 @@ def test_busy_periods_merge_on_arrival_and_never_split():
     events = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
     p = _periods(events, links)
     assert p.period_of_flow.tolist() == [0, 0, 0] and p.n_flows.tolist() == [3]
+
+
+def test_ack_coupled_periods_join_flows_on_each_others_reverse_links():
+    # a ring step on a switch: 0 -> 1 on links (0, 2), 1 -> 2 on (3, 4); link 3 is link 2's
+    # reverse (the cable sw-1 the other way), where flow 0's ACKs meet flow 1's data
+    links = [(0, 2), (3, 4), (7, 9)]
+    events = [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    assert _periods(events, links).period_of_flow.tolist() == [0, 1, 2]
+    assert ack_coupled(links) == [(0, 2, 1, 3), (3, 4, 2, 5), (7, 9, 6, 8)]
+    assert _periods(events, ack_coupled(links)).period_of_flow.tolist() == [0, 0, 1]
 
 
 def test_random_busy_periods_partition_the_flows():

@@ -275,11 +275,13 @@ class M4Backend(QueueClock):
 
     def _bump(self, rows: np.ndarray) -> np.ndarray:
         """New versions of ``rows``' predictions."""
-        if rows.max() >= len(self._version):
+        try:
+            self._version[rows] += 1  # an index error changes nothing (the read comes first)
+        except IndexError:
             grown = np.zeros(2 * int(rows.max()) + 2, dtype=np.int64)
             grown[: len(self._version)] = self._version
             self._version = grown
-        self._version[rows] += 1
+            self._version[rows] += 1
         return self._version[rows]
 
     def _apply(self, predicted) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import accumulate, chain, pairwise
 
 import numpy as np
 
@@ -587,60 +587,54 @@ class NativeM4Engine(M4Engine):
         # two blocks per update (their views are the update's arrays), addressed by offset:
         # one ctypes address each instead of one per array (~1 µs apiece)
         hidden, n_params, anchored = self.cfg.hidden, self.params.shape[1], self._anchored
-        ints = np.empty(3 * k + 2 * n_flows + n_links + 2 * n_edges, dtype=np.int64)
-        sizes = {
-            "comps": k, "flows_per": k, "links_per": k, "rows": n_flows, "plen": n_flows,
-            "links": n_links, "incidence": 2 * n_edges,
-        }  # fmt: skip
-        floats_sizes = {
-            "dt": k, "base": n_flows * anchored, "features": n_flows * N_FEATURES * anchored,
-            "finish": n_flows, "h_flow": n_flows * hidden, "h_link": n_links * hidden,
-            "dt_flow": n_flows, "dt_link": n_links, "params": n_flows * n_params,
-        }  # fmt: skip
-        floats = np.empty(sum(floats_sizes.values()))
-        at, view = {}, {}
-        for block, part in ((ints, sizes), (floats, floats_sizes)):
-            address, start = block.ctypes.data, 0
-            for name, size in part.items():
-                at[name] = address + 8 * start
-                view[name] = block[start : start + size]
-                start += size
-        g = self._graph_out
-        g[:5] = [at[x] for x in ("h_flow", "dt_flow", "h_link", "dt_link", "params")]
-        n_used = self._lib.m4ray_engine_prepare(
-            self._core,
-            float(t),
-            *(at[x] for x in ("comps", "flows_per", "links_per", "dt", "rows", "plen")),
-            at["links"],
-            at["incidence"],
-            at["base"] if anchored else None,
-            at["features"] if anchored else None,
-            self._graph_out_ptr,
+        f, e = n_flows, n_edges
+        fa = f * anchored
+        # ints: comps, flows_per, links_per, rows, plen, links, incidence; floats: dt, base,
+        # features, finish, h_flow, h_link, dt_flow, dt_link, params
+        ints_at = list(accumulate((k, k, k, f, f, n_links, 2 * e), initial=0))
+        floats_at = list(
+            accumulate(
+                (k, fa, fa * N_FEATURES, f, f * hidden, n_links * hidden, f, n_links, f * n_params),
+                initial=0,
+            )
         )
+        ints, floats = np.empty(ints_at[-1], dtype=np.int64), np.empty(floats_at[-1])
+        i0, f0 = ints.ctypes.data, floats.ctypes.data
+        ip = [i0 + 8 * x for x in ints_at]
+        fp = [f0 + 8 * x for x in floats_at]
+        iv = [ints[a:b] for a, b in pairwise(ints_at)]
+        fv = [floats[a:b] for a, b in pairwise(floats_at)]
+        g = self._graph_out
+        g[:5] = [fp[4], fp[6], fp[5], fp[7], fp[8]]  # h_flow, dt_flow, h_link, dt_link, params
+        n_used = self._lib.m4ray_engine_prepare(
+            self._core, float(t), ip[0], ip[1], ip[2], fp[0], ip[3], ip[4], ip[5], ip[6],
+            fp[1] if anchored else None, fp[2] if anchored else None, self._graph_out_ptr,
+        )  # fmt: skip
         if n_used < 0:
             raise MemoryError("m4 engine core: out of memory")
-        rows, flows_per, links_per = view["rows"], view["flows_per"], view["links_per"]
+        comps, flows_per, links_per, rows, plen, links, incidence = iv
+        _, base, features, finish, h_flow, h_link, dt_flow, dt_link, params = fv
         graph = StepGraph(
-            h_flow=view["h_flow"].reshape(n_flows, hidden),
-            h_link=view["h_link"][: n_used * hidden].reshape(n_used, hidden),
-            dt_flow_us=view["dt_flow"],
-            dt_link_us=view["dt_link"][:n_used],
-            incidence=view["incidence"].reshape(2, n_edges),
-            params=view["params"].reshape(n_flows, n_params),
-            n_links=view["plen"],
-            base=view["base"] if anchored else None,
-            fluid=view["features"].reshape(n_flows, N_FEATURES) if anchored else None,
+            h_flow=h_flow.reshape(f, hidden),
+            h_link=h_link[: n_used * hidden].reshape(n_used, hidden),
+            dt_flow_us=dt_flow,
+            dt_link_us=dt_link[:n_used],
+            incidence=incidence.reshape(2, e),
+            params=params.reshape(f, n_params),
+            n_links=plen,
+            base=base if anchored else None,
+            fluid=features.reshape(f, N_FEATURES) if anchored else None,
             comp_flows=flows_per,
             comp_links=links_per,
         )
         return Pending(
             t=t,
-            comps=view["comps"],
+            comps=comps,
             flow_ids=self._flow_of[rows],
             rows=rows,
-            links=view["links"][:n_used],
+            links=links[:n_used],
             graphs=[graph],
-            native=(at["comps"], at["rows"], view["finish"], at["finish"], at["links"]),
+            native=(ip[0], ip[3], finish, fp[3], ip[5]),
         )
 
     def _finish_times(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
