@@ -11,6 +11,7 @@ At the end: ``dataset/scenarios.parquet``, ``SCHEMA.md``, ``manifest.json`` and 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -90,7 +91,13 @@ def expand(cfg: DatagenConfig, root_seed: int) -> list[DatagenScenario]:
         family = cfg.families[name]
         for index, seed in enumerate(family_seeds(root_seed, name, count)):
             scenario = family.sample(name, index, seed, cfg.wall_limit_s)
-            scenario.ack_periods = cfg.ack_periods
+            if cfg.ack_periods:
+                if not hasattr(scenario, "ack_periods"):
+                    raise InputError(
+                        f"family {name}'s scenarios have no busy periods to couple",
+                        field="datagen.ack_periods",
+                    )
+                scenario = dataclasses.replace(scenario, ack_periods=True)
             scenarios.append(scenario)
     return scenarios
 

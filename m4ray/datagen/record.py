@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from m4ray.datagen.families import ALGORITHMS, DatagenScenario
-from m4ray.datagen import periods as periods_mod
+from m4ray.datagen.periods import busy_periods
 from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import SimulationError
@@ -96,8 +96,8 @@ def tables(
     )
     size = np.array([f.size_bytes for f in flows], dtype=np.int64)
     links = [p.links for p in paths]
-    keys = periods_mod.ack_coupled(links) if ack_coupled else links
-    periods = periods_mod.busy_periods(rec.event_flow, rec.event_kind, keys)
+    keys = ack_coupled(links) if ack_coupled else links
+    periods = busy_periods(rec.event_flow, rec.event_kind, keys)
     flowsim = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_numpy()
 
     event_period = periods.period_of_flow[rec.event_flow]
