@@ -364,7 +364,8 @@ def _distinct(comps, flow_rows: list, link_rows: list, incidence: np.ndarray):
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+    with np.errstate(over="ignore"):  # exp(-x) = inf below x ~ -709: the gate is then 0, exactly
+        return 1.0 / (1.0 + np.exp(-x))
 
 
 @functools.lru_cache(maxsize=4)
