@@ -67,8 +67,8 @@ class Pending:
     rows: np.ndarray
     links: np.ndarray
     graphs: list[StepGraph]
-    # the compiled engine's addresses for its finish: comps', rows', and the finish times'
-    # array with its address
+    # the compiled engine's, for its finish: the addresses of comps and rows, the finish times'
+    # array and its address, the address of links
     native: tuple | None = None
 
 
@@ -483,8 +483,10 @@ class NativeM4Engine(M4Engine):
     """:class:`M4Engine` with its bookkeeping compiled (``_core.c``: links' users and owners,
     components, flow rows, the fluid anchor and its sender window): the same updates, flow
     for flow, at a fraction of the Python per event. ``M4Engine(...)`` builds one wherever the
-    core builds (``native=False``, or ``M4RAY_NATIVE=0``: the Python reference). The neural
-    states, the fresh rows' initial states and the flow ids stay here."""
+    core builds (``native=False``, or ``M4RAY_NATIVE=0``: the Python reference). The core
+    also keeps the flows' neural states: it writes fresh rows' initial states, gathers each
+    update's graph rows and writes the step's new states back; the links' states (an array
+    the core writes through) and the flow ids stay here."""
 
     def __init__(self, link_bandwidth_bps, model_cfg, params13, *args, **kwargs) -> None:
         super().__init__(link_bandwidth_bps, model_cfg, params13, *args, **kwargs)
