@@ -336,15 +336,20 @@ class M4Engine:
             comp_links=n_links,
         )
 
-    def _write_back(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
-        """The new states of ``pending``'s rows and links; returns the slowdowns."""
+    def _output(self, pending: Pending, outs: list[StepOut]) -> StepOut:
+        """The stepper's one output for ``pending``'s graph, counted."""
         if len(outs) != len(pending.graphs):
             raise SimulationError(f"{len(outs)} step outputs for {len(pending.graphs)} graphs")
         (out,) = outs
-        self._h_flow[pending.rows] = np.asarray(out.h_flow)
-        self._h_link[pending.links] = np.asarray(out.h_link)
         self.n_updates += len(pending.comps)
         self.n_stepped_flows += len(pending.rows)
+        return out
+
+    def _write_back(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
+        """The new states of ``pending``'s rows and links; returns the slowdowns."""
+        out = self._output(pending, outs)
+        self._h_flow[pending.rows] = np.asarray(out.h_flow)
+        self._h_link[pending.links] = np.asarray(out.h_link)
         return np.asarray(out.slowdown)
 
     def finish(self, pending: Pending, outs: list[StepOut]) -> dict[int, float]:
@@ -640,9 +645,7 @@ class NativeM4Engine(M4Engine):
         )
 
     def _finish_times(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
-        if len(outs) != len(pending.graphs):
-            raise SimulationError(f"{len(outs)} step outputs for {len(pending.graphs)} graphs")
-        (out,) = outs
+        out = self._output(pending, outs)
         comps_at, rows_at, finish, finish_at, links_at = pending.native
         rows, links = pending.rows, pending.links
         arrays = [
@@ -656,8 +659,6 @@ class NativeM4Engine(M4Engine):
                 f"step output shapes {h_flow.shape} / {h_link.shape}, the update has "
                 f"{len(rows)} flows and {len(links)} links of {hidden} states"
             )
-        self.n_updates += len(pending.comps)
-        self.n_stepped_flows += len(rows)
         self._lib.m4ray_engine_finish(
             self._core,
             float(pending.t),

@@ -228,9 +228,8 @@ class NumpyModel:
         same = _distinct(comps, flow_rows, [h_link, dt_link], incidence)
         if same is not None:
             keep_flows, keep_links, incidence, flow_map, link_map = same
-            h_flow, dt_flow, params, n_links = (a[keep_flows] for a in flow_rows[:4])
-            if cfg.fluid:
-                base, fluid = base[keep_flows], fluid[keep_flows]
+            h_flow, dt_flow, params, n_links, *anchor = (a[keep_flows] for a in flow_rows)
+            base, fluid = anchor or (None, None)
             h_link, dt_link = h_link[keep_links], dt_link[keep_links]
         new_flow, new_link, slowdown = self._forward(
             h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
@@ -277,20 +276,15 @@ class NumpyModel:
 def _component_sizes(graphs: list[StepGraph], n_flow, n_link, n_links: np.ndarray):
     """Flows, links and edges of each component of the union, in row order (a graph without
     ``comp_flows`` is one component)."""
-    cf = np.concatenate(
-        [
-            [n] if g.comp_flows is None else g.comp_flows
-            for g, n in zip(graphs, n_flow, strict=True)
-        ],
-        dtype=np.int64,
-    )
-    cl = np.concatenate(
-        [
-            [n] if g.comp_links is None else g.comp_links
-            for g, n in zip(graphs, n_link, strict=True)
-        ],
-        dtype=np.int64,
-    )
+
+    def sizes(field: str, totals) -> np.ndarray:
+        parts = [
+            [n] if (c := getattr(g, field)) is None else c
+            for g, n in zip(graphs, totals, strict=True)
+        ]
+        return np.concatenate(parts, dtype=np.int64).ravel()
+
+    cf, cl = sizes("comp_flows", n_flow), sizes("comp_links", n_link)
     fo = offsets(cf)
     ce = np.add.reduceat(n_links.astype(np.int64), fo[:-1]) if len(cf) else cf
     return cf, cl, ce
@@ -323,7 +317,10 @@ def _distinct(comps, flow_rows: list, link_rows: list, incidence: np.ndarray):
     fo, lo, eo = offsets(cf), offsets(cl), offsets(ce)
     rep = np.arange(n)
     big = int(max(cf.max(), cl.max(), ce.max())) + 1
-    shapes, shape_of = np.unique((cf * big + cl) * big + ce, return_inverse=True)
+    if big < 2**21:  # the three sizes as one int64 (a 1-d unique is far cheaper than rows')
+        shapes, shape_of = np.unique((cf * big + cl) * big + ce, return_inverse=True)
+    else:
+        shapes, shape_of = np.unique(np.stack([cf, cl, ce], 1), axis=0, return_inverse=True)
     if len(shapes) == n:
         return None
     for k in range(len(shapes)):
