@@ -10,6 +10,16 @@ torch: the loop :func:`m4ray.train.loop.train_loop` runs per worker):
     # anywhere with torch (a GPU machine: python3 bench/train_device.py run ...)
     python bench/train_device.py run --samples .devcarry/periods.pt --hidden 64 200 --batch 2 8
 
+``train`` trains m4 for ``--minutes`` on one device from a ``--compact`` export (no anchor
+schedules: the 2,400/300/600 periods of train_m4_v2 fit the 64 MiB a GPU machine takes, gzipped;
+the schedules are computed there in ``--workers`` processes), keeps the best epoch by validation
+every-update L1, scores it on the test periods (m4 / anchor / flowSim, as the training job's
+card does) and writes a checkpoint directory:
+
+    .venv/bin/python bench/train_device.py export --dataset outputs/datagen_v2_ackp/dataset \
+        --n 2400 300 600 --compact --out .devcarry/gpu/full.pt && gzip .devcarry/gpu/full.pt
+    python3 bench/train_device.py train --samples full.pt --hidden 200 --batch 16 --out ck
+
 ``run`` prints, per device × hidden size × batch size, training periods/s (forward, loss as the
 train_m4_v2 experiment sets it, backward, Adam step; after warm-up) and held-out inference
 periods/s, and the largest relative difference of the checkpoint's predictions between CPU and
@@ -37,24 +47,57 @@ from m4ray.train.model import M4Model, engine_schedule  # noqa: E402
 
 
 def export(args) -> None:
-    from m4ray.train.data import DataConfig, load_splits
+    from m4ray.train.data import DataConfig, dataset_version, load_splits
 
     info = json.loads((Path(args.checkpoint) / "model.json").read_text())
     cfg = ModelConfig(**info["model"])
-    splits = load_splits(DataConfig(dataset=args.dataset, n_samples=[args.n[0], args.n[1], 0]))
-    out = {}
-    for name in ("train", "val"):
-        periods = [s.period for s in splits[name]]
-        for p in periods:  # the anchor's schedule is numpy work done once per sample
-            engine_schedule(p, cfg.anchor)
-        out[name] = periods
+    n = [*args.n, 0][:3]
+    splits = load_splits(DataConfig(dataset=args.dataset, n_samples=n))
+    if not args.compact:  # the anchor's schedule is numpy work done once per sample
+        for name in ("train", "val"):
+            for s in splits[name]:
+                engine_schedule(s.period, cfg.anchor)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"train": out["train"], "val": out["val"], "checkpoint": info}, args.out)
-    flows = sum(len(p.size_bytes) for p in out["train"])
-    print(
-        f"wrote {args.out}: {len(out['train'])} train / {len(out['val'])} val periods, "
-        f"{flows} train flows, anchor {cfg.anchor}"
+    torch.save(
+        {
+            **{name: splits[name] for name in ("train", "val", "test")},
+            "checkpoint": info,
+            "dataset": {"path": args.dataset, "version": dataset_version(args.dataset), "n": n},
+        },
+        args.out,
     )
+    flows = sum(s.n_flows for s in splits["train"])
+    print(
+        f"wrote {args.out} ({Path(args.out).stat().st_size / 2**20:.1f} MiB): "
+        + " / ".join(f"{len(splits[k])} {k}" for k in ("train", "val", "test"))
+        + f" periods, {flows} train flows, anchor {cfg.anchor}"
+        + (" (schedules left to the machine that trains)" if args.compact else "")
+    )
+
+
+def _periods(items) -> list:
+    """Periods of an export's split (older exports hold periods, newer ones samples)."""
+    return [getattr(x, "period", x) for x in items]
+
+
+def _one_schedule(job):
+    period, anchor = job
+    engine_schedule(period, anchor)
+    return period.schedules[anchor]
+
+
+def schedule_all(periods, anchor, workers: int) -> float:
+    """Each period's anchor schedule (numpy), in ``workers`` processes; returns the seconds."""
+    import multiprocessing as mp
+
+    start = time.perf_counter()
+    todo = [p for p in periods if anchor not in p.schedules]
+    if todo:
+        with mp.get_context("fork").Pool(workers) as pool:
+            done = pool.map(_one_schedule, [(p, anchor) for p in todo], chunksize=8)
+        for p, schedule in zip(todo, done, strict=True):
+            p.schedules[anchor] = schedule
+    return time.perf_counter() - start
 
 
 class _Held:
@@ -128,6 +171,8 @@ def run(args) -> None:
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     print(f"torch {torch.__version__}; GPU: {name}; CPU rows: {args.cpu_threads} thread(s)")
     print(f"{len(data['train'])} train / {len(data['val'])} val periods, anchor {base.anchor}")
+    took = schedule_all(_periods(data["train"]) + _periods(data["val"]), base.anchor, args.workers)
+    print(f"anchor schedules: {took:.1f} s in {args.workers} processes")
     rows = []
     for hidden in args.hidden:
         cfg = dataclasses.replace(base, hidden=hidden, gnn_hidden=args.gnn_ratio * hidden // 2)
@@ -135,7 +180,7 @@ def run(args) -> None:
             row = {"hidden": hidden, "gnn": cfg.gnn_hidden, "batch": batch}
             for device in devices:
                 rate, steps = train_rate(
-                    cfg, data["train"], device, batch, train=train, seconds=args.seconds
+                    cfg, _periods(data["train"]), device, batch, train=train, seconds=args.seconds
                 )
                 row[f"train_{device.type}"] = rate
                 print(
@@ -165,7 +210,7 @@ def run(args) -> None:
     print()
     for device in devices:
         model, _ = checkpoint.load(ckpt, device)
-        rate, preds[device.type] = infer(model, data["val"], device, args.batch[-1])
+        rate, preds[device.type] = infer(model, _periods(data["val"]), device, args.batch[-1])
         print(
             f"inference {ckpt.name} on {device.type}: {rate:.2f} val periods/s "
             f"(batch {args.batch[-1]})"
@@ -178,13 +223,170 @@ def run(args) -> None:
         )
 
 
+def _val_every(model, periods, device, batch: int) -> float:
+    """The every-update relative L1 over the flows of ``periods`` (the training job's
+    ``val_every_l1``, its model-selection metric)."""
+    total = flows = 0.0
+    model.eval()
+    with torch.no_grad():
+        for chunk in _batches(periods, batch):
+            n = sum(len(p.size_bytes) for p in chunk)
+            total += float(model([p.to(device) for p in chunk], every=True)["every_flows"]) * n
+            flows += n
+    return total / max(flows, 1)
+
+
+def _error_rows(errors: dict) -> dict:
+    return {
+        who: {
+            "mean": float(e.mean()),
+            "p50": float(np.percentile(e, 50)),
+            "p90": float(np.percentile(e, 90)),
+            "p99": float(np.percentile(e, 99)),
+        }
+        for who, e in errors.items()
+    }
+
+
+def _card(cfg: ModelConfig, meta: dict, rows: dict, best: float) -> str:
+    table = "\n".join(
+        f"| {who} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |"
+        for who, row in rows.items()
+    )
+    t = meta["train"]
+    return f"""# m4 checkpoint (trained by bench/train_device.py)
+
+Hidden {cfg.hidden}, GNN {cfg.gnn_hidden}, {cfg.gnn_layers} SAGE layers, anchor `{cfg.anchor}`;
+{meta["epochs"]} epoch(s) in {meta["train_wall_s"]:.0f} s on {meta["hardware"]}, batch {t["batch"]},
+Adam lr {t["lr"]}; the epoch with the lowest validation every-update L1 ({best:.4f}). Dataset
+`{meta["dataset_version"]}`, {meta["train_periods"]}/{meta["val_periods"]}/{meta["test_periods"]}
+train/val/test periods. Command: `{meta["command"]}`.
+
+## Held-out per-flow slowdown error |ŝ/s − 1| ({meta["test_flows"]} flows)
+
+| model | mean | p50 | p90 | p99 |
+|---|---|---|---|---|
+{table}
+"""
+
+
+def _step(model, opt, chunk, args) -> None:
+    """One optimiser step on a batch, with the train_m4_v2 experiment's loss."""
+    out = model(chunk, every=args.loss == "every" or args.correction_l1 > 0)
+    loss = out[LOSSES[args.loss][0]] + 0.005 * out["remain"] + 0.005 * out["queue"]
+    if args.correction_l1 > 0:
+        loss = loss + args.correction_l1 * out["every_shift"]
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _fit(model, moved_train, moved_val, args, tag) -> tuple:
+    """Epochs until ``--minutes`` are spent (the last may stop part-way); the best epoch's
+    state by validation every-update L1, its value, the history and the wall time."""
+    device = next(model.parameters()).device
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.2, patience=5, min_lr=1e-6)
+    best, best_state, history = float("inf"), None, []
+    start = time.perf_counter()
+    deadline = start + 60 * args.minutes
+    epoch = 0
+    while time.perf_counter() < deadline:
+        model.train()
+        done = 0
+        chunks = _batches(moved_train, args.batch, np.random.default_rng([args.seed, epoch]))
+        for chunk in chunks:
+            _step(model, opt, chunk, args)
+            done += len(chunk)
+            if time.perf_counter() > deadline:
+                break
+        val = _val_every(model, moved_val, device, 16)
+        plateau.step(val)
+        wall = time.perf_counter() - start
+        history.append({"epoch": epoch, "periods": done, "val_every_l1": val, "wall_s": wall})
+        print(
+            f"{tag} epoch {epoch}: {done}/{len(chunks) * args.batch} periods, val every-L1 "
+            f"{val:.4f}, {wall:.0f} s",
+            flush=True,
+        )
+        if val < best:
+            best = val
+            best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        epoch += 1
+    return best, best_state, history, time.perf_counter() - start
+
+
+def train(args) -> None:
+    """Train m4 on one device for ``--minutes`` (the train_m4_v2 loss, Adam, the training job's
+    plateau schedule), keep the epoch with the lowest validation every-update L1, score it on
+    the export's test periods (m4, its anchor, flowSim) and write a checkpoint to ``--out``."""
+    from m4ray.train import checkpoint
+    from m4ray.train.loop import flow_errors
+
+    data = torch.load(args.samples, weights_only=False)
+    info = data["checkpoint"]
+    base = ModelConfig(**info["model"])
+    cfg = dataclasses.replace(
+        base, hidden=args.hidden, gnn_hidden=args.gnn_ratio * args.hidden // 2
+    )
+    device = torch.device(args.device if torch.cuda.is_available() else "cpu")
+    gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
+    torch.set_num_threads(args.cpu_threads)
+    train_p, val_p = _periods(data["train"]), _periods(data["val"])
+    test_p = _periods(data.get("test", []))
+    took = schedule_all(train_p + val_p + test_p, cfg.anchor, args.workers)
+    tag = f"[hidden {cfg.hidden}/{cfg.gnn_hidden} batch {args.batch} lr {args.lr}]"
+    print(f"{tag} {gpu}; {len(train_p)} train / {len(val_p)} val periods; schedules {took:.0f} s")
+    torch.manual_seed(args.seed)
+    model = M4Model(cfg).to(device)
+    best, best_state, history, train_wall = _fit(
+        model, [p.to(device) for p in train_p], [p.to(device) for p in val_p], args, tag
+    )
+    epoch = len(history)
+    model.load_state_dict(best_state)
+    model.eval()
+    errors = flow_errors(model, data["test"], device) if data.get("test") else {}
+    rows = _error_rows(errors)
+    for who, row in rows.items():
+        print(f"{tag} test {who}: " + " ".join(f"{k} {v:.4f}" for k, v in row.items()))
+    version = data.get("dataset", {}).get("version", "?")
+    meta = {
+        "dataset_version": version,
+        "epochs": epoch,
+        "train_periods": len(train_p),
+        "val_periods": len(val_p),
+        "test_periods": len(data.get("test", [])),
+        "test_flows": len(errors.get("m4", [])),
+        "train_wall_s": round(train_wall, 1),
+        "hardware": f"1 x {gpu}",
+        "history": history,
+        "best_val_every_l1": best,
+        "metrics": {f"test_{w}_{k}": v for w, row in rows.items() for k, v in row.items()},
+        "command": "python bench/train_device.py " + " ".join(sys.argv[1:]),
+        "train": {
+            "batch": args.batch,
+            "lr": args.lr,
+            "loss": args.loss,
+            "correction_l1": args.correction_l1,
+            "minutes": args.minutes,
+        },
+    }
+    checkpoint.export(model, args.out, meta, _card(cfg, meta, rows, best))
+    print(f"{tag} wrote {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export")
     ex.add_argument("--dataset", default=str(REPO / "outputs" / "datagen_v2" / "dataset"))
     ex.add_argument("--checkpoint", default=str(REPO / "checkpoints" / "m4-v2"))
-    ex.add_argument("--n", type=int, nargs=2, default=[192, 64], help="train and val periods")
+    ex.add_argument(
+        "--n", type=int, nargs="+", default=[192, 64], help="train, val (and test) periods"
+    )
+    ex.add_argument(
+        "--compact", action="store_true", help="leave the anchor schedules to the training side"
+    )
     ex.add_argument("--out", default=str(REPO / ".devcarry" / "periods.pt"))
     rn = sub.add_parser("run")
     rn.add_argument("--samples", default=str(REPO / ".devcarry" / "periods.pt"))
@@ -196,8 +398,23 @@ def main() -> None:
     rn.add_argument("--seconds", type=float, default=20.0, help="timed training per row")
     rn.add_argument("--loss", default="every")
     rn.add_argument("--correction-l1", type=float, default=0.3)
+    tr = sub.add_parser("train")
+    tr.add_argument("--samples", default=str(REPO / ".devcarry" / "periods.pt"))
+    tr.add_argument("--hidden", type=int, default=200)
+    tr.add_argument("--gnn-ratio", type=int, default=3, help="gnn_hidden = ratio * hidden / 2")
+    tr.add_argument("--batch", type=int, default=16)
+    tr.add_argument("--lr", type=float, default=1e-3)
+    tr.add_argument("--minutes", type=float, default=6.0, help="training time budget")
+    tr.add_argument("--device", default="cuda")
+    tr.add_argument("--cpu-threads", type=int, default=1)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--loss", default="every")
+    tr.add_argument("--correction-l1", type=float, default=0.3)
+    tr.add_argument("--out", required=True, help="checkpoint directory to write")
+    for sp in (rn, tr):
+        sp.add_argument("--workers", type=int, default=8, help="processes for anchor schedules")
     args = parser.parse_args()
-    export(args) if args.cmd == "export" else run(args)
+    {"export": export, "run": run, "train": train}[args.cmd](args)
 
 
 if __name__ == "__main__":
