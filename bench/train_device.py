@@ -80,23 +80,32 @@ def _periods(items) -> list:
     return [getattr(x, "period", x) for x in items]
 
 
-def _one_schedule(job):
-    period, anchor = job
+_TODO: list = []  # the periods a schedule_all pool works on (its forked workers inherit them)
+
+
+def _one_schedule(job: tuple[int, object]):
+    index, anchor = job
+    period = _TODO[index]
     engine_schedule(period, anchor)
     return period.schedules[anchor]
 
 
 def schedule_all(periods, anchor, workers: int) -> float:
-    """Each period's anchor schedule (numpy), in ``workers`` processes; returns the seconds."""
+    """Each period's anchor schedule (numpy), in ``workers`` forked processes; returns the
+    seconds. Workers get indices into the periods they inherit, and send back numpy arrays
+    only: a period's tensors pickled through a pool travel as shared-memory file handles, one
+    per tensor, which runs out of open files over thousands of periods."""
     import multiprocessing as mp
 
     start = time.perf_counter()
-    todo = [p for p in periods if anchor not in p.schedules]
-    if todo:
+    _TODO[:] = [p for p in periods if anchor not in p.schedules]
+    if _TODO:
         with mp.get_context("fork").Pool(workers) as pool:
-            done = pool.map(_one_schedule, [(p, anchor) for p in todo], chunksize=8)
-        for p, schedule in zip(todo, done, strict=True):
+            jobs = [(i, anchor) for i in range(len(_TODO))]
+            done = pool.map(_one_schedule, jobs, chunksize=16)
+        for p, schedule in zip(_TODO, done, strict=True):
             p.schedules[anchor] = schedule
+    _TODO.clear()
     return time.perf_counter() - start
 
 
