@@ -208,6 +208,22 @@ def test_trace_mode_update_policies():
     assert lone.column("fct_s")[0].as_py() == pytest.approx(engine.update(0.0)[f.id], rel=1e-12)
 
 
+def test_the_float32_step_runs_a_trace_near_float64():
+    """``precision=float32``: the same trace within float32 rounding of float64's; the option
+    names its run (a float64 run's id is unchanged); a bad precision is a clear error."""
+    from m4ray.fingerprint import fingerprint
+
+    topo, routing, hosts = _rail()
+    flows = [Flow(i, hosts[i], hosts[(i + 9) % 32], 100_000 * (i + 1), 0.0) for i in range(8)]
+    f64 = run_trace(topo, flows, M4Config(), routing).column("fct_s").to_numpy()
+    f32 = run_trace(topo, flows, M4Config(precision="float32"), routing).column("fct_s").to_numpy()
+    np.testing.assert_allclose(f32, f64, rtol=1e-5)
+    assert fingerprint(M4Config(precision="float64")) == fingerprint(M4Config())
+    assert fingerprint(M4Config(precision="float32")) != fingerprint(M4Config())
+    with pytest.raises(InputError, match="unknown precision 'half'"):
+        M4Config(precision="half")
+
+
 def test_contention_slows_flows_down():
     topo, routing, hosts = _rail()
     size = 1_000_000

@@ -97,6 +97,22 @@ def test_the_shipped_checkpoint_steps_alike_in_numpy_and_torch():
     _assert_same(step(reference, graphs), numpy_model.step(graphs))
 
 
+def test_the_float32_step_answers_near_the_float64_step_and_keeps_float64_states():
+    """``precision="float32"``: the torch model's own float type; slowdowns and states within
+    float32 rounding of float64's, handed back as float64 (the engine's state type)."""
+    directory = str(checkpoint_dir("m4-v2"))
+    f64, f32 = load_numpy_model(directory), load_numpy_model(directory, "float32")
+    assert f32.w["head.3.bias"].dtype == np.float32 and f32.cfg == f64.cfg
+    graphs = _graphs(f64.cfg, np.random.default_rng(7), [(12, 10), (2, 3), (60, 25)])
+    for a, b in zip(f64.step(graphs), f32.step(graphs), strict=True):
+        for name in ("h_flow", "h_link", "slowdown"):
+            assert getattr(b, name).dtype == np.float64
+            np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-4, atol=1e-5)
+        assert not np.array_equal(a.h_flow, b.h_flow)  # it did run in float32
+    with pytest.raises(InputError, match="unknown precision 'float16'"):
+        NumpyModel(f64.cfg, {}, "float16")
+
+
 def _with_components(graphs: list[StepGraph], cfg: ModelConfig) -> StepGraph:
     """``graphs`` as the components of one graph (rows and wiring concatenated), as the
     engine packs the components an update touched."""

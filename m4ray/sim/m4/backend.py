@@ -133,9 +133,13 @@ class M4Config:
     (1 is fastest for small graphs; 0 leaves them);
     ``max_flows_per_step``: cap on flows in one forward pass; ``share_steps``: a sweep task runs
     up to this many m4 scenarios together in one process, their updates batched into shared
-    forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone. ``weights``
-    is set from the checkpoint's files (:func:`weights_digest`), so a run's id names the model
-    that ran, not only its name: a checkpoint retrained in place does not reuse old results."""
+    forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone;
+    ``precision``: the numpy step's float type (float64; float32's forward passes are ~1.7x
+    faster on the large components of MoE jobs at scale, its answers not the same to the bit:
+    :mod:`~m4ray.sim.m4.numpy_step` says by how much).
+    ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a run's id names
+    the model that ran, not only its name: a checkpoint retrained in place does not reuse old
+    results."""
 
     checkpoint: str = "m4-v2"
     window_us: float | None = 0.0
@@ -144,8 +148,16 @@ class M4Config:
     max_flows_per_step: int = 4096
     share_steps: int = 64
     weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
+    precision: str = added_field("float64", "the numpy step's float type (2026-11-26)")
 
     def __post_init__(self) -> None:
+        from m4ray.sim.m4.numpy_step import PRECISIONS
+
+        if self.precision not in PRECISIONS:
+            raise InputError(
+                f"unknown precision {self.precision!r} ({', '.join(PRECISIONS)})",
+                field="precision",
+            )
         self.weights = weights_digest(self.checkpoint)
         if self.window_us is not None and self.window_us < 0:
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
@@ -157,14 +169,15 @@ class M4Config:
         and its :class:`SharedStepper`, at most ``share_steps`` of them (None: each alone)."""
         if self.share_steps <= 1:
             return None
-        return ("m4", self.checkpoint, self.max_flows_per_step, self.threads), self.share_steps
+        key = ("m4", self.checkpoint, self.max_flows_per_step, self.threads, self.precision)
+        return key, self.share_steps
 
     def _stepper(self):
         """A stepper of its own over the checkpoint's model: the numpy step
         (:mod:`m4ray.sim.m4.numpy_step`; this process never imports torch for it)."""
         from m4ray.sim.m4.numpy_step import NumpyStepper, load_numpy_model
 
-        model = load_numpy_model(str(checkpoint_dir(self.checkpoint)))
+        model = load_numpy_model(str(checkpoint_dir(self.checkpoint)), self.precision)
         return NumpyStepper(model, max_flows=self.max_flows_per_step, threads=self.threads)
 
     def shared_stepper(self) -> SharedStepper:
