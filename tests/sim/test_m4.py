@@ -320,6 +320,60 @@ def test_a_shared_stepper_steps_alone_outside_a_group_and_fails_every_member_on_
     assert caught == ["step failed"] * 3
 
 
+def test_the_step_memo_answers_repeated_graphs_as_the_pass_did(model):
+    """A graph stepped before is answered from the memo (no pass, read-only outputs equal to
+    the pass's); a graph that differs in one input byte, or one too large to keep, is stepped;
+    a memo over its byte budget forgets and still answers right; in a group, simulations whose
+    requests are known do not wait for the round's pass."""
+    from m4ray.sim.m4.memo import StepMemo
+    from m4ray.sim.m4.shared import SharedStepper, simulate_together
+
+    def engine(stepper, size=50_000):
+        e = M4Engine(np.full(4, 100e9), model.cfg, [0.0] * model.cfg.n_params, stepper)
+        e.arrive_path(0, [0, 1], size, 1e-6, 0.0)
+        e.arrive_path(1, [2, 3], size, 1e-6, 0.0)
+        return e
+
+    def graphs(size=50_000):
+        return engine(LocalStepper(model), size).prepare(1e-6).graphs
+
+    def same(a, b) -> bool:
+        return all(
+            np.array_equal(np.asarray(getattr(x, k)), np.asarray(getattr(y, k)))
+            for x, y in zip(a, b, strict=True)
+            for k in ("h_flow", "h_link", "slowdown")
+        )
+
+    plain = LocalStepper(model)(graphs())
+    memo = StepMemo()
+    shared = SharedStepper(LocalStepper(model), memo)
+    assert same(shared(graphs()), plain) and shared.n_passes == 1
+    known = shared(graphs())  # the same graph again: from the memo
+    assert same(known, plain) and not known[0].h_flow.flags.writeable
+    assert (shared.n_passes, shared.n_known, memo.hits, memo.misses) == (1, 1, 1, 1)
+    changed = shared(graphs(50_001))  # one input differs: stepped
+    assert same(changed, LocalStepper(model)(graphs(50_001))) and not same(changed, plain)
+    assert shared.n_passes == 2
+    small = SharedStepper(LocalStepper(model), StepMemo(max_flows=1))  # 2 flows: not kept
+    assert same(small(graphs()), plain) and same(small(graphs()), plain)
+    assert small.n_passes == 2 and not small.memo.table
+    tight = SharedStepper(LocalStepper(model), StepMemo(max_bytes=1))  # over its budget
+    assert same(tight(graphs()), plain) and same(tight(graphs()), plain)
+    assert tight.n_passes == 2 and not tight.memo.table
+    assert len(memo.table) == 2  # room for one of them: the second clears the first
+    one = SharedStepper(LocalStepper(model), StepMemo(max_bytes=memo.bytes // 2 + 1))
+    assert same(one(graphs()), plain) and same(one(graphs(50_001)), changed)
+    assert len(one.memo.table) == 1 and same(one(graphs(50_001)), changed)
+    assert same(one(graphs()), plain) and one.n_passes == 3
+
+    group = SharedStepper(LocalStepper(model), StepMemo())
+    alone = engine(LocalStepper(model)).update(2e-6)
+    got = simulate_together(list(range(4)), group, lambda k: engine(group).update(2e-6))
+    assert got == [alone] * 4 and group.n_passes == 1  # one round's pass
+    assert simulate_together([0, 1], group, lambda k: engine(group).update(2e-6)) == [alone] * 2
+    assert group.n_passes == 1 and group.n_known == 2  # known: answered without a round
+
+
 def test_the_default_checkpoint_is_m4_v2_with_a_card_the_benches_wrote():
     """m4-v2 is the default of backend=m4; it records the ns-3 transport it learned (the default
     backend describes that one), and its card's measured section is bench/m4_card.py's: each

@@ -182,19 +182,21 @@ class M4Config:
 
     def shared_stepper(self) -> SharedStepper:
         """The stepper a group of this config's scenarios shares (see :meth:`group`)."""
+        from m4ray.sim.m4.memo import StepMemo
         from m4ray.sim.m4.shared import SharedStepper
 
-        return SharedStepper(self._stepper())
+        return SharedStepper(self._stepper(), StepMemo())
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
-        from m4ray.sim.m4.shared import CURRENT
+        from m4ray.sim.m4.memo import StepMemo
+        from m4ray.sim.m4.shared import CURRENT, SharedStepper
 
         check_transport(self.checkpoint, self.network.transport)
         own = self._stepper()
         model = own.model
         stepper = CURRENT.get()  # set when this simulation runs in a group (shared.py)
-        if stepper is None:
-            stepper = own
+        if stepper is None:  # alone: its own memo of the graphs it stepped (m4ray.sim.m4.memo)
+            stepper = SharedStepper(own, StepMemo())
         elif stepper.stepper.model is not model:
             raise SimulationError(f"the shared stepper runs another model than '{self.checkpoint}'")
         engine = engine_for(topology, model.cfg, self.network, routing, stepper)

@@ -25,6 +25,7 @@ from typing import Any
 import greenlet
 
 from m4ray.sim.m4.graph import StepGraph, StepOut
+from m4ray.sim.m4.memo import StepMemo
 
 # The shared stepper of the simulation running in this greenlet (set by simulate_together; read
 # by M4Config.build). None: each backend steps alone.
@@ -34,12 +35,14 @@ CURRENT: contextvars.ContextVar[SharedStepper | None] = contextvars.ContextVar(
 
 
 class _Request:
-    """A suspended simulation's step request (what its greenlet hands the scheduler)."""
+    """A suspended simulation's step request (what its greenlet hands the scheduler) and its
+    graphs' memo keys."""
 
-    __slots__ = ("graphs",)
+    __slots__ = ("graphs", "keys")
 
-    def __init__(self, graphs: list[StepGraph]) -> None:
+    def __init__(self, graphs: list[StepGraph], keys: list | None = None) -> None:
         self.graphs = graphs
+        self.keys = keys
 
 
 class _Failed:
@@ -54,19 +57,36 @@ class SharedStepper:
     simulation's greenlet, it suspends that simulation until the round's batched step; called
     from anywhere else, it steps alone."""
 
-    def __init__(self, stepper: Callable[[list[StepGraph]], list[StepOut]]) -> None:
+    def __init__(
+        self,
+        stepper: Callable[[list[StepGraph]], list[StepOut]],
+        memo: StepMemo | None = None,
+    ) -> None:
         self.stepper = stepper
+        self.memo = memo  # answers graphs stepped before without a pass (m4ray.sim.m4.memo)
         self._scheduler: greenlet.greenlet | None = None
         self.n_passes = 0  # batched steps run
-        self.n_calls = 0  # per-simulation step calls served
+        self.n_calls = 0  # per-simulation step calls served (by a pass or the memo)
+        self.n_known = 0  # of which the memo answered
 
     def __call__(self, graphs: list[StepGraph]) -> list[StepOut]:
+        keys = None
+        if self.memo is not None:
+            known, keys = self.memo.answer(graphs)
+            if known is not None:
+                self.n_calls += 1
+                self.n_known += 1
+                return known
         scheduler = self._scheduler
         if scheduler is None or greenlet.getcurrent() is scheduler:
             self.n_passes += 1
             self.n_calls += 1
-            return self.stepper(graphs)
-        out = scheduler.switch(_Request(graphs))  # resumed by the scheduler with the outputs
+            outs = self.stepper(graphs)
+            if keys is not None:
+                self.memo.store(keys, outs)
+            return outs
+        # resumed by the scheduler with the outputs
+        out = scheduler.switch(_Request(graphs, keys))
         if isinstance(out, _Failed):
             raise out.error
         return out
@@ -83,6 +103,8 @@ class SharedStepper:
         for index, request in requests.items():
             resumed[index] = outs[i : i + len(request.graphs)]
             i += len(request.graphs)
+            if request.keys is not None:
+                self.memo.store(request.keys, resumed[index])
         return resumed
 
 
