@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from m4ray.datagen.families import ALGORITHMS, DatagenScenario
+from m4ray.datagen.periods import ack_coupled as coupled_links
 from m4ray.datagen.periods import busy_periods
 from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
@@ -96,7 +97,7 @@ def tables(
     )
     size = np.array([f.size_bytes for f in flows], dtype=np.int64)
     links = [p.links for p in paths]
-    keys = ack_coupled(links) if ack_coupled else links
+    keys = coupled_links(links) if ack_coupled else links
     periods = busy_periods(rec.event_flow, rec.event_kind, keys)
     flowsim = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_numpy()
 

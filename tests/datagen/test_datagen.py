@@ -145,3 +145,21 @@ def test_a_4_to_1_incast_on_ns3_shares_the_receiver_link():
     assert len(flows) == 4 and flows.dst.nunique() == 1
     slowdown = flows.fct_s / flows.ideal_fct_s
     assert 3.5 < slowdown.max() < 4.5 and slowdown.min() > 1.5, slowdown.tolist()
+
+
+def test_ack_coupled_periods_record_on_ns3():
+    """``ack_periods`` (data v2) through a real ns-3 recording: the same flows and FCTs, busy
+    periods that join flows on each other's reverse links (never more periods than without);
+    the scenarios' params say which was used."""
+    import dataclasses
+
+    from m4ray.datagen.families import IncastFamily
+    from m4ray.datagen.record import record
+
+    family = IncastFamily(k=[2, 3], rounds=[2, 2], size_bytes=[20_000, 60_000])
+    scenario = family.sample("incast", 0, 5, 120.0)
+    plain = record(scenario)
+    coupled = record(dataclasses.replace(scenario, ack_periods=True))
+    a, b = plain["flows"].to_pandas(), coupled["flows"].to_pandas()
+    pd.testing.assert_frame_equal(a.drop(columns="period_id"), b.drop(columns="period_id"))
+    assert 0 < b.period_id.nunique() <= a.period_id.nunique()
