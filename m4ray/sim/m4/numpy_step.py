@@ -23,7 +23,7 @@ carries ~24 % of the rows.
 
 ``precision="float32"`` (``backend_options.m4.precision``) runs the forward pass in float32, as
 the model was trained: products ~2.5x faster, which pays on the large components of MoE jobs at
-scale (Spectrum-X 512 GPUs, MoE: forward passes 68 → 40 s, the simulation 83 → 56 s). It gives
+scale (Spectrum-X 512 GPUs, MoE, the scale ladder's rung: 82 → 49 s on 2 cores). It gives
 up the property above: float32 rounding (~1e-7 of a slowdown) is above the picosecond, so
 grouped and alone may differ in the last digits, and so do the answers: finish times within
 1e-9 of float64's on the gray-failure grid, but +0.37 % on that MoE iteration, where thousands
