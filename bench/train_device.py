@@ -20,6 +20,13 @@ card does) and writes a checkpoint directory:
         --n 2400 300 600 --compact --out .devcarry/gpu/full.pt && gzip .devcarry/gpu/full.pt
     python3 bench/train_device.py train --samples full.pt --hidden 200 --batch 16 --out ck
 
+On the device tool (``run`` with ``carry=[".devcarry/gpu"]``), write logs and the checkpoint's
+``model.pt``/``model.json`` under ``$OUT`` as the run goes (a command stopped at its limit
+returns only what is there), and leave the command's limit room for the test table:
+
+    gunzip -c .devcarry/gpu/full.pt.gz > /tmp/full.pt && python3 bench/train_device.py train \
+        --samples /tmp/full.pt --minutes 6 --workers 12 --out $OUT/h200 2>&1 | tee $OUT/log
+
 ``run`` prints, per device × hidden size × batch size, training periods/s (forward, loss as the
 train_m4_v2 experiment sets it, backward, Adam step; after warm-up) and held-out inference
 periods/s, and the largest relative difference of the checkpoint's predictions between CPU and
