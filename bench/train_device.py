@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from m4ray.train.config import ModelConfig  # noqa: E402
-from m4ray.train.loop import LOSSES, batches  # noqa: E402
+from m4ray.train.loop import TrainConfig, batches, evaluate, training_loss  # noqa: E402
 from m4ray.train.model import M4Model, engine_schedule  # noqa: E402
 
 
@@ -134,23 +134,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def train_rate(cfg: ModelConfig, periods, device, batch: int, *, train: dict, seconds: float):
+def train_rate(cfg: TrainConfig, periods, device, batch: int, *, seconds: float):
     """Training periods/s over up to ``seconds`` (one warm-up batch first) and the step count."""
     torch.manual_seed(0)
-    model = M4Model(cfg).to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model = M4Model(cfg.model).to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     moved = [p.to(device) for p in periods]
     chunks = _batches(moved, batch, np.random.default_rng(0))
-    every = train["loss"] == "every" or train["correction_l1"] > 0
 
     def step(chunk) -> None:
-        out = model(chunk, every=every)
-        loss = out[LOSSES[train["loss"]][0]] + 0.005 * out["remain"] + 0.005 * out["queue"]
-        if train["correction_l1"] > 0:
-            loss = loss + train["correction_l1"] * out["every_shift"]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _step(model, opt, chunk, cfg)
 
     step(chunks[0])
     _sync(device)
@@ -181,7 +174,6 @@ def run(args) -> None:
     data = torch.load(args.samples, weights_only=False)
     info = data["checkpoint"]
     base = ModelConfig(**info["model"])
-    train = {"loss": args.loss, "correction_l1": args.correction_l1}
     devices = [torch.device(d) for d in args.devices if d == "cpu" or torch.cuda.is_available()]
     torch.set_num_threads(args.cpu_threads)
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
@@ -191,12 +183,14 @@ def run(args) -> None:
     print(f"anchor schedules: {took:.1f} s in {args.workers} processes")
     rows = []
     for hidden in args.hidden:
-        cfg = dataclasses.replace(base, hidden=hidden, gnn_hidden=args.gnn_ratio * hidden // 2)
+        cfg = _train_config(
+            args, dataclasses.replace(base, hidden=hidden, gnn_hidden=args.gnn_ratio * hidden // 2)
+        )
         for batch in args.batch:
-            row = {"hidden": hidden, "gnn": cfg.gnn_hidden, "batch": batch}
+            row = {"hidden": hidden, "gnn": cfg.model.gnn_hidden, "batch": batch}
             for device in devices:
                 rate, steps = train_rate(
-                    cfg, _periods(data["train"]), device, batch, train=train, seconds=args.seconds
+                    cfg, _periods(data["train"]), device, batch, seconds=args.seconds
                 )
                 row[f"train_{device.type}"] = rate
                 print(
@@ -239,94 +233,55 @@ def run(args) -> None:
         )
 
 
-def _val_every(model, periods, device, batch: int) -> float:
-    """The every-update relative L1 over the flows of ``periods`` (the training job's
-    ``val_every_l1``, its model-selection metric)."""
-    total = flows = 0.0
-    model.eval()
-    with torch.no_grad():
-        for chunk in _batches(periods, batch):
-            n = sum(len(p.size_bytes) for p in chunk)
-            total += float(model([p.to(device) for p in chunk], every=True)["every_flows"]) * n
-            flows += n
-    return total / max(flows, 1)
+def _train_config(args, model: ModelConfig, **settings) -> TrainConfig:
+    """The training job's config for the command's loss settings (and ``settings``)."""
+    return TrainConfig(model=model, loss=args.loss, correction_l1=args.correction_l1, **settings)
 
 
-def _error_rows(errors: dict) -> dict:
-    return {
-        who: {
-            "mean": float(e.mean()),
-            "p50": float(np.percentile(e, 50)),
-            "p90": float(np.percentile(e, 90)),
-            "p99": float(np.percentile(e, 99)),
-        }
-        for who, e in errors.items()
-    }
-
-
-def _card(cfg: ModelConfig, meta: dict, rows: dict, best: float) -> str:
-    table = "\n".join(
-        f"| {who} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |"
-        for who, row in rows.items()
-    )
-    t = meta["train"]
-    return f"""# m4 checkpoint (trained by bench/train_device.py)
-
-Hidden {cfg.hidden}, GNN {cfg.gnn_hidden}, {cfg.gnn_layers} SAGE layers, anchor `{cfg.anchor}`;
-{meta["epochs"]} epoch(s) in {meta["train_wall_s"]:.0f} s on {meta["hardware"]}, batch {t["batch"]},
-Adam lr {t["lr"]}; the epoch with the lowest validation every-update L1 ({best:.4f}). Dataset
-`{meta["dataset_version"]}`, {meta["train_periods"]}/{meta["val_periods"]}/{meta["test_periods"]}
-train/val/test periods. Command: `{meta["command"]}`.
-
-## Held-out per-flow slowdown error |ŝ/s − 1| ({meta["test_flows"]} flows)
-
-| model | mean | p50 | p90 | p99 |
-|---|---|---|---|---|
-{table}
-"""
-
-
-def _step(model, opt, chunk, args) -> None:
-    """One optimiser step on a batch, with the train_m4_v2 experiment's loss."""
-    out = model(chunk, every=args.loss == "every" or args.correction_l1 > 0)
-    loss = out[LOSSES[args.loss][0]] + 0.005 * out["remain"] + 0.005 * out["queue"]
-    if args.correction_l1 > 0:
-        loss = loss + args.correction_l1 * out["every_shift"]
+def _step(model, opt, chunk, cfg: TrainConfig) -> None:
+    """One optimiser step on a batch, with the training job's loss."""
+    loss = training_loss(model(chunk, every=cfg.reads_every), cfg)
     opt.zero_grad()
     loss.backward()
     opt.step()
 
 
-def _fit(model, moved_train, moved_val, args, tag) -> tuple:
-    """Epochs until ``--minutes`` are spent (the last may stop part-way); the best epoch's
-    state by validation every-update L1, its value, the history and the wall time."""
+def _fit(model, cfg: TrainConfig, moved_train, val, *, minutes: float, tag: str) -> tuple:
+    """Epochs until ``minutes`` are spent (the last may stop part-way); the best epoch's state
+    by validation every-update L1 (the training job's ``val_every_l1``), its value, the
+    history and the wall time."""
     device = next(model.parameters()).device
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.2, patience=5, min_lr=1e-6)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt, factor=cfg.plateau_factor, patience=cfg.plateau_patience, min_lr=cfg.min_lr
+    )
     best, best_state, history = float("inf"), None, []
     start = time.perf_counter()
-    deadline = start + 60 * args.minutes
+    deadline = start + 60 * minutes
     epoch = 0
     while time.perf_counter() < deadline:
         model.train()
         done = 0
-        chunks = _batches(moved_train, args.batch, np.random.default_rng([args.seed, epoch]))
+        rng = np.random.default_rng([cfg.seed, epoch])
+        chunks = _batches(moved_train, cfg.batch_size, rng)
         for chunk in chunks:
-            _step(model, opt, chunk, args)
+            _step(model, opt, chunk, cfg)
             done += len(chunk)
             if time.perf_counter() > deadline:
                 break
-        val = _val_every(model, moved_val, device, 16)
-        plateau.step(val)
+        model.eval()
+        sums = evaluate(model, val, device, 16)
+        val_l1 = sums[6] / max(sums[5], 1)
+        plateau.step(val_l1)
         wall = time.perf_counter() - start
-        history.append({"epoch": epoch, "periods": done, "val_every_l1": val, "wall_s": wall})
+        history.append({"epoch": epoch, "periods": done, "val_every_l1": val_l1, "wall_s": wall})
         print(
-            f"{tag} epoch {epoch}: {done}/{len(chunks) * args.batch} periods, val every-L1 "
-            f"{val:.4f}, {wall:.0f} s",
+            f"{tag} epoch {epoch}: {done}/{len(moved_train)} periods, val every-L1 "
+            f"{val_l1:.4f}, {wall:.0f} s",
             flush=True,
         )
-        if val < best:
-            best = val
+        if val_l1 < best:
+            best = val_l1
             best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         epoch += 1
     return best, best_state, history, time.perf_counter() - start
@@ -336,58 +291,60 @@ def train(args) -> None:
     """Train m4 on one device for ``--minutes`` (the train_m4_v2 loss, Adam, the training job's
     plateau schedule), keep the epoch with the lowest validation every-update L1, score it on
     the export's test periods (m4, its anchor, flowSim) and write a checkpoint to ``--out``."""
+    from m4ray.runtime.provenance import git_commit
     from m4ray.train import checkpoint
+    from m4ray.train.job import error_table, model_card
     from m4ray.train.loop import flow_errors
 
     data = torch.load(args.samples, weights_only=False)
-    info = data["checkpoint"]
-    base = ModelConfig(**info["model"])
-    cfg = dataclasses.replace(
-        base, hidden=args.hidden, gnn_hidden=args.gnn_ratio * args.hidden // 2
+    base = ModelConfig(**data["checkpoint"]["model"])
+    hidden = {"hidden": args.hidden, "gnn_hidden": args.gnn_ratio * args.hidden // 2}
+    cfg = _train_config(
+        args,
+        dataclasses.replace(base, **hidden),
+        batch_size=args.batch,
+        lr=args.lr,
+        seed=args.seed,
     )
     device = torch.device(args.device if torch.cuda.is_available() else "cpu")
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
     torch.set_num_threads(args.cpu_threads)
-    train_p, val_p = _periods(data["train"]), _periods(data["val"])
-    test_p = _periods(data.get("test", []))
-    took = schedule_all(train_p + val_p + test_p, cfg.anchor, args.workers)
-    tag = f"[hidden {cfg.hidden}/{cfg.gnn_hidden} batch {args.batch} lr {args.lr}]"
-    print(f"{tag} {gpu}; {len(train_p)} train / {len(val_p)} val periods; schedules {took:.0f} s")
-    torch.manual_seed(args.seed)
-    model = M4Model(cfg).to(device)
-    best, best_state, history, train_wall = _fit(
-        model, [p.to(device) for p in train_p], [p.to(device) for p in val_p], args, tag
+    train_p = _periods(data["train"])
+    took = schedule_all(
+        train_p + _periods(data["val"]) + _periods(data["test"]), cfg.model.anchor, args.workers
     )
-    epoch = len(history)
+    tag = f"[hidden {args.hidden}/{cfg.model.gnn_hidden} batch {args.batch} lr {args.lr}]"
+    print(
+        f"{tag} {gpu}; {len(train_p)} train / {len(data['val'])} val periods; "
+        f"schedules {took:.0f} s"
+    )
+    torch.manual_seed(args.seed)
+    model = M4Model(cfg.model).to(device)
+    best, best_state, history, train_wall = _fit(
+        model, cfg, [p.to(device) for p in train_p], data["val"], minutes=args.minutes, tag=tag
+    )
     model.load_state_dict(best_state)
     model.eval()
-    errors = flow_errors(model, data["test"], device) if data.get("test") else {}
-    rows = _error_rows(errors)
-    for who, row in rows.items():
+    errors = flow_errors(model, data["test"], device)
+    table = error_table(errors)
+    for who, row in table.items():
         print(f"{tag} test {who}: " + " ".join(f"{k} {v:.4f}" for k, v in row.items()))
-    version = data.get("dataset", {}).get("version", "?")
     meta = {
-        "dataset_version": version,
-        "epochs": epoch,
+        "dataset_version": data["dataset"]["version"],
+        "git_commit": git_commit(),
+        "epochs": len(history),
         "train_periods": len(train_p),
-        "val_periods": len(val_p),
-        "test_periods": len(data.get("test", [])),
-        "test_flows": len(errors.get("m4", [])),
+        "val_periods": len(data["val"]),
+        "test_periods": len(data["test"]),
+        "test_flows": len(errors["m4"]),
         "train_wall_s": round(train_wall, 1),
-        "hardware": f"1 x {gpu}",
+        "hardware": f"1 x {gpu} (bench/train_device.py, {args.minutes} min budget)",
         "history": history,
         "best_val_every_l1": best,
-        "metrics": {f"test_{w}_{k}": v for w, row in rows.items() for k, v in row.items()},
+        "metrics": {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()},
         "command": "python bench/train_device.py " + " ".join(sys.argv[1:]),
-        "train": {
-            "batch": args.batch,
-            "lr": args.lr,
-            "loss": args.loss,
-            "correction_l1": args.correction_l1,
-            "minutes": args.minutes,
-        },
     }
-    checkpoint.export(model, args.out, meta, _card(cfg, meta, rows, best))
+    checkpoint.export(model, args.out, meta, model_card(meta, table, cfg))
     print(f"{tag} wrote {args.out}")
 
 

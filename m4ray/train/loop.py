@@ -82,6 +82,11 @@ class TrainConfig:
                 f"unknown loss {self.loss!r} ({', '.join(LOSSES)})", field="train.loss"
             )
 
+    @property
+    def reads_every(self) -> bool:
+        """Whether the loss needs the every-update read-out (it costs: only then)."""
+        return self.loss == "every" or self.correction_l1 > 0
+
     def loop(self):
         """The Ray Train per-worker function for this config."""
         return train_loop
@@ -93,6 +98,16 @@ class TrainConfig:
         """The config with an absolute dataset path (workers run in other directories)."""
         data = dataclasses.replace(self.data, dataset=str(Path(self.data.dataset).resolve()))
         return dataclasses.replace(self, data=data)
+
+
+def training_loss(out: dict[str, torch.Tensor], cfg: TrainConfig) -> torch.Tensor:
+    """The loss a batch's forward output (``M4Model(..., every=cfg.reads_every)``) trains on:
+    the main loss, the auxiliary ones and the L1 on the fluid correction."""
+    loss = out[LOSSES[cfg.loss][0]] + cfg.weight_remain * out["remain"]
+    loss = loss + cfg.weight_queue * out["queue"]
+    if cfg.correction_l1 > 0:
+        loss = loss + cfg.correction_l1 * out["every_shift"]
+    return loss
 
 
 def shard(items: list, rank: int, world: int) -> list:
@@ -212,12 +227,9 @@ def train_loop(config: dict[str, Any]) -> None:
         sums = [0.0, 0.0, 0.0, 0.0]
         for chunk in mine:
             batch = [s.period.to(device) for s in chunk]
-            # the every-update read-out costs: only when the loss uses it
-            out = ddp(batch, every=cfg.loss == "every" or cfg.correction_l1 > 0)
+            out = ddp(batch, every=cfg.reads_every)
             main = out[LOSSES[cfg.loss][0]]
-            loss = main + cfg.weight_remain * out["remain"] + cfg.weight_queue * out["queue"]
-            if cfg.correction_l1 > 0:
-                loss = loss + cfg.correction_l1 * out["every_shift"]
+            loss = training_loss(out, cfg)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -306,4 +318,5 @@ __all__ = [
     "report",
     "shard",
     "train_loop",
+    "training_loss",
 ]

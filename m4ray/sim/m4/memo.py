@@ -71,18 +71,15 @@ class StepMemo:
                 self.hits += 1
                 continue
             self.misses += 1
-            kept = StepOut(
-                h_flow=_frozen(out.h_flow),
-                h_link=_frozen(out.h_link),
-                slowdown=_frozen(out.slowdown),
-            )
-            size = len(key) + kept.h_flow.nbytes + kept.h_link.nbytes + kept.slowdown.nbytes
+            arrays = (out.h_flow, out.h_link, out.slowdown)
+            size = len(key) + sum(np.asarray(a).nbytes for a in arrays)
             if size > self.max_bytes:  # never kept
                 continue
+            kept = [_frozen(a) for a in arrays]
             if self.bytes + size > self.max_bytes:
                 self.table.clear()
                 self.bytes = 0
-            self.table[key] = kept
+            self.table[key] = StepOut(h_flow=kept[0], h_link=kept[1], slowdown=kept[2])
             self.bytes += size
 
 

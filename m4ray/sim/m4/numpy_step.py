@@ -134,6 +134,15 @@ def _weights_npz(directory: Path) -> Path:
 PRECISIONS = {"float64": np.float64, "float32": np.float32}
 
 
+def float_type(precision: str) -> type:
+    """The numpy type of a ``precision`` setting (a clear error for an unknown one)."""
+    if precision not in PRECISIONS:
+        raise InputError(
+            f"unknown precision {precision!r} ({', '.join(PRECISIONS)})", field="precision"
+        )
+    return PRECISIONS[precision]
+
+
 class NumpyModel:
     """The m4 weights (arrays of ``precision``, transposed for ``x @ W``) and the step over
     them."""
@@ -141,13 +150,8 @@ class NumpyModel:
     def __init__(
         self, cfg: ModelConfig, weights: dict[str, np.ndarray], precision: str = "float64"
     ) -> None:
-        if precision not in PRECISIONS:
-            raise InputError(
-                f"unknown precision {precision!r} ({', '.join(PRECISIONS)})", field="precision"
-            )
+        self.dtype = dtype = float_type(precision)
         self.cfg = cfg
-        self.precision = precision
-        self.dtype = dtype = PRECISIONS[precision]
         for name, shape in _expected_shapes(cfg).items():
             if name not in weights:
                 raise InputError(f"the checkpoint has no weight '{name}'", field="model.pt")
@@ -294,7 +298,7 @@ class NumpyModel:
         new_link = self._gru("gru_rate_link", x[n_f:], h_link)
         parts = [n_links[:, None], params] + ([fluid] if cfg.fluid else []) + [new_flow]
         hidden = np.maximum(self._linear("head.0", cat(parts, axis=1)), 0.0)
-        out = self._linear("head.3", hidden)[:, 0].astype(np.float64)
+        out = np.asarray(self._linear("head.3", hidden)[:, 0], dtype=np.float64)
         slowdown = np.maximum(base * (1 + out) if cfg.fluid else out, 1.0)
         if self.dtype is not np.float64:  # the engine keeps states in float64
             new_flow, new_link = new_flow.astype(np.float64), new_link.astype(np.float64)
