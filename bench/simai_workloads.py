@@ -1,15 +1,18 @@
-"""Every real SimAI/AICB workload file under a folder: parsed, unrolled and replayed on flowSim.
+"""Every real SimAI/AICB workload file under a folder: parsed and replayed on flowSim, in full
+and in lockstep (``m4ray.sim.lockstep``), side by side.
 
     .venv/bin/python bench/simai_workloads.py ../shared/data
     .venv/bin/python bench/simai_workloads.py ../shared/data --max-gpus 1024 --scale 0.1
+    .venv/bin/python bench/simai_workloads.py ../shared/data --failure 8 4 --scale 1
 
 Looks for ``*.txt`` under ``<data>/simai_workloads/`` and ``<data>/simai/workload/``. Each file is
-parsed (header, policy, groups, comm types); jobs of at most ``--max-gpus`` GPUs (default 256)
-are unrolled into the per-rank DAG and replayed on flowSim over a rail cluster just big enough
-(8 GPUs per server, ``workload.scale`` = ``--scale``); a file without ``all_gpus`` (old AICB
-header) runs on 32 GPUs, the way it would span a user's topology. Larger jobs are parsed and
-sized only: their DAG (ranks × rows × columns) does not fit this machine's memory in Python
-(the scale issue's remaining work). Prints one row per file.
+parsed (header, policy, groups, comm types) and replayed on flowSim (``workload.scale`` =
+``--scale``, hierarchical collectives, the jumbo wire) over the SimAI template that fits it:
+Spectrum-X up to 4,096 GPUs, AlibabaHPN beyond (``--failure N R``: N GPUs' links at 1/R). A
+file without ``all_gpus`` (old AICB header) runs on 32 GPUs, the way it would span a user's
+topology. Jobs of at most ``--max-gpus`` GPUs (default 256) are replayed both ways, the full
+per-rank DAG and lockstep, and the table gives their difference; larger ones (the 9,216-GPU
+``workload_analytical.txt``: ~10^8 DAG nodes) in lockstep only. Prints one row per file.
 """
 
 from __future__ import annotations
@@ -23,33 +26,72 @@ from pathlib import Path
 OLD_HEADER_GPUS = 32
 
 
-def replay(path: Path, n_gpus: int, scale: float) -> dict:
+def setup(n_gpus: int, failure: tuple[int, int]):
     from m4ray.sim.collectives import HierarchicalSpec
+    from m4ray.sim.failures import GrayFailure
+    from m4ray.sim.routing import Routing, WireFormat
+    from m4ray.sim.templates import ClusterTemplateSpec
+
+    template = "spectrum_x" if n_gpus <= 4096 else "alibaba_hpn"
+    gpus = max(8, math.ceil(n_gpus / 8) * 8)
+    topo = ClusterTemplateSpec(template=template, gpus=gpus).build()
+    topo = GrayFailure(n_degraded=failure[0], reduction=failure[1]).apply(topo)
+    routing = Routing(topo, wire=WireFormat(mtu_bytes=8948, header_bytes=54))
+    return f"{template} {gpus}", topo, routing, HierarchicalSpec().build(topo)
+
+
+def full(path: Path, n_gpus: int, scale: float, failure: tuple[int, int]) -> dict:
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.replay import Replay
-    from m4ray.sim.routing import Routing, WireFormat
     from m4ray.sim.simai import SimAIWorkloadSpec
-    from m4ray.sim.topologies import rail_cluster
 
-    topo = rail_cluster(servers=max(1, math.ceil(n_gpus / 8)))
-    routing = Routing(topo, wire=WireFormat(mtu_bytes=8948, header_bytes=54))
+    _, topo, routing, algorithm = setup(n_gpus, failure)
     t0 = time.perf_counter()
     workload = SimAIWorkloadSpec(path=str(path), scale=scale).build(n_hosts=n_gpus)
     backend = FlowSimConfig().build(topo, routing)
-    result = Replay(workload, backend, routing, HierarchicalSpec().build(topo)).run()
+    result = Replay(workload, backend, routing, algorithm).run()
     return {
-        "nodes": len(workload.nodes),
         "flows": len(result.flows.flow_id),
-        "iteration_ms": result.completion_time_s * 1e3,
+        "iteration_s": result.completion_time_s,
         "wall_s": time.perf_counter() - t0,
+    }
+
+
+def lockstep(path: Path, n_gpus: int, scale: float, failure: tuple[int, int]) -> dict:
+    from tqdm.auto import tqdm
+
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.lockstep import LockstepReplay
+    from m4ray.sim.simai import parse_simai
+
+    name, topo, routing, algorithm = setup(n_gpus, failure)
+    t0 = time.perf_counter()
+    result = LockstepReplay(
+        parse_simai(path),
+        topo,
+        routing,
+        FlowSimConfig(),
+        algorithm,
+        scale=scale,
+        progress=lambda items: tqdm(items, desc=f"{path.name} collectives", leave=False),
+    ).run()
+    return {
+        "topology": name,
+        "flows": result.flows_represented,
+        "simulated": result.flows_simulated,
+        "iteration_s": result.completion_time_s,
+        "wall_s": time.perf_counter() - t0,
+        "result": result,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", type=Path, help="the shared data folder")
-    parser.add_argument("--max-gpus", type=int, default=256)
+    parser.add_argument("--max-gpus", type=int, default=256, help="largest job replayed in full")
     parser.add_argument("--scale", type=float, default=0.01, help="message scale for replays")
+    parser.add_argument("--failure", type=int, nargs=2, default=(0, 1), metavar=("N", "R"))
+    parser.add_argument("--only", default="", help="files whose name contains this")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the parser's warnings are summarised per row
 
@@ -58,35 +100,67 @@ def main() -> None:
 
     files = sorted((args.data / "simai_workloads").rglob("*.txt"))
     files += sorted((args.data / "simai" / "workload").glob("*.txt"))
-    rows = []
+    files = [f for f in files if args.only in f.name]
+    failure = tuple(args.failure)
+    rows, big = [], []
     for path in files:
         name = str(path.relative_to(args.data))
         try:
             model = parse_simai(path)
         except Exception as err:  # a file that does not load is the finding: report it
-            rows.append([name, "", "", "", "", f"parse failed: {err}"])
+            rows.append([name, "", "", "", "", "", f"parse failed: {err}", "", "", ""])
             continue
         p = model.params
         n = p.get("all_gpus") or OLD_HEADER_GPUS
         layout = f"tp{p.get('model_parallel_NPU_group', 1)} ep{p.get('ep', 1)} pp{p.get('pp', 1)}"
         header = "new" if "all_gpus" in p else "old"
         cells = [name, f"{model.policy} ({header})", f"{n:,}", layout, f"{len(model.layers):,}"]
-        if n > args.max_gpus:
-            cells.append(f"parsed; DAG not built (> {args.max_gpus} GPUs)")
-        else:
-            try:
-                r = replay(path, n, args.scale)
+        try:
+            lock = lockstep(path, n, args.scale, failure)
+            cells += [
+                lock["topology"],
+                f"{lock['flows']:,} ({lock['simulated']:,} run)",
+                f"{lock['iteration_s'] * 1e3:.3f}",
+                f"{lock['wall_s']:.1f}",
+            ]
+            if n <= args.max_gpus:
+                ref = full(path, n, args.scale, failure)
+                diff = lock["iteration_s"] / ref["iteration_s"] - 1
                 cells.append(
-                    f"{r['flows']:,} flows, iteration {r['iteration_ms']:.3f} ms, "
-                    f"{r['wall_s']:.1f} s wall"
+                    f"{ref['iteration_s'] * 1e3:.3f} ms in {ref['wall_s']:.1f} s: {diff:+.2%}"
                 )
-            except Exception as err:
-                cells.append(f"replay failed: {err}")
+            else:
+                cells.append(f"(> {args.max_gpus} GPUs: lockstep only)")
+                big.append((name, lock["result"]))
+        except Exception as err:
+            cells += ["", "", "", "", f"replay failed: {type(err).__name__}: {err}"]
         rows.append(cells)
-        print(f"  {name}: {cells[-1]}", flush=True)
+        print(f"  {name}: {' | '.join(cells[5:])}", flush=True)
     print()
-    head = ["file", "policy (header)", "GPUs", "layout", "rows", f"flowSim, scale {args.scale:g}"]
+    head = [
+        "file",
+        "policy (header)",
+        "GPUs",
+        "layout",
+        "rows",
+        "topology",
+        "flows (lockstep ran)",
+        "lockstep iteration ms",
+        "lockstep wall s",
+        "full replay: iteration, wall, lockstep diff",
+    ]
+    print(f"flowSim, workload.scale {args.scale:g}, failure N={failure[0]} R={failure[1]}:")
     print(format_table(head, rows))
+    from m4ray.sim.lockstep import describe
+
+    for name, result in big:
+        print(f"\n{name}: its collectives, slowest first (per call, all groups together)")
+        print(
+            format_table(
+                ["kind", "group", "bytes", "groups", "calls", "steps", "flows", "ms"],
+                describe(result),
+            )
+        )
 
 
 if __name__ == "__main__":

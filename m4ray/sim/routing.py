@@ -109,11 +109,33 @@ class Routing:
             self._in_links[node].append(link)
 
     def _distances_to(self, dst: int) -> np.ndarray:
-        """Hop counts from every node to ``dst`` never transiting hosts (-1 = unreachable)."""
+        """Hop counts from every node to ``dst`` never transiting hosts (-1 = unreachable).
+
+        A host's are derived from its switches' (every route to a host ends with a hop from one
+        of the switches it hangs off, or comes straight from a neighbouring host), so a cluster
+        of thousands of GPUs walks its graph once per switch, not once per GPU."""
         dist = self._dist.get(dst)
         if dist is not None:
             return dist
-        dist = np.full(self.topo.n_nodes, -1, dtype=np.int64)
+        if dst not in self._host_set:
+            dist = self._walk(dst)
+        else:
+            dist = np.full(self.topo.n_nodes, np.iinfo(np.int16).max, dtype=np.int16)
+            for link in self._in_links[dst]:
+                prev = self._src_of[link]
+                if prev in self._host_set:
+                    dist[prev] = min(dist[prev], 1)
+                else:
+                    via = self._distances_to(prev)
+                    np.minimum(dist, np.where(via >= 0, via + 1, dist), out=dist)
+            dist[dist == np.iinfo(np.int16).max] = -1
+            dist[dst] = 0
+        self._dist[dst] = dist
+        return dist
+
+    def _walk(self, dst: int) -> np.ndarray:
+        """Breadth-first hop counts to ``dst`` over the reversed links, not through hosts."""
+        dist = np.full(self.topo.n_nodes, -1, dtype=np.int16)
         dist[dst] = 0
         frontier = deque([dst])
         while frontier:
@@ -125,7 +147,6 @@ class Routing:
                 if dist[prev] < 0:
                     dist[prev] = dist[node] + 1
                     frontier.append(prev)
-        self._dist[dst] = dist
         return dist
 
     def path(self, src: int, dst: int, flow_key: int = 0) -> Path:

@@ -220,6 +220,19 @@ def build_workload(
     multiplies every compute time; ``n_hosts`` (the topology's GPUs) sizes a job whose header
     has no ``all_gpus``.
     """
+    if scale <= 0 or compute_scale < 0 or iterations < 1:
+        raise InputError("scale must be > 0, compute_scale >= 0, iterations >= 1", field="workload")
+    groups = job_groups(model, source=source, n_hosts=n_hosts)
+    builder = _Builder(groups, scale, compute_scale)
+    for rank in range(groups.n):
+        builder.rank_program(rank, model.layers, iterations)
+    return Workload(n_ranks=groups.n, nodes=builder.nodes, name=name)
+
+
+def job_groups(
+    model: SimAIModel, *, source: str | Path | None = None, n_hosts: int | None = None
+) -> SimAIGroups:
+    """The job's size and parallelism from the header, checked (errors name the field)."""
     p = model.params
     n = p.get("all_gpus", 0)
     if n == 0:
@@ -264,13 +277,22 @@ def build_workload(
             pp,
             n // pp,
         )
-    if scale <= 0 or compute_scale < 0 or iterations < 1:
-        raise InputError("scale must be > 0, compute_scale >= 0, iterations >= 1", field="workload")
-    groups = SimAIGroups(n=n, tp=tp, pp=pp, ep=ep, micro=model.policy == "MICRO")
+    return SimAIGroups(n=n, tp=tp, pp=pp, ep=ep, micro=model.policy == "MICRO")
+
+
+def rank_program(
+    groups: SimAIGroups,
+    layers: tuple[Layer, ...],
+    *,
+    scale: float = 1.0,
+    compute_scale: float = 1.0,
+    iterations: int = 1,
+    rank: int = 0,
+) -> tuple[list[Node], dict[int, tuple[str, str | None]]]:
+    """One rank's nodes, and each collective node's group kind (``("tp" | "wg", suffix)``)."""
     builder = _Builder(groups, scale, compute_scale)
-    for rank in range(n):
-        builder.rank_program(rank, model.layers, iterations)
-    return Workload(n_ranks=n, nodes=builder.nodes, name=name)
+    builder.rank_program(rank, layers, iterations)
+    return builder.nodes, builder.group_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +329,7 @@ class _Builder:
         self.groups, self.scale, self.compute_scale = groups, scale, compute_scale
         self.nodes: list[Node] = []
         self._group_of: dict[tuple[int, str, str | None], tuple[int, ...]] = {}
+        self.group_kind: dict[int, tuple[str, str | None]] = {}  # collective node -> group kind
 
     def _add(self, node: Node) -> int:
         self.nodes.append(node)
@@ -334,6 +357,7 @@ class _Builder:
             return None
         size = max(comm.size_bytes, MIN_FWD_COMM) if phase == "fwd" else comm.size_bytes
         size = max(1, math.ceil(size * self.scale))
+        self.group_kind[len(self.nodes)] = key[1:]
         return self._add(
             Collective(
                 id=len(self.nodes),

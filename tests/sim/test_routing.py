@@ -137,3 +137,23 @@ def test_max_bdp_bytes_is_the_largest_over_the_paths_path_takes():
                     best = max(best, path.bottleneck_bps * rtt / 8)
         assert max_bdp_bytes(routing, 64) == best
         assert routing.memo[("max_bdp_bytes", 64)] == best
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"template": "alibaba_hpn", "gpus": 64},
+        {"template": "alibaba_hpn", "gpus": 64, "dual_plane": True},
+        {"template": "dcn_plus", "gpus": 32},
+        {"template": "spectrum_x", "gpus": 128},
+    ],
+)
+def test_host_distances_from_switches_equal_a_walk_to_the_host(spec):
+    """A host's hop counts, derived from the switches it hangs off, are the breadth-first
+    walk's (no transit through hosts) on every template, dual-homed GPUs included."""
+    from m4ray.sim.templates import ClusterTemplateSpec
+
+    topo = ClusterTemplateSpec(**spec).build()
+    routing = Routing(topo)
+    for host in topo.hosts:
+        np.testing.assert_array_equal(routing._distances_to(host), routing._walk(host))

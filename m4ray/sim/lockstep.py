@@ -1,0 +1,477 @@
+"""Lockstep replay: SimAI jobs too large for the per-rank DAG, replayed by rank symmetry.
+
+A SimAI file gives every rank the same program (the layers' computes and collectives); only the
+groups differ. :class:`~m4ray.sim.replay.Replay` unrolls it per rank and decomposes every
+collective into its flows, which at thousands of GPUs is ~10^8 DAG nodes and flows (the 9,216-GPU
+``workload_analytical.txt``). Lockstep replay keeps the network model and drops the repetition:
+
+1. **One program.** Rank 0's program is built (:func:`~m4ray.sim.simai.build_workload`'s nodes for
+   one rank) and scheduled by the replay's own issue rules (ascending id; one GPU compute and one
+   collective in flight). Every rank runs it in lockstep: the same line's collective starts at
+   the same time on every group of its kind (TP, DP, EP, DP_EP).
+2. **Rounds.** A collective on one group is decomposed by the configured algorithm
+   (:mod:`m4ray.sim.collectives`) and its transfers are levelled: level 0 needs nothing, level k
+   waits for level k-1 (a ring's step k). Groups of a kind are translates of one another, so
+   the group's decomposition is done once per placement shape (members per server) and mapped
+   onto every group; level k of all groups together is one **round**: the flows the whole
+   cluster sends at that step.
+3. **Network.** Each distinct round runs on a fresh backend (flowSim by default; any
+   :class:`~m4ray.sim.backend.BackendConfig`), all its flows from time 0, over the full topology
+   with its failures: groups that share a link share it. The round takes the send latency plus
+   its last delivery; a collective takes the sum of its rounds (consecutive identical rounds,
+   e.g. the 2(n-1) steps of a ring, are run once and counted).
+
+What it assumes, beyond the full replay: rounds end together (a barrier per step; exact for a
+symmetric ring, an upper bound when one flow of a step is slow, since in the full replay only
+its ring waits for it), collectives of different lines that overlap in time (a non-blocking
+weight-gradient all-reduce under the next layer's compute) do not slow each other, and every
+rank's computes take the same time. ``bench/simai_workloads.py`` compares it with the full
+replay where both fit (completion time within a few per cent). Units: seconds, bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import heapq
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from m4ray import native
+from m4ray.errors import SimulationError
+from m4ray.sim.backend import BackendConfig
+from m4ray.sim.collectives import CollectiveAlgorithm, Transfer
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSimConfig
+from m4ray.sim.routing import Routing
+from m4ray.sim.simai import SimAIGroups, SimAIModel, job_groups, rank_program
+from m4ray.sim.topology import Topology
+from m4ray.sim.workload import Collective, CollectiveKind, Compute
+
+log = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str | None]  # ("tp" | "wg", SimAI suffix group)
+
+
+def transfer_levels(transfers: Sequence[Transfer]) -> list[int]:
+    """Each transfer's level: 0 without deps, else one more than its deepest dep (deps index
+    earlier transfers, as every algorithm writes them)."""
+    level = [0] * len(transfers)
+    for i, transfer in enumerate(transfers):
+        if transfer.deps:
+            level[i] = 1 + max(level[d] for d in transfer.deps)
+    return level
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """Flows sent together, ``repeat`` times in a row: ``flows`` rows are (src rank, dst rank,
+    bytes)."""
+
+    flows: np.ndarray
+    repeat: int
+
+
+def group_rounds(
+    algorithm: CollectiveAlgorithm, kind: CollectiveKind, group: Sequence[int], size: int
+) -> list[tuple[np.ndarray, int]]:
+    """The group's collective as levels of (src position, dst position, bytes) rows — positions
+    index ``group`` — with consecutive identical levels merged into one with a repeat count."""
+    transfers = algorithm.decompose(kind, group, size)
+    position = {rank: i for i, rank in enumerate(group)}
+    by_level: dict[int, list[tuple[int, int, int]]] = {}
+    for transfer, level in zip(transfers, transfer_levels(transfers), strict=True):
+        by_level.setdefault(level, []).append(
+            (position[transfer.src], position[transfer.dst], transfer.size_bytes)
+        )
+    out: list[tuple[np.ndarray, int]] = []
+    for level in sorted(by_level):
+        rows = np.array(sorted(by_level[level]), dtype=np.int64).reshape(-1, 3)
+        if out and out[-1][0].shape == rows.shape and np.array_equal(out[-1][0], rows):
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((rows, 1))
+    return out
+
+
+def merge_rounds(
+    per_group: Sequence[tuple[np.ndarray, list[tuple[np.ndarray, int]]]],
+) -> list[Round]:
+    """Rounds of groups running in lockstep: step k of every group together. ``per_group`` holds
+    (the group's ranks, its :func:`group_rounds`); a round ends where any group's level changes."""
+    cursors = [[0, levels[0][1] if levels else 0] for _, levels in per_group]
+    out: list[Round] = []
+    while True:
+        live = [i for i, (_, levels) in enumerate(per_group) if cursors[i][0] < len(levels)]
+        if not live:
+            return out
+        take = min(cursors[i][1] for i in live)
+        parts = []
+        for i in live:
+            ranks, levels = per_group[i]
+            rows = levels[cursors[i][0]][0]
+            parts.append(np.column_stack((ranks[rows[:, 0]], ranks[rows[:, 1]], rows[:, 2])))
+            cursors[i][1] -= take
+            if cursors[i][1] == 0:
+                cursors[i][0] += 1
+                if cursors[i][0] < len(levels):
+                    cursors[i][1] = levels[cursors[i][0]][1]
+        out.append(Round(np.concatenate(parts), take))
+
+
+@dataclass(slots=True)
+class CollectiveTiming:
+    """One distinct collective of the program (kind, group kind, bytes) on the whole cluster."""
+
+    kind: CollectiveKind
+    group: GroupKey
+    size_bytes: int
+    n_groups: int
+    group_size: int
+    rounds: int  # steps, repeats counted
+    flows: int  # flows the full replay would send, all groups
+    seconds: float = 0.0
+    calls: int = 0
+
+
+@dataclass(slots=True)
+class LockstepResult:
+    completion_time_s: float
+    compute_s: float  # the program's GPU compute
+    n_ranks: int
+    collectives: list[CollectiveTiming]
+    rounds_simulated: int  # distinct rounds run on the backend
+    flows_simulated: int  # their flows
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.completion_time_s - self.compute_s
+
+    @property
+    def flows_represented(self) -> int:
+        """Flows of one iteration in the full replay (every collective call, every group)."""
+        return sum(c.flows * c.calls for c in self.collectives)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled round flowSim (``_rounds.c``), or ``None`` (one warning) without a compiler."""
+    lib = native.load(Path(__file__).with_name("_rounds.c"), "compiled round flowSim")
+    if lib is not None:
+        ptr = ctypes.c_void_p
+        fn = lib.m4ray_round_finish
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int64, ptr, ptr, ctypes.c_int64, ptr, ptr, ptr, ptr]
+    return lib
+
+
+def round_finish(routing: Routing, capacity_bps: np.ndarray, flows: Sequence[Flow]) -> np.ndarray:
+    """Delivery times of ``flows`` all sent at time 0 under classic flowSim (no window, cap or
+    ACK load), by the compiled twin of :class:`~m4ray.sim.flowsim.FlowSim` (same arithmetic:
+    the two agree to rounding; a test holds them to it)."""
+    lib = library()
+    if lib is None:
+        raise SimulationError("the compiled round flowSim is not available")
+    paths = [routing.path(f.src, f.dst, f.id) for f in flows]
+    lengths = np.fromiter((len(p.links) for p in paths), dtype=np.int64, count=len(paths))
+    off = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    idx = np.fromiter((link for p in paths for link in p.links), dtype=np.int64, count=off[-1])
+    wire = routing.wire
+    bits = np.array([wire.wire_bytes(f.size_bytes) * 8.0 for f in flows])
+    delay = np.array(
+        [routing.delivery_delay(f.size_bytes, p) for f, p in zip(flows, paths, strict=True)]
+    )
+    capacity = np.ascontiguousarray(capacity_bps, dtype=np.float64)
+    finish = np.empty(len(flows))
+    rc = lib.m4ray_round_finish(
+        len(flows),
+        off.ctypes.data,
+        idx.ctypes.data,
+        len(capacity),
+        capacity.ctypes.data,
+        bits.ctypes.data,
+        delay.ctypes.data,
+        finish.ctypes.data,
+    )
+    if rc == 2:
+        raise MemoryError("compiled round flowSim: out of memory")
+    if rc:
+        raise SimulationError("active flows with zero rate: a link has no capacity left")
+    return finish
+
+
+def _classic(config: BackendConfig) -> bool:
+    """Whether the compiled rounds model ``config`` exactly: flowSim without window, cap, ACKs."""
+    return (
+        type(config) is FlowSimConfig
+        and config.window_bytes is None
+        and config.rate_cap_bps is None
+        and not config.ack_load
+    )
+
+
+class RoundTimer:
+    """Seconds of one round: its flows from time 0 on a fresh backend, cached by content
+    (classic flowSim runs compiled, :func:`round_finish`, where a C compiler is found)."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        routing: Routing,
+        backend: BackendConfig,
+        *,
+        send_latency_s: float = 3e-6,
+        n_ranks: int,
+        compiled: bool = True,
+    ) -> None:
+        self.topology, self.routing, self.backend = topology, routing, backend
+        self.send_latency_s = send_latency_s
+        self.host_of = np.asarray(topology.hosts[:n_ranks], dtype=np.int64)
+        self._cache: dict[bytes, float] = {}
+        self.flows_simulated = 0
+        self.compiled = compiled and _classic(backend) and library() is not None
+
+    def seconds(self, flows: np.ndarray) -> float:
+        key = hashlib.sha256(np.ascontiguousarray(flows).tobytes()).digest()
+        if key not in self._cache:
+            self._cache[key] = self._run(flows)
+        return self._cache[key]
+
+    @property
+    def rounds_simulated(self) -> int:
+        return len(self._cache)
+
+    def _run(self, flows: np.ndarray) -> float:
+        hosts = self.host_of
+        if self.compiled:
+            batch = [
+                Flow(i, int(hosts[s]), int(hosts[d]), int(b), 0.0)
+                for i, (s, d, b) in enumerate(flows.tolist())
+            ]
+            self.flows_simulated += len(flows)
+            finish = round_finish(self.routing, self.topology.bandwidth_bps, batch)
+            return self.send_latency_s + float(finish.max(initial=0.0))
+        backend = self.backend.build(self.topology, self.routing)
+        last = [0.0]
+        left = [len(flows)]
+
+        def done(_: int, t: float) -> None:
+            last[0] = max(last[0], t)
+            left[0] -= 1
+
+        for i, (src, dst, size) in enumerate(flows.tolist()):
+            backend.send(Flow(i, int(hosts[src]), int(hosts[dst]), int(size), 0.0), done)
+        backend.run()
+        if left[0]:
+            raise SimulationError(
+                f"{left[0]} of {len(flows)} flows of a round were never delivered"
+            )
+        self.flows_simulated += len(flows)
+        return self.send_latency_s + last[0]
+
+
+@dataclass(slots=True)
+class _Step:
+    id: int
+    deps: tuple[int, ...]
+    seconds: float
+    comm: bool
+    children: list[int] = field(default_factory=list)
+
+
+def schedule(steps: Sequence[_Step]) -> float:
+    """Finish time of one rank's program under the replay's issue rules: ready steps start in
+    ascending id order, one compute and one collective at a time."""
+    by_id = {s.id: s for s in steps}
+    waiting = {s.id: len(s.deps) for s in steps}
+    for s in steps:
+        for d in s.deps:
+            by_id[d].children.append(s.id)
+    ready = sorted(s.id for s in steps if not s.deps)
+    busy = {False: False, True: False}
+    events: list[tuple[float, int]] = []
+    now, done = 0.0, 0
+    while True:
+        for sid in list(ready):
+            step = by_id[sid]
+            if busy[step.comm]:
+                continue
+            busy[step.comm] = True
+            ready.remove(sid)
+            heapq.heappush(events, (now + step.seconds, sid))
+        if not events:
+            break
+        now, sid = heapq.heappop(events)
+        finished = [sid]
+        while events and events[0][0] == now:
+            finished.append(heapq.heappop(events)[1])
+        for sid in finished:
+            step = by_id[sid]
+            busy[step.comm] = False
+            done += 1
+            for child in step.children:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    ready.append(child)
+        ready.sort()
+    if done != len(steps):
+        raise SimulationError(f"lockstep program deadlocked: {len(steps) - done} steps never ran")
+    return now
+
+
+class LockstepReplay:
+    """One iteration (or ``iterations``) of a SimAI model on ``topology`` in lockstep; see the
+    module docstring. ``n_hosts`` sizes files without ``all_gpus``."""
+
+    def __init__(
+        self,
+        model: SimAIModel,
+        topology: Topology,
+        routing: Routing,
+        backend: BackendConfig,
+        algorithm: CollectiveAlgorithm,
+        *,
+        scale: float = 1.0,
+        compute_scale: float = 1.0,
+        iterations: int = 1,
+        send_latency_s: float = 3e-6,
+        source: str | None = None,
+        progress: Callable[[Iterable], Iterable] | None = None,
+        compiled: bool = True,
+    ) -> None:
+        self.groups: SimAIGroups = job_groups(model, source=source, n_hosts=len(topology.hosts))
+        if self.groups.n > len(topology.hosts):
+            raise SimulationError(
+                f"the job has {self.groups.n} ranks but the topology only {len(topology.hosts)} "
+                "hosts"
+            )
+        self.model, self.topology, self.algorithm = model, topology, algorithm
+        self.scale, self.compute_scale, self.iterations = scale, compute_scale, iterations
+        self.timer = RoundTimer(
+            topology,
+            routing,
+            backend,
+            send_latency_s=send_latency_s,
+            n_ranks=self.groups.n,
+            compiled=compiled,
+        )
+        self.progress = progress or (lambda items: items)
+        server_of = getattr(algorithm, "server_of", None)
+        self._server_of = server_of or (lambda rank: rank // max(1, topology.gpus_per_server))
+        self._partitions: dict[GroupKey, list[tuple[int, ...]]] = {}
+
+    def partition(self, key: GroupKey) -> list[tuple[int, ...]]:
+        """Every group of one kind: the ranks split by their group of that kind."""
+        if key not in self._partitions:
+            phase = "wg" if key[0] == "wg" else "fwd"
+            seen = np.zeros(self.groups.n, dtype=bool)
+            out = []
+            for rank in range(self.groups.n):
+                if not seen[rank]:
+                    group = self.groups.of(rank, phase, key[1])
+                    seen[list(group)] = True
+                    out.append(group)
+            self._partitions[key] = out
+        return self._partitions[key]
+
+    def _shape(self, group: tuple[int, ...]) -> tuple[int, ...]:
+        first: dict[int, int] = {}
+        return tuple(first.setdefault(self._server_of(r), len(first)) for r in group)
+
+    def rounds(self, kind: CollectiveKind, key: GroupKey, size: int) -> list[Round]:
+        decomposed: dict[tuple[int, ...], list[tuple[np.ndarray, int]]] = {}
+        per_group = []
+        for group in self.partition(key):
+            shape = self._shape(group)
+            if shape not in decomposed:
+                decomposed[shape] = group_rounds(self.algorithm, kind, group, size)
+            per_group.append((np.asarray(group, dtype=np.int64), decomposed[shape]))
+        return merge_rounds(per_group)
+
+    def run(self) -> LockstepResult:
+        program, group_of = rank_program(
+            self.groups,
+            self.model.layers,
+            scale=self.scale,
+            compute_scale=self.compute_scale,
+            iterations=self.iterations,
+            rank=0,
+        )
+        timings: dict[tuple, CollectiveTiming] = {}
+        calls: list[tuple[int, tuple]] = []
+        for node in program:
+            if isinstance(node, Collective):
+                key = (node.kind, group_of[node.id], node.size_bytes)
+                if key not in timings:
+                    groups = self.partition(key[1])
+                    timings[key] = CollectiveTiming(
+                        node.kind, key[1], node.size_bytes, len(groups), len(node.group), 0, 0
+                    )
+                timings[key].calls += 1
+                calls.append((node.id, key))
+        for key in self.progress(list(timings)):
+            timing = timings[key]
+            rounds = self.rounds(*key)
+            timing.rounds = sum(r.repeat for r in rounds)
+            timing.flows = sum(len(r.flows) * r.repeat for r in rounds)
+            timing.seconds = sum(self.timer.seconds(r.flows) * r.repeat for r in rounds)
+        seconds = {node_id: timings[key].seconds for node_id, key in calls}
+        steps = [
+            _Step(
+                node.id,
+                node.deps,
+                seconds[node.id] if isinstance(node, Collective) else node.duration_s,
+                isinstance(node, Collective),
+            )
+            for node in program
+        ]
+        compute = sum(n.duration_s for n in program if isinstance(n, Compute) and not n.cpu)
+        return LockstepResult(
+            completion_time_s=schedule(steps),
+            compute_s=compute,
+            n_ranks=self.groups.n,
+            collectives=list(timings.values()),
+            rounds_simulated=self.timer.rounds_simulated,
+            flows_simulated=self.timer.flows_simulated,
+        )
+
+
+def describe(result: LockstepResult) -> list[list[str]]:
+    """Table rows, one per distinct collective: kind, group kind, bytes, groups x size, calls,
+    rounds, flows per call (all groups), seconds per call."""
+    rows = []
+    for c in sorted(result.collectives, key=lambda c: -c.seconds * c.calls):
+        name = {"tp": "TP", "wg": "DP"}[c.group[0]] if c.group[1] is None else c.group[1].upper()
+        rows.append(
+            [
+                c.kind.value,
+                name,
+                f"{c.size_bytes:,}",
+                f"{c.n_groups} x {c.group_size}",
+                str(c.calls),
+                str(c.rounds),
+                f"{c.flows:,}",
+                f"{c.seconds * 1e3:.3f}",
+            ]
+        )
+    return rows
+
+
+__all__ = [
+    "CollectiveTiming",
+    "LockstepReplay",
+    "LockstepResult",
+    "Round",
+    "RoundTimer",
+    "describe",
+    "group_rounds",
+    "merge_rounds",
+    "schedule",
+    "transfer_levels",
+]

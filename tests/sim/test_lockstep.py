@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from m4ray.errors import SimulationError
+from m4ray.sim.collectives import HierarchicalSpec, RingSpec
+from m4ray.sim.failures import GrayFailure
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSimConfig
+from m4ray.sim.lockstep import LockstepReplay, _Step, library, round_finish, schedule
+from m4ray.sim.replay import Replay
+from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.simai import SimAIWorkloadSpec, parse_simai, rank_program
+from m4ray.sim.templates import ClusterTemplateSpec
+from m4ray.sim.workload import Collective, CollectiveKind
+from tests.conftest import write
+
+# 32 GPUs: tp 2 x pp 2 stages of 16, ep 4 over each stage's DP of 8: every group kind and suffix
+MOE = (
+    "HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: 2 ep: 4 pp: 2 vpp: 1 ga: 1 "
+    "all_gpus: 32 checkpoints: 0 checkpoint_initiates: 0 pp_comm 4096\n"
+    "4\n"
+    "embed -1 2000 BROADCAST 65536 2000 NONE 0 1000 ALLREDUCE 1048576 100\n"
+    "attn -1 3000 ALLREDUCE 262144 3000 ALLREDUCE 262144 2000 REDUCESCATTER 2097152 100\n"
+    "moe -1 4000 ALLTOALL_EP 524288 4000 ALLTOALL_EP 524288 3000 ALLGATHER_DP_EP 786432 100\n"
+    "mlp -1 1500 ALLGATHER_EP 131072 1500 REDUCESCATTER 131072 500 ALLREDUCE_DP_EP 393216 100\n"
+)
+
+
+def _setup(n_degraded=0, reduction=1, algorithm=None):
+    algorithm = algorithm or HierarchicalSpec()
+    topo = ClusterTemplateSpec(template="spectrum_x", gpus=32).build()
+    topo = GrayFailure(n_degraded=n_degraded, reduction=reduction).apply(topo)
+    routing = Routing(topo, wire=WireFormat(mtu_bytes=8948, header_bytes=54))
+    return topo, routing, algorithm.build(topo)
+
+
+@pytest.mark.parametrize("spec", [HierarchicalSpec(), RingSpec()])
+def test_rounds_are_every_groups_transfers_step_by_step(tmp_path, spec):
+    """Each collective's rounds, repeats expanded, hold exactly the flows the full replay's
+    algorithm makes for all the groups of that kind (src, dst, bytes as a multiset)."""
+    path = write(tmp_path / "moe.txt", MOE)
+    topo, routing, algorithm = _setup(algorithm=spec)
+    lock = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm)
+    workload = SimAIWorkloadSpec(path=str(path)).build()
+    seen = set()
+    for node in workload.nodes:
+        if not isinstance(node, Collective) or (node.kind, node.group, node.size_bytes) in seen:
+            continue
+        seen.add((node.kind, node.group, node.size_bytes))
+    nodes, kinds = rank_program(lock.groups, lock.model.layers)
+    distinct = {(n.kind, n.size_bytes, kinds[n.id]) for n in nodes if isinstance(n, Collective)}
+    # fwd: broadcast, all-reduce, EP all-to-all, EP all-gather; ig adds a TP reduce-scatter (its
+    # all-reduce and all-to-all repeat fwd's); wg: DP all-reduce, reduce-scatter, DP_EP two
+    assert len(distinct) == 9
+    for kind, size, key in distinct:
+        expected = Counter()
+        for group in lock.partition(key):
+            assert (kind, group, size) in seen  # the full DAG has this collective on this group
+            for t in algorithm.decompose(kind, group, size):
+                expected[(t.src, t.dst, t.size_bytes)] += 1
+        got = Counter()
+        for r in lock.rounds(kind, key, size):
+            for src, dst, nbytes in r.flows.tolist():
+                got[(src, dst, nbytes)] += r.repeat
+        assert got == expected
+
+
+@pytest.mark.parametrize("failure", [(0, 1), (3, 4)])
+def test_lockstep_equals_the_full_replay_on_a_symmetric_job(tmp_path, failure):
+    """Every group kind, pipeline stages, a gray failure: the iteration time of the lockstep
+    replay is the full replay's (flowSim both), with a fraction of the flows simulated."""
+    path = write(tmp_path / "moe.txt", MOE)
+    topo, routing, algorithm = _setup(*failure)
+    lock = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm).run()
+    workload = SimAIWorkloadSpec(path=str(path)).build()
+    full = Replay(workload, FlowSimConfig().build(topo, routing), routing, algorithm).run()
+    assert lock.completion_time_s == pytest.approx(full.completion_time_s, rel=1e-6)
+    assert lock.flows_represented == len(full.flows.flow_id)
+    assert lock.flows_simulated < len(full.flows.flow_id) / 2
+    assert lock.compute_s == pytest.approx(full.rank_compute_s[0])
+
+
+@pytest.mark.skipif(library() is None, reason="no C compiler")
+def test_compiled_rounds_are_flowsim_flow_by_flow(tmp_path):
+    """A round of many flows with a gray failure (the EP all-to-all of every group): the
+    compiled round flowSim delivers each flow when FlowSim does, to rounding; the lockstep
+    replay gives the same iteration either way."""
+    path = write(tmp_path / "moe.txt", MOE)
+    topo, routing, algorithm = _setup(5, 4)
+    lock = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm)
+    (step,) = lock.rounds(CollectiveKind.ALL_TO_ALL, ("tp", "ep"), 524288)
+    hosts = topo.hosts
+    flows = [Flow(i, hosts[s], hosts[d], b) for i, (s, d, b) in enumerate(step.flows.tolist())]
+    assert len(flows) == 96  # 8 groups of 4, 12 flows each
+    backend = FlowSimConfig().build(topo, routing)
+    reference = np.full(len(flows), np.nan)
+    for flow in flows:
+        backend.send(flow, reference.__setitem__)
+    backend.run()
+    compiled = round_finish(routing, topo.bandwidth_bps, flows)
+    np.testing.assert_allclose(compiled, reference, rtol=1e-12)
+    assert len(np.unique(reference.round(12))) > 3  # the failure spreads the finish times
+    results = [
+        LockstepReplay(
+            parse_simai(path), topo, routing, FlowSimConfig(), algorithm, compiled=c
+        ).run()
+        for c in (True, False)
+    ]
+    assert results[0].completion_time_s == pytest.approx(results[1].completion_time_s, rel=1e-12)
+
+
+def test_failure_slows_lockstep_and_ranks_must_fit(tmp_path):
+    path = write(tmp_path / "moe.txt", MOE)
+    healthy = LockstepReplay(parse_simai(path), *_setup()[:2], FlowSimConfig(), _setup()[2]).run()
+    topo, routing, algorithm = _setup(4, 10)
+    hurt = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm).run()
+    assert hurt.completion_time_s > healthy.completion_time_s * 1.05
+    big = write(tmp_path / "big.txt", MOE.replace("all_gpus: 32", "all_gpus: 64"))
+    with pytest.raises(SimulationError, match="64 ranks but the topology only 32"):
+        LockstepReplay(parse_simai(big), topo, routing, FlowSimConfig(), algorithm)
+
+
+def test_schedule_issues_in_id_order_one_compute_and_one_collective_at_a_time():
+    # 0 compute 1 s -> 1 collective 2 s (non-blocking) ; 0 -> 2 compute 1 s -> 3 collective 1 s
+    steps = [
+        _Step(0, (), 1.0, False),
+        _Step(1, (0,), 2.0, True),
+        _Step(2, (0,), 1.0, False),
+        _Step(3, (2,), 1.0, True),  # waits for the comm slot: 1 ends at 3
+    ]
+    assert schedule(steps) == pytest.approx(4.0)
+    with pytest.raises(SimulationError, match="deadlocked"):
+        schedule([_Step(0, (1,), 1.0, False), _Step(1, (0,), 1.0, False)])
