@@ -83,8 +83,10 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
         base = scenario.topology.build()
         topo = scenario.failure.apply(base)
         routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
-        workload = scenario.workload.build(n_hosts=len(base.hosts))
         algorithm = scenario.collective.build(topo)
+        if getattr(scenario.workload, "lockstep", False):
+            return _lockstep(scenario, row, topo, routing, algorithm, start=start)
+        workload = scenario.workload.build(n_hosts=len(base.hosts))
         if hasattr(scenario.backend_config, "run_workload"):
             # a backend that runs whole workloads itself (emulation: real processes and bytes)
             if scenario.failure.onset_s > 0:
@@ -122,6 +124,40 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
         wall_s=time.perf_counter() - start,
     )
     return row, flows
+
+
+def _lockstep(scenario: Scenario, row, topo, routing, algorithm, *, start: float):
+    """A SimAI workload replayed in lockstep (:mod:`m4ray.sim.lockstep`): the row, no flows."""
+    from m4ray.sim.lockstep import LockstepReplay
+
+    if scenario.failure.onset_s > 0:
+        raise InputError("a lockstep replay cannot start a failure mid-run", field="onset_s")
+    if hasattr(scenario.backend_config, "run_workload"):
+        raise InputError("emulation replays every rank: no lockstep", field="workload.lockstep")
+    spec = scenario.workload
+    result = LockstepReplay(
+        spec.model(),
+        topo,
+        routing,
+        scenario.backend_config,
+        algorithm,
+        scale=spec.scale,
+        compute_scale=spec.compute_scale,
+        iterations=spec.iterations,
+        send_latency_s=scenario.send_latency_s,
+        source=str(spec.resolve()),
+    ).run()
+    row.update(
+        status="ok",
+        error="",
+        completion_time_s=result.completion_time_s,
+        exposed_comm_s=result.exposed_comm_s,
+        n_flows=result.flows_represented,
+        mean_slowdown=float("nan"),
+        p99_slowdown=float("nan"),
+        wall_s=time.perf_counter() - start,
+    )
+    return row, None
 
 
 def schedule_onset(backend: Any, failure: GrayFailure, base: Topology) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m4ray.errors import InputError
+from m4ray.fingerprint import added_field
 from m4ray.sim.textio import parse_int, read_rows
 from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Workload
 
@@ -392,18 +393,26 @@ class _Builder:
 
 @dataclass(kw_only=True, slots=True)
 class SimAIWorkloadSpec:
-    """A SimAI text workload: ``path`` is a file, or a name shipped in ``m4ray/data``."""
+    """A SimAI text workload: ``path`` is a file, or a name shipped in ``m4ray/data``.
+
+    ``lockstep``: replay it by rank symmetry (:mod:`m4ray.sim.lockstep`: one rank's program,
+    each collective as rounds of every group at once) instead of unrolling every rank — for jobs
+    of thousands of GPUs; no per-flow table."""
 
     path: str
     scale: float = 1.0
     compute_scale: float = 1.0
     iterations: int = 1
+    lockstep: bool = added_field(False, "lockstep replay (2026-11)")
 
     def resolve(self) -> Path:
         candidate = Path(self.path)
         if candidate.exists() or candidate.is_absolute() or "/" in self.path:
             return candidate
         return DATA_DIR / (self.path if self.path.endswith(".txt") else f"{self.path}.txt")
+
+    def model(self) -> SimAIModel:
+        return parse_simai(self.resolve())
 
     def build(self, n_hosts: int | None = None) -> Workload:
         """The DAG; ``n_hosts`` (the topology's GPUs) sizes old files without ``all_gpus``."""

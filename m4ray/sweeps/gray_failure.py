@@ -22,6 +22,20 @@ from m4ray.sweeps.grid import expand
 from m4ray.sweeps.runner import load_done, run_and_store, run_and_store_together, share_group
 
 
+def describe_workload(spec: Any, n_hosts: int) -> str:
+    """Name and size, checked: the DAG, or in lockstep only the header (a job of thousands of
+    GPUs is never unrolled)."""
+    if getattr(spec, "lockstep", False):
+        from m4ray.sim.simai import job_groups
+
+        model = spec.model()
+        groups = job_groups(model, source=spec.resolve(), n_hosts=n_hosts)
+        name = spec.resolve().stem
+        return f"'{name}' in lockstep ({len(model.layers)} layers, {groups.n} ranks)"
+    workload = spec.build(n_hosts=n_hosts)
+    return f"'{workload.name}' ({len(workload.nodes)} nodes, {workload.n_ranks} ranks)"
+
+
 def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
     started = time.perf_counter()
     run_dir = Path(cfg.paths.run_dir).resolve()
@@ -35,12 +49,11 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
     )
     scenarios = expand(cfg.grid, template, cfg.backends, cfg.backend_options, cfg.seed)
     # fail fast on a bad workload, before any task starts
-    workload = cfg.workload.build(n_hosts=len(cfg.topology.build().hosts))
     files = write_topologies(cfg, run_dir)
     print(
         f"gray-failure sweep: {len(cfg.grid.n)} N x {len(cfg.grid.r)} R x {cfg.grid.seeds} "
         f"seed(s) x {len(cfg.backends)} backend(s) = {len(scenarios)} runs of "
-        f"'{workload.name}' ({len(workload.nodes)} nodes, {workload.n_ranks} ranks)"
+        f"{describe_workload(cfg.workload, len(cfg.topology.build().hosts))}"
     )
     rows = run_many(
         scenarios,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -135,3 +136,47 @@ def test_schedule_issues_in_id_order_one_compute_and_one_collective_at_a_time():
     assert schedule(steps) == pytest.approx(4.0)
     with pytest.raises(SimulationError, match="deadlocked"):
         schedule([_Step(0, (1,), 1.0, False), _Step(1, (0,), 1.0, False)])
+
+
+def test_a_scenario_replays_in_lockstep_on_any_backend():
+    """``workload.lockstep``: the same iteration as the full replay on flowSim (a gray failure
+    on the default 32-GPU cluster), a row without flows, its own scenario id (the default's is
+    unchanged); m4 replays the rounds too, and a mid-run failure is refused by name."""
+    from m4ray.sim.m4 import M4Config
+    from m4ray.sim.scenario import Scenario, simulate
+
+    failure = GrayFailure(n_degraded=6, reduction=5)
+    full = Scenario(failure=failure, workload=SimAIWorkloadSpec(path="microAllReduce", scale=0.1))
+    lock = Scenario(
+        failure=failure,
+        workload=SimAIWorkloadSpec(path="microAllReduce", scale=0.1, lockstep=True),
+    )
+    assert lock.scenario_id != full.scenario_id
+    assert Scenario(
+        workload=SimAIWorkloadSpec(path="microAllReduce", lockstep=False)
+    ).scenario_id == (Scenario().scenario_id)
+    (row_full, flows), (row_lock, no_flows) = simulate(full), simulate(lock)
+    assert row_lock["status"] == "ok", row_lock["error"]
+    assert no_flows is None and row_lock["n_flows"] == flows.num_rows
+    assert row_lock["completion_time_s"] == pytest.approx(row_full["completion_time_s"], rel=1e-9)
+    m4 = dataclasses.replace(lock, backend="m4", backend_config=M4Config())
+    row_m4, _ = simulate(m4)
+    assert row_m4["status"] == "ok", row_m4["error"]
+    assert row_m4["completion_time_s"] == pytest.approx(row_lock["completion_time_s"], rel=0.2)
+    late = dataclasses.replace(lock, failure=dataclasses.replace(failure, onset_s=1e-3))
+    row_late, _ = simulate(late)
+    assert row_late["status"] == "failed" and "onset_s" in row_late["error"]
+
+
+def test_a_sweep_names_a_lockstep_job_from_its_header_without_unrolling_it(tmp_path):
+    """The gray-failure sweep checks the workload before any task: a 9,216-GPU job in lockstep
+    is sized from its header (unrolling it would take ~10^7 nodes), bad headers still fail."""
+    from m4ray.errors import InputError
+    from m4ray.sweeps.gray_failure import describe_workload
+
+    big = MOE.replace("all_gpus: 32", "all_gpus: 9216")
+    spec = SimAIWorkloadSpec(path=str(write(tmp_path / "big.txt", big)), lockstep=True)
+    assert describe_workload(spec, 9216) == "'big' in lockstep (4 layers, 9216 ranks)"
+    bad = write(tmp_path / "bad.txt", big.replace("ep: 4", "ep: 5"))
+    with pytest.raises(InputError, match="ep"):
+        describe_workload(SimAIWorkloadSpec(path=str(bad), lockstep=True), 9216)
