@@ -112,18 +112,22 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
         row["n_flows"] = partial.num_rows
         return row, partial
     flows = flow_table(result.flows)
-    slowdown = flows.column("slowdown").to_numpy()
+    return _ok(row, result, flows.num_rows, flows.column("slowdown").to_numpy(), start), flows
+
+
+def _ok(row: dict[str, Any], result, n_flows: int, slowdown: np.ndarray, start: float) -> dict:
+    """The row of a finished replay (slowdowns empty: no per-flow table, NaN)."""
     row.update(
         status="ok",
         error="",
         completion_time_s=result.completion_time_s,
         exposed_comm_s=result.exposed_comm_s,
-        n_flows=flows.num_rows,
+        n_flows=n_flows,
         mean_slowdown=float(slowdown.mean()) if len(slowdown) else float("nan"),
         p99_slowdown=float(np.quantile(slowdown, 0.99)) if len(slowdown) else float("nan"),
         wall_s=time.perf_counter() - start,
     )
-    return row, flows
+    return row
 
 
 def _lockstep(scenario: Scenario, row, topo, routing, algorithm, *, start: float):
@@ -147,17 +151,7 @@ def _lockstep(scenario: Scenario, row, topo, routing, algorithm, *, start: float
         send_latency_s=scenario.send_latency_s,
         source=str(spec.resolve()),
     ).run()
-    row.update(
-        status="ok",
-        error="",
-        completion_time_s=result.completion_time_s,
-        exposed_comm_s=result.exposed_comm_s,
-        n_flows=result.flows_represented,
-        mean_slowdown=float("nan"),
-        p99_slowdown=float("nan"),
-        wall_s=time.perf_counter() - start,
-    )
-    return row, None
+    return _ok(row, result, result.flows_represented, np.zeros(0), start), None
 
 
 def schedule_onset(backend: Any, failure: GrayFailure, base: Topology) -> None:
