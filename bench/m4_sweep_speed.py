@@ -5,8 +5,9 @@
 
 Table 1, the user's view: ``python -m m4ray.sweeps +experiment=gray_failure backends=[B]`` (the
 default 105-scenario grid, workload.scale 0.08), run as whole commands for B = flowsim, m4 (its
-scenarios in groups sharing forward passes, the default) and m4 with ``share_steps=1`` (each
-alone), alternating, ``--repeat`` times; min and median wall time and the ratio to flowSim.
+scenarios in groups sharing forward passes, the default), m4 with ``share_steps=1`` (each
+alone), and flowsim and m4 with ``workload.lockstep=true``, alternating, ``--repeat`` times; min
+and median wall time and the ratio to flowSim (full replay).
 
 Table 2, in one process (no Ray): seconds per scenario for the first ``--group`` scenarios of
 that grid, at scale 0.08 and at full scale: flowSim; m4 alone; m4 as one group (wall ÷ group
@@ -45,6 +46,8 @@ COMMANDS = {
     "flowsim": ["backends=[flowsim]"],
     "m4 (groups)": ["backends=[m4]"],
     "m4 (alone)": ["backends=[m4]", "backend_options.m4.share_steps=1"],
+    "flowsim (lockstep)": ["backends=[flowsim]", "workload.lockstep=true"],
+    "m4 (lockstep)": ["backends=[m4]", "workload.lockstep=true"],
 }
 
 

@@ -5,6 +5,7 @@ with SimAI's packet-level result (its UNISON ns-3).
     .venv/bin/python bench/simai_study.py ../shared/data --backends ns3 ns3-tcp flowsim m4
     .venv/bin/python bench/simai_study.py ../shared/data --backends ns3 flowsim m4=m4-small m4=m4-v2
     .venv/bin/python bench/simai_study.py ../shared/data --wire jumbo    # 9x fewer packets
+    .venv/bin/python bench/simai_study.py ../shared/data --backends ns3 flowsim m4=m4-v2 --lockstep
 
 Inputs are SimAI's own files under ``<data>/simai/``: the degraded topologies
 ``topologies/gray_topo_N{n}_R{r}.txt`` and the study's workload
@@ -13,7 +14,8 @@ DCTCP settings (``sweep_SimAI.conf``: K = 100 KB at every rate, g = 1/16, rate A
 minimum rate 1 Gbit/s, 1000 B payload). SimAI's totals (µs) for three scenarios are quoted from
 ``reference/gray_failure.md`` §7 (``results_gray_failures/`` at commit 0c441e75); N=2 R=4 has no
 published number and is printed for the trend. Each backend runs each scenario in this process,
-one at a time; wall times are this machine's.
+one at a time; wall times are this machine's. ``--lockstep`` adds every flow-level backend again
+with ``workload.lockstep`` (``m4ray.sim.lockstep``: each distinct collective step run once).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def main() -> None:
     parser.add_argument("data", type=Path, help="the shared data folder (holding simai/)")
     parser.add_argument("--backends", nargs="+", default=["ns3", "flowsim"])
     parser.add_argument("--wire", choices=["default", "jumbo"], default="default")
+    parser.add_argument(
+        "--lockstep", action="store_true", help="flow-level backends in lockstep, too"
+    )
     args = parser.parse_args()
 
     from m4ray.sim.routing import WireFormat
@@ -78,15 +83,23 @@ def main() -> None:
     simai = args.data / "simai"
     workload = SimAIWorkloadSpec(path=str(simai / "workload" / "microAllReduce.txt@52ed9ea.txt"))
     wire = WireFormat() if args.wire == "default" else WireFormat(mtu_bytes=8948, header_bytes=54)
-    chosen = backends(args.backends)
+    chosen = {name: (*pair, False) for name, pair in backends(args.backends).items()}
+    if args.lockstep:
+        for name, (backend, config, _) in list(chosen.items()):
+            if backend != "ns3":
+                chosen[f"{name} lockstep"] = (backend, config, True)
     rows = []
     for n, r in SCENARIOS:
         topo = TopologyFileSpec(path=str(simai / "topologies" / f"gray_topo_N{n}_R{r}.txt"))
         ref = UNISON_US.get((n, r))
         row = [f"N={n} R={r}", f"{ref:,.1f}" if ref else "—"]
-        for name, (backend, config) in chosen.items():
+        for name, (backend, config, lockstep) in chosen.items():
             scenario = Scenario(
-                topology=topo, workload=workload, backend=backend, backend_config=config, wire=wire
+                topology=topo,
+                workload=dataclasses.replace(workload, lockstep=lockstep),
+                backend=backend,
+                backend_config=config,
+                wire=wire,
             )
             t0 = time.perf_counter()
             result, _ = simulate(scenario)
