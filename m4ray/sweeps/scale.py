@@ -39,8 +39,10 @@ class LadderConfig:
     """``rungs``: ``{template, gpus}`` (any :class:`~m4ray.sim.templates.ClusterTemplateSpec`
     field); ``workloads``: name → ``{model, parallel, batch_per_replica}``, where ``parallel``
     leaves out ``dp`` (the rung's GPUs ÷ tp·pp) and ``model.batch_size`` is
-    ``batch_per_replica`` · dp; ``backends``: names in ``backend_options``; ``scale``
-    multiplies message sizes (1 = the real job)."""
+    ``batch_per_replica`` · dp, or name → ``{simai: <file>, lockstep: bool}``, a SimAI/AICB
+    text workload (``lockstep``: replayed by rank symmetry, :mod:`m4ray.sim.lockstep`; a file
+    without ``all_gpus`` spans the rung); ``backends``: names in ``backend_options``;
+    ``scale`` multiplies message sizes (1 = the real job)."""
 
     rungs: list[dict[str, Any]] = field(default_factory=lambda: [dict(r) for r in DEFAULT_RUNGS])
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # conf/experiment/scale
@@ -73,7 +75,6 @@ class Rung:
 def rungs(cfg) -> list[Rung]:
     """Every rung × workload × backend, checked (topology sizes, layouts) before any task."""
     from m4ray.sim.templates import ClusterTemplateSpec
-    from m4ray.workload.synth import SyntheticWorkloadSpec
 
     ladder: LadderConfig = cfg.ladder
     if not isinstance(ladder, LadderConfig):
@@ -94,18 +95,10 @@ def rungs(cfg) -> list[Rung]:
             raise InputError(str(err), field=f"ladder.rungs[{i}]") from None
         topo = spec.build()  # raises InputError on sizes the template cannot take
         for name, w in ladder.workloads.items():
-            parallel = dict(w.get("parallel", {}))
-            tp, pp = parallel.get("tp", 1), parallel.get("pp", 1)
-            if spec.gpus % (tp * pp):
-                raise InputError(
-                    f"{spec.gpus} GPUs do not split into tp {tp} x pp {pp}",
-                    field=f"ladder.workloads.{name}.parallel",
-                )
-            parallel["dp"] = spec.gpus // (tp * pp)
-            model = {**w.get("model", {})}
-            model["batch_size"] = w.get("batch_per_replica", 1) * parallel["dp"]
-            workload = SyntheticWorkloadSpec(model=model, parallel=parallel, scale=ladder.scale)
-            workload.job()  # checks the layout (ep, batch) before any task: InputError
+            if "simai" in w:
+                workload = simai_workload(name, w, spec.gpus, ladder.scale)
+            else:
+                workload = synthetic_workload(name, w, spec.gpus, ladder.scale)
             for backend in ladder.backends:
                 out.append(
                     Rung(
@@ -123,6 +116,9 @@ def rungs(cfg) -> list[Rung]:
                             "nodes": topo.n_nodes,
                             "links": len(topo.cables),
                             "workload": name,
+                            "replay": "lockstep"
+                            if getattr(workload, "lockstep", False)
+                            else "full",
                             "backend": backend,
                         },
                     )
@@ -130,10 +126,48 @@ def rungs(cfg) -> list[Rung]:
     return out
 
 
+def synthetic_workload(name: str, w: dict[str, Any], gpus: int, scale: float):
+    """The synthetic job of a ladder entry sized for ``gpus`` (dp fills the rung), checked."""
+    from m4ray.workload.synth import SyntheticWorkloadSpec
+
+    parallel = dict(w.get("parallel", {}))
+    tp, pp = parallel.get("tp", 1), parallel.get("pp", 1)
+    if gpus % (tp * pp):
+        raise InputError(
+            f"{gpus} GPUs do not split into tp {tp} x pp {pp}",
+            field=f"ladder.workloads.{name}.parallel",
+        )
+    parallel["dp"] = gpus // (tp * pp)
+    model = {**w.get("model", {})}
+    model["batch_size"] = w.get("batch_per_replica", 1) * parallel["dp"]
+    workload = SyntheticWorkloadSpec(model=model, parallel=parallel, scale=scale)
+    workload.job()  # checks the layout (ep, batch) before any task: InputError
+    return workload
+
+
+def simai_workload(name: str, w: dict[str, Any], gpus: int, scale: float):
+    """A SimAI/AICB file of a ladder entry, checked against the rung: its header parses, its
+    layout splits, and its job fits the rung's GPUs."""
+    from m4ray.sim.simai import SimAIWorkloadSpec, job_groups
+
+    field_name = f"ladder.workloads.{name}"
+    unknown = set(w) - {"simai", "lockstep"}
+    if unknown:
+        raise InputError(
+            f"unknown keys {sorted(unknown)} (valid: simai, lockstep)", field=field_name
+        )
+    spec = SimAIWorkloadSpec(path=str(w["simai"]), scale=scale, lockstep=bool(w.get("lockstep")))
+    groups = job_groups(spec.model(), source=spec.resolve(), n_hosts=gpus)
+    if groups.n > gpus:
+        raise InputError(f"the job needs {groups.n} GPUs, the rung has {gpus}", field=field_name)
+    return spec
+
+
 def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
     """Build, synthesize and replay one rung; store and return its row (a Ray task)."""
     from m4ray.runtime.fanout import store_row
     from m4ray.runtime.memory import PeakRss
+    from m4ray.sim.lockstep import LockstepReplay
     from m4ray.sim.replay import Replay
     from m4ray.sim.routing import Routing
 
@@ -142,26 +176,40 @@ def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
     try:
         with PeakRss() as memory:
             topo = rung.topology.build()
-            workload = rung.workload.build(n_hosts=len(topo.hosts))
             routing = Routing(topo, wire=rung.wire)
-            backend = rung.backend_config.build(topo, routing)
-            build_s = time.perf_counter() - started
-            replay = Replay(
-                workload,
-                backend,
-                routing,
-                rung.collective.build(topo),
-                send_latency_s=rung.send_latency_s,
-            )
-            result = replay.run()
+            algorithm = rung.collective.build(topo)
+            if getattr(rung.workload, "lockstep", False):
+                build_s = time.perf_counter() - started
+                result = LockstepReplay(
+                    rung.workload.model(),
+                    topo,
+                    routing,
+                    rung.backend_config,
+                    algorithm,
+                    scale=rung.workload.scale,
+                    compute_scale=rung.workload.compute_scale,
+                    send_latency_s=rung.send_latency_s,
+                    source=str(rung.workload.resolve()),
+                ).run()
+                flows, ranks = result.flows_represented, result.n_ranks
+                events = 2 * result.flows_simulated  # the rounds' flows: what actually ran
+            else:
+                workload = rung.workload.build(n_hosts=len(topo.hosts))
+                backend = rung.backend_config.build(topo, routing)
+                build_s = time.perf_counter() - started
+                replay = Replay(
+                    workload, backend, routing, algorithm, send_latency_s=rung.send_latency_s
+                )
+                result = replay.run()
+                flows, ranks = len(result.flows.flow_id), workload.n_ranks
+                events = 2 * flows  # an arrival and a completion per flow
         wall = time.perf_counter() - started
-        events = 2 * len(result.flows.flow_id)  # an arrival and a completion per flow
         row.update(
             status="ok",
             error="",
             completion_time_s=result.completion_time_s,
-            flows=events // 2,
-            ranks=workload.n_ranks,
+            flows=flows,
+            ranks=ranks,
             events=events,
             wall_s=wall,
             build_s=build_s,
@@ -207,7 +255,7 @@ def summary_text(frame: pd.DataFrame) -> str:
             r.gpus,
             r.nodes,
             r.links,
-            r.workload,
+            r.workload + (" (lockstep)" if getattr(r, "replay", "full") == "lockstep" else ""),
             r.backend,
             r.flows,
             f"{r.completion_time_s * 1e3:.2f}",

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from m4ray.errors import InputError
 from m4ray.sweeps.__main__ import resolve
-from m4ray.sweeps.scale import compare, run, rungs
+from m4ray.sweeps.scale import compare, run, run_rung, rungs, summary_text
 from tests.test_config import sweep_cfg
 
 SMALL = [
@@ -58,3 +58,36 @@ def test_bad_rungs_are_refused_before_any_task(override, field):
     with pytest.raises(InputError) as err:
         rungs(cfg)
     assert err.value.field.startswith(field) or field in str(err.value)
+
+
+def test_a_simai_file_climbs_the_ladder_in_lockstep(tmp_path):
+    """A SimAI file as a ladder job: in lockstep its iteration is the full replay's with fewer
+    flows run; a job bigger than the rung, or an unknown key, is refused before any task."""
+    simai = ["~ladder.workloads.gpt13b", "~ladder.workloads.moe", "ladder.backends=[flowsim]"]
+    cfg = resolve(
+        sweep_cfg(
+            *SMALL,
+            *simai,
+            "+ladder.workloads.micro={simai: microAllReduce, lockstep: true}",
+            "+ladder.workloads.micro_full={simai: microAllReduce}",
+        )
+    )
+    rows = {r.workload_name: run_rung(r, str(tmp_path)) for r in rungs(cfg)}
+    lock, full = rows["micro"], rows["micro_full"]
+    assert lock["status"] == full["status"] == "ok", (lock.get("error"), full.get("error"))
+    assert lock["replay"] == "lockstep" and full["replay"] == "full"
+    assert lock["completion_time_s"] == pytest.approx(full["completion_time_s"], rel=1e-9)
+    assert lock["flows"] == full["flows"] and lock["events"] < full["events"]
+    assert "micro (lockstep)" in summary_text(pd.DataFrame(rows.values()))
+    big = tmp_path / "big.txt"
+    big.write_text(
+        "HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: 8 all_gpus: 64\n1\n"
+        "l -1 1 ALLREDUCE 4096 1 NONE 0 1 ALLGATHER 4096 1\n"
+    )
+    for entry, message in [
+        (f"{{simai: '{big}', lockstep: true}}", "needs 64 GPUs, the rung has 32"),
+        ("{simai: microAllReduce, lockstep: true, iterations: 2}", "unknown keys"),
+    ]:
+        cfg = resolve(sweep_cfg(*SMALL, *simai, f"+ladder.workloads.x={entry}"))
+        with pytest.raises(InputError, match=message):
+            rungs(cfg)
