@@ -131,25 +131,22 @@ def _ok(row: dict[str, Any], result, n_flows: int, slowdown: np.ndarray, start: 
 
 
 def _lockstep(scenario: Scenario, row, topo, routing, algorithm, *, start: float):
-    """A SimAI workload replayed in lockstep (:mod:`m4ray.sim.lockstep`): the row, no flows."""
-    from m4ray.sim.lockstep import LockstepReplay
+    """A workload replayed in lockstep (:mod:`m4ray.sim.lockstep`): the row, no flows."""
+    from m4ray.sim.lockstep import LockstepReplay, lockstep_job
 
     if scenario.failure.onset_s > 0:
         raise InputError("a lockstep replay cannot start a failure mid-run", field="onset_s")
     if hasattr(scenario.backend_config, "run_workload"):
         raise InputError("emulation replays every rank: no lockstep", field="workload.lockstep")
-    spec = scenario.workload
+    job, options = lockstep_job(scenario.workload, len(topo.hosts))
     result = LockstepReplay(
-        spec.model(),
+        job,
         topo,
         routing,
         scenario.backend_config,
         algorithm,
-        scale=spec.scale,
-        compute_scale=spec.compute_scale,
-        iterations=spec.iterations,
         send_latency_s=scenario.send_latency_s,
-        source=str(spec.resolve()),
+        **options,
     ).run()
     return _ok(row, result, result.flows_represented, np.zeros(0), start), None
 

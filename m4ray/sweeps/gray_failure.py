@@ -25,15 +25,21 @@ from m4ray.sweeps.runner import load_done, run_and_store, run_and_store_together
 def describe_workload(spec: Any, n_hosts: int) -> str:
     """Name and size, checked: the DAG, or in lockstep only the header (a job of thousands of
     GPUs is never unrolled)."""
-    if getattr(spec, "lockstep", False):
-        from m4ray.sim.simai import job_groups
+    from m4ray.sim.simai import SimAIWorkloadSpec, job_groups
 
+    if getattr(spec, "lockstep", False) and isinstance(spec, SimAIWorkloadSpec):
         model = spec.model()
         groups = job_groups(model, source=spec.resolve(), n_hosts=n_hosts)
         name = spec.resolve().stem
         return f"'{name}' in lockstep ({len(model.layers)} layers, {groups.n} ranks)"
     workload = spec.build(n_hosts=n_hosts)
-    return f"'{workload.name}' ({len(workload.nodes)} nodes, {workload.n_ranks} ranks)"
+    size = f"{len(workload.nodes)} nodes, {workload.n_ranks} ranks"
+    if getattr(spec, "lockstep", False):
+        from m4ray.sim.lockstep import symmetric_program
+
+        symmetric_program(workload)  # an asymmetric job is refused before any task
+        return f"'{workload.name}' in lockstep ({size})"
+    return f"'{workload.name}' ({size})"
 
 
 def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:

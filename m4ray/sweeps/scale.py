@@ -140,7 +140,8 @@ def synthetic_workload(name: str, w: dict[str, Any], gpus: int, scale: float):
     parallel["dp"] = gpus // (tp * pp)
     model = {**w.get("model", {})}
     model["batch_size"] = w.get("batch_per_replica", 1) * parallel["dp"]
-    workload = SyntheticWorkloadSpec(model=model, parallel=parallel, scale=scale)
+    lockstep = bool(w.get("lockstep", False))
+    workload = SyntheticWorkloadSpec(model=model, parallel=parallel, scale=scale, lockstep=lockstep)
     workload.job()  # checks the layout (ep, batch) before any task: InputError
     return workload
 
@@ -167,7 +168,7 @@ def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
     """Build, synthesize and replay one rung; store and return its row (a Ray task)."""
     from m4ray.runtime.fanout import store_row
     from m4ray.runtime.memory import PeakRss
-    from m4ray.sim.lockstep import LockstepReplay
+    from m4ray.sim.lockstep import LockstepReplay, lockstep_job
     from m4ray.sim.replay import Replay
     from m4ray.sim.routing import Routing
 
@@ -179,17 +180,16 @@ def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
             routing = Routing(topo, wire=rung.wire)
             algorithm = rung.collective.build(topo)
             if getattr(rung.workload, "lockstep", False):
+                job, options = lockstep_job(rung.workload, len(topo.hosts))
                 build_s = time.perf_counter() - started
                 result = LockstepReplay(
-                    rung.workload.model(),
+                    job,
                     topo,
                     routing,
                     rung.backend_config,
                     algorithm,
-                    scale=rung.workload.scale,
-                    compute_scale=rung.workload.compute_scale,
                     send_latency_s=rung.send_latency_s,
-                    source=str(rung.workload.resolve()),
+                    **options,
                 ).run()
                 flows, ranks = result.flows_represented, result.n_ranks
                 events = 2 * result.flows_simulated  # the rounds' flows: what actually ran

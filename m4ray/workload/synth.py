@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from m4ray.fingerprint import added_field
 from m4ray.sim.workload import (
     Collective,
     CollectiveKind,
@@ -435,6 +436,8 @@ class SyntheticWorkloadSpec:
     iterations: int = 1
     wrappers: list[dict] = field(default_factory=list)  # {kind: gpu|nic, ...}
     scale: float = 1.0  # multiplies message sizes after synthesis (the sweep's knob)
+    # replay by rank symmetry (m4ray.sim.lockstep): jobs whose ranks all run the same program
+    lockstep: bool = added_field(False, "lockstep replay (2026-11)")
 
     def job(self) -> JobSpec:
         return JobSpec(

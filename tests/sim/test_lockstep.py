@@ -180,6 +180,12 @@ def test_a_sweep_names_a_lockstep_job_from_its_header_without_unrolling_it(tmp_p
     bad = write(tmp_path / "bad.txt", big.replace("ep: 4", "ep: 5"))
     with pytest.raises(InputError, match="ep"):
         describe_workload(SimAIWorkloadSpec(path=str(bad), lockstep=True), 9216)
+    assert "in lockstep (" in describe_workload(_synthetic(lockstep=True), 32)
+    slow = dataclasses.replace(
+        _synthetic(lockstep=True), wrappers=[{"kind": "gpu", "ranks": [5], "seconds": 0.001}]
+    )
+    with pytest.raises(InputError, match="rank 5's program differs"):
+        describe_workload(slow, 32)
 
 
 @pytest.mark.skipif(library() is None, reason="no C compiler")
@@ -205,3 +211,50 @@ def test_a_repeated_step_is_the_mean_of_several_ecmp_draws(tmp_path):
     assert lock.timer.seconds(step.flows, 1) == pytest.approx(draws[0], rel=1e-12)
     with pytest.raises(InputError, match="ecmp_draws"):
         LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm, ecmp_draws=0)
+
+
+def _synthetic(lockstep=False, layers=1, **parallel):
+    from m4ray.workload.synth import SyntheticWorkloadSpec
+
+    model = {"name": "moe", "num_layers": layers, "hidden_size": 1024, "num_heads": 16}
+    model |= {"sequence_len": 512, "vocab_size": 32000, "num_microbatches": 1}
+    model |= {"num_experts": 8, "top_k": 2, "batch_size": 8}
+    layout = {"tp": 4, "pp": 1, "ep": 8, "dp": 8} | parallel
+    return SyntheticWorkloadSpec(model=model, parallel=layout, scale=0.1, lockstep=lockstep)
+
+
+@pytest.mark.parametrize("failure", [(0, 1), (8, 4)])
+def test_a_symmetric_dag_replays_in_lockstep_as_in_full(failure):
+    """A synthetic MoE job (TP 4, EP 8 over DP 8): every rank runs the same program, so its DAG
+    replays in lockstep with the full replay's iteration time, groups read off the DAG."""
+    from m4ray.sim.lockstep import symmetric_program
+
+    workload = _synthetic().build()
+    program, kinds, partitions = symmetric_program(workload)
+    assert set(kinds) == {n.id for n in program if isinstance(n, Collective)}
+    assert len(program) == len(workload.nodes) // 32 and len(partitions) >= 2  # TP, EP, DP
+    assert all(sum(map(len, groups)) == 32 for groups in partitions.values())
+    topo, routing, algorithm = _setup(*failure)
+    lock = LockstepReplay(workload, topo, routing, FlowSimConfig(), algorithm).run()
+    full = Replay(workload, FlowSimConfig().build(topo, routing), routing, algorithm).run()
+    assert lock.completion_time_s == pytest.approx(full.completion_time_s, rel=1e-9)
+    assert lock.flows_represented == len(full.flows.flow_id) and lock.n_ranks == 32
+
+
+def test_an_asymmetric_dag_is_refused_by_name():
+    """A straggler or pipeline stages break the symmetry: a clear error, before any round."""
+    from m4ray.sim.lockstep import symmetric_program
+    from m4ray.sim.scenario import Scenario, simulate
+
+    slow = dataclasses.replace(
+        _synthetic(), wrappers=[{"kind": "gpu", "ranks": [3], "seconds": 0.001}]
+    )
+    with pytest.raises(InputError, match="rank 3's program differs from rank 0's"):
+        symmetric_program(slow.build())
+    with pytest.raises(InputError, match="pipeline stages are not replayed in lockstep"):
+        symmetric_program(_synthetic(layers=2, pp=2, dp=4, ep=4).build())
+    row, _ = simulate(Scenario(workload=_synthetic(lockstep=True)))
+    assert row["status"] == "ok", row["error"]
+    staged = _synthetic(lockstep=True, layers=2, pp=2, dp=4, ep=4)
+    row, _ = simulate(Scenario(workload=staged))
+    assert row["status"] == "failed" and "point to point" in row["error"]

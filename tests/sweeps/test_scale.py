@@ -91,3 +91,17 @@ def test_a_simai_file_climbs_the_ladder_in_lockstep(tmp_path):
         cfg = resolve(sweep_cfg(*SMALL, *simai, f"+ladder.workloads.x={entry}"))
         with pytest.raises(InputError, match=message):
             rungs(cfg)
+
+
+def test_a_synthetic_job_climbs_the_ladder_in_lockstep(tmp_path):
+    """``lockstep: true`` on a synthetic ladder job replays its symmetric DAG in lockstep: the
+    full replay's iteration on the small rung, with fewer flows run."""
+    base = [*SMALL, "~ladder.workloads.gpt13b", "ladder.backends=[flowsim]"]
+    full = run_rung(rungs(resolve(sweep_cfg(*base)))[0], str(tmp_path))
+    lock = run_rung(
+        rungs(resolve(sweep_cfg(*base, "+ladder.workloads.moe.lockstep=true")))[0], str(tmp_path)
+    )
+    assert full["status"] == lock["status"] == "ok", (full.get("error"), lock.get("error"))
+    assert (full["replay"], lock["replay"]) == ("full", "lockstep")
+    assert lock["completion_time_s"] == pytest.approx(full["completion_time_s"], rel=1e-9)
+    assert lock["flows"] == full["flows"] and lock["events"] < full["events"]
