@@ -38,9 +38,13 @@ iteration time as the full replay, to rounding, on every shared SimAI/AICB file 
 with and without a gray failure. Where it loses: a flat ring across a multi-spine fabric with no
 failure, where an unlucky ECMP hash is a whole step's barrier in lockstep but one flow's delay in
 the full replay: +2.8 % on average over 12 routing seeds, +25 % on the worst (the hierarchical
-collectives stay on their rail and match exactly). The same on the scale ladder's synthetic MoE
-job at 512 Spectrum-X GPUs (EP all-to-all over the spines): +5.6 % healthy (34.56 against
-32.72 ms), exact with 8 GPUs at 1/4. No per-flow table. Units: seconds, bytes.
+collectives stay on their rail and match exactly). The same with the scale ladder's synthetic MoE
+job on healthy Spectrum-X (its EP all-to-all crosses the spines): +5.6 % at 512 GPUs (34.56
+against 32.72 ms), +21.8 % at 1,024 (41.93 against 34.42 ms); exact with 8 GPUs at 1/4, on
+AlibabaHPN 1,024 and for the GPT-13B job on every rung. In the full replay the EP groups drift
+out of step (at 512 GPUs the first all-to-all ends over a 0.53 ms spread and the later ones start
+0.27–0.64 ms apart), so their all-to-alls overlap less; lockstep starts them together. More hash
+draws do not close it (16 per call: +16 % at 1,024). No per-flow table. Units: seconds, bytes.
 """
 
 from __future__ import annotations
