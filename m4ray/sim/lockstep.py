@@ -322,28 +322,28 @@ class _Step:
     id: int
     deps: tuple[int, ...]
     seconds: float
-    comm: bool
+    slot: str  # "gpu" | "cpu" | "comm": what it occupies while it runs
     children: list[int] = field(default_factory=list)
 
 
 def schedule(steps: Sequence[_Step]) -> float:
     """Finish time of one rank's program under the replay's issue rules: ready steps start in
-    ascending id order, one compute and one collective at a time."""
+    ascending id order, one GPU compute, one CPU op and one collective at a time."""
     by_id = {s.id: s for s in steps}
     waiting = {s.id: len(s.deps) for s in steps}
     for s in steps:
         for d in s.deps:
             by_id[d].children.append(s.id)
     ready = sorted(s.id for s in steps if not s.deps)
-    busy = {False: False, True: False}
+    busy = {"gpu": False, "cpu": False, "comm": False}
     events: list[tuple[float, int]] = []
     now, done = 0.0, 0
     while True:
         for sid in list(ready):
             step = by_id[sid]
-            if busy[step.comm]:
+            if busy[step.slot]:
                 continue
-            busy[step.comm] = True
+            busy[step.slot] = True
             ready.remove(sid)
             heapq.heappush(events, (now + step.seconds, sid))
         if not events:
@@ -354,7 +354,7 @@ def schedule(steps: Sequence[_Step]) -> float:
             finished.append(heapq.heappop(events)[1])
         for sid in finished:
             step = by_id[sid]
-            busy[step.comm] = False
+            busy[step.slot] = False
             done += 1
             for child in step.children:
                 waiting[child] -= 1
@@ -556,7 +556,7 @@ class LockstepReplay:
                 node.id,
                 node.deps,
                 seconds[node.id] if isinstance(node, Collective) else node.duration_s,
-                isinstance(node, Collective),
+                "comm" if isinstance(node, Collective) else "cpu" if node.cpu else "gpu",
             )
             for node in program
         ]

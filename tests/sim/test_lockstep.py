@@ -125,17 +125,20 @@ def test_failure_slows_lockstep_and_ranks_must_fit(tmp_path):
         LockstepReplay(parse_simai(big), topo, routing, FlowSimConfig(), algorithm)
 
 
-def test_schedule_issues_in_id_order_one_compute_and_one_collective_at_a_time():
+def test_schedule_issues_in_id_order_one_compute_one_cpu_op_and_one_collective_at_a_time():
     # 0 compute 1 s -> 1 collective 2 s (non-blocking) ; 0 -> 2 compute 1 s -> 3 collective 1 s
     steps = [
-        _Step(0, (), 1.0, False),
-        _Step(1, (0,), 2.0, True),
-        _Step(2, (0,), 1.0, False),
-        _Step(3, (2,), 1.0, True),  # waits for the comm slot: 1 ends at 3
+        _Step(0, (), 1.0, "gpu"),
+        _Step(1, (0,), 2.0, "comm"),
+        _Step(2, (0,), 1.0, "gpu"),
+        _Step(3, (2,), 1.0, "comm"),  # waits for the comm slot: 1 ends at 3
     ]
     assert schedule(steps) == pytest.approx(4.0)
+    # a CPU op runs beside GPU compute; two GPU computes queue
+    assert schedule([_Step(0, (), 2.0, "gpu"), _Step(1, (), 2.0, "cpu")]) == pytest.approx(2.0)
+    assert schedule([_Step(0, (), 2.0, "gpu"), _Step(1, (), 2.0, "gpu")]) == pytest.approx(4.0)
     with pytest.raises(SimulationError, match="deadlocked"):
-        schedule([_Step(0, (1,), 1.0, False), _Step(1, (0,), 1.0, False)])
+        schedule([_Step(0, (1,), 1.0, "gpu"), _Step(1, (0,), 1.0, "gpu")])
 
 
 def test_a_scenario_replays_in_lockstep_on_any_backend():
