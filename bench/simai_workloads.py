@@ -36,6 +36,8 @@ PUBLISHED_S = {
 
 
 def setup(n_gpus: int, failure: tuple[int, int]):
+    """A fresh topology and routing (each replay builds its own, so neither's wall time gains
+    from the other's warmed path caches)."""
     from m4ray.sim.collectives import HierarchicalSpec
     from m4ray.sim.failures import GrayFailure
     from m4ray.sim.routing import Routing, WireFormat

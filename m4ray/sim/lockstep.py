@@ -53,10 +53,9 @@ import ctypes
 import functools
 import hashlib
 import heapq
-import logging
+import pathlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,12 +66,10 @@ from m4ray.sim.backend import BackendConfig
 from m4ray.sim.collectives import CollectiveAlgorithm, Transfer
 from m4ray.sim.flows import Flow
 from m4ray.sim.flowsim import FlowSimConfig
-from m4ray.sim.routing import Routing
+from m4ray.sim.routing import Path, Routing
 from m4ray.sim.simai import SimAIModel, SimAIWorkloadSpec, job_groups, rank_program
 from m4ray.sim.topology import Topology
 from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Recv, Send, Workload
-
-log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str | None]  # ("tp" | "wg", SimAI suffix group), or ("dag", partition #)
 
@@ -180,7 +177,7 @@ class LockstepResult:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled round flowSim (``_rounds.c``), or ``None`` (one warning) without a compiler."""
-    lib = native.load(Path(__file__).with_name("_rounds.c"), "compiled round flowSim")
+    lib = native.load(pathlib.Path(__file__).with_name("_rounds.c"), "compiled round flowSim")
     if lib is not None:
         ptr = ctypes.c_void_p
         fn = lib.m4ray_round_finish
@@ -189,14 +186,20 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def round_finish(routing: Routing, capacity_bps: np.ndarray, flows: Sequence[Flow]) -> np.ndarray:
+def round_finish(
+    routing: Routing,
+    capacity_bps: np.ndarray,
+    flows: Sequence[Flow],
+    paths: Sequence[Path] | None = None,
+) -> np.ndarray:
     """Delivery times of ``flows`` all sent at time 0 under classic flowSim (no window, cap or
     ACK load), by the compiled twin of :class:`~m4ray.sim.flowsim.FlowSim` (same arithmetic:
-    the two agree to rounding; a test holds them to it)."""
+    the two agree to rounding; a test holds them to it). ``paths``: theirs, if already routed."""
     lib = library()
     if lib is None:
         raise SimulationError("the compiled round flowSim is not available")
-    paths = [routing.path(f.src, f.dst, f.id) for f in flows]
+    if paths is None:
+        paths = [routing.path(f.src, f.dst, f.id) for f in flows]
     lengths = np.fromiter((len(p.links) for p in paths), dtype=np.int64, count=len(paths))
     off = np.zeros(len(paths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=off[1:])
@@ -253,7 +256,7 @@ class RoundTimer:
         self.topology, self.routing, self.backend = topology, routing, backend
         self.send_latency_s = send_latency_s
         self.host_of = np.asarray(topology.hosts[:n_ranks], dtype=np.int64)
-        self._cache: dict[bytes, float] = {}
+        self._cache: dict[tuple[bytes, bytes], float] = {}  # (flows, paths) -> seconds
         self.flows_simulated = 0
         self.compiled = compiled and _classic(backend) and library() is not None
         if draws < 1:
@@ -268,52 +271,48 @@ class RoundTimer:
         key = hashlib.sha256(np.ascontiguousarray(flows).tobytes()).digest()
         times = []
         for draw in range(min(repeat, self.draws)):
-            first = draw * len(flows)
-            run = (key, self._paths(flows, first) if self.draws > 1 else b"")
+            batch = self._flows(flows, draw * len(flows))
+            paths = [self.routing.path(f.src, f.dst, f.id) for f in batch]
+            digest = hashlib.sha256()
+            for path in paths:
+                digest.update(np.asarray(path.links, dtype=np.int64).tobytes() + b"|")
+            run = (key, digest.digest())
             if run not in self._cache:
-                self._cache[run] = self._run(flows, first)
+                self._cache[run] = self._run(batch, paths)
             times.append(self._cache[run])
         return sum(times) / len(times)
 
-    def _paths(self, flows: np.ndarray, first_id: int) -> bytes:
-        """A digest of the links the round's flows take when numbered from ``first_id``."""
-        digest = hashlib.sha256()
+    def _flows(self, flows: np.ndarray, first_id: int) -> list[Flow]:
         hosts = self.host_of
-        for i, (src, dst, _) in enumerate(flows.tolist(), start=first_id):
-            links = self.routing.path(int(hosts[src]), int(hosts[dst]), i).links
-            digest.update(np.asarray(links, dtype=np.int64).tobytes() + b"|")
-        return digest.digest()
+        return [
+            Flow(first_id + i, int(hosts[s]), int(hosts[d]), int(b), 0.0)
+            for i, (s, d, b) in enumerate(flows.tolist())
+        ]
 
     @property
     def rounds_simulated(self) -> int:
         return len(self._cache)
 
-    def _run(self, flows: np.ndarray, first_id: int) -> float:
-        hosts = self.host_of
+    def _run(self, batch: list[Flow], paths: list[Path]) -> float:
+        self.flows_simulated += len(batch)
         if self.compiled:
-            batch = [
-                Flow(first_id + i, int(hosts[s]), int(hosts[d]), int(b), 0.0)
-                for i, (s, d, b) in enumerate(flows.tolist())
-            ]
-            self.flows_simulated += len(flows)
-            finish = round_finish(self.routing, self.topology.bandwidth_bps, batch)
+            finish = round_finish(self.routing, self.topology.bandwidth_bps, batch, paths)
             return self.send_latency_s + float(finish.max(initial=0.0))
         backend = self.backend.build(self.topology, self.routing)
         last = [0.0]
-        left = [len(flows)]
+        left = [len(batch)]
 
         def done(_: int, t: float) -> None:
             last[0] = max(last[0], t)
             left[0] -= 1
 
-        for i, (src, dst, size) in enumerate(flows.tolist(), start=first_id):
-            backend.send(Flow(i, int(hosts[src]), int(hosts[dst]), int(size), 0.0), done)
+        for flow in batch:
+            backend.send(flow, done)
         backend.run()
         if left[0]:
             raise SimulationError(
-                f"{left[0]} of {len(flows)} flows of a round were never delivered"
+                f"{left[0]} of {len(batch)} flows of a round were never delivered"
             )
-        self.flows_simulated += len(flows)
         return self.send_latency_s + last[0]
 
 
@@ -489,6 +488,36 @@ class LockstepReplay:
         server_of = getattr(algorithm, "server_of", None)
         self._server_of = server_of or (lambda rank: rank // max(1, topology.gpus_per_server))
 
+    @classmethod
+    def of_spec(
+        cls,
+        spec: Any,
+        topology: Topology,
+        routing: Routing,
+        backend: BackendConfig,
+        algorithm: CollectiveAlgorithm,
+        *,
+        send_latency_s: float = 3e-6,
+    ) -> LockstepReplay:
+        """The lockstep replay of a workload spec: a SimAI file's parsed model (a job of any
+        size, never unrolled), or any other spec's DAG (it must be symmetric:
+        :func:`symmetric_program`)."""
+        if isinstance(spec, SimAIWorkloadSpec):
+            return cls(
+                spec.model(),
+                topology,
+                routing,
+                backend,
+                algorithm,
+                scale=spec.scale,
+                compute_scale=spec.compute_scale,
+                iterations=spec.iterations,
+                send_latency_s=send_latency_s,
+                source=str(spec.resolve()),
+            )
+        job = spec.build(n_hosts=len(topology.hosts))
+        return cls(job, topology, routing, backend, algorithm, send_latency_s=send_latency_s)
+
     def partition(self, key: GroupKey) -> list[tuple[int, ...]]:
         """Every group of one kind: the ranks split by their group of that kind."""
         if key not in self._partitions:
@@ -571,21 +600,6 @@ class LockstepReplay:
         )
 
 
-def lockstep_job(spec: Any, n_hosts: int) -> tuple[SimAIModel | Workload, dict[str, Any]]:
-    """What :class:`LockstepReplay` takes for a workload spec, and its keyword arguments: a
-    SimAI file's parsed model (a job of any size, never unrolled), or any other spec's DAG (it
-    must be symmetric: :func:`symmetric_program`)."""
-    if isinstance(spec, SimAIWorkloadSpec):
-        options = {
-            "scale": spec.scale,
-            "compute_scale": spec.compute_scale,
-            "iterations": spec.iterations,
-            "source": str(spec.resolve()),
-        }
-        return spec.model(), options
-    return spec.build(n_hosts=n_hosts), {}
-
-
 def describe(result: LockstepResult) -> list[list[str]]:
     """Table rows, one per distinct collective: kind, group kind, bytes, groups x size, calls,
     rounds, flows per call (all groups), seconds per call."""
@@ -620,8 +634,8 @@ __all__ = [
     "RoundTimer",
     "describe",
     "group_rounds",
-    "lockstep_job",
     "merge_rounds",
+    "round_finish",
     "schedule",
     "symmetric_program",
     "transfer_levels",

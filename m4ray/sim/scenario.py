@@ -132,21 +132,19 @@ def _ok(row: dict[str, Any], result, n_flows: int, slowdown: np.ndarray, start: 
 
 def _lockstep(scenario: Scenario, row, topo, routing, algorithm, *, start: float):
     """A workload replayed in lockstep (:mod:`m4ray.sim.lockstep`): the row, no flows."""
-    from m4ray.sim.lockstep import LockstepReplay, lockstep_job
+    from m4ray.sim.lockstep import LockstepReplay
 
     if scenario.failure.onset_s > 0:
         raise InputError("a lockstep replay cannot start a failure mid-run", field="onset_s")
     if hasattr(scenario.backend_config, "run_workload"):
         raise InputError("emulation replays every rank: no lockstep", field="workload.lockstep")
-    job, options = lockstep_job(scenario.workload, len(topo.hosts))
-    result = LockstepReplay(
-        job,
+    result = LockstepReplay.of_spec(
+        scenario.workload,
         topo,
         routing,
         scenario.backend_config,
         algorithm,
         send_latency_s=scenario.send_latency_s,
-        **options,
     ).run()
     return _ok(row, result, result.flows_represented, np.zeros(0), start), None
 

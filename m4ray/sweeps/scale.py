@@ -168,7 +168,7 @@ def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
     """Build, synthesize and replay one rung; store and return its row (a Ray task)."""
     from m4ray.runtime.fanout import store_row
     from m4ray.runtime.memory import PeakRss
-    from m4ray.sim.lockstep import LockstepReplay, lockstep_job
+    from m4ray.sim.lockstep import LockstepReplay
     from m4ray.sim.replay import Replay
     from m4ray.sim.routing import Routing
 
@@ -180,17 +180,16 @@ def run_rung(rung: Rung, run_dir: str) -> dict[str, Any]:
             routing = Routing(topo, wire=rung.wire)
             algorithm = rung.collective.build(topo)
             if getattr(rung.workload, "lockstep", False):
-                job, options = lockstep_job(rung.workload, len(topo.hosts))
-                build_s = time.perf_counter() - started
-                result = LockstepReplay(
-                    job,
+                lockstep = LockstepReplay.of_spec(
+                    rung.workload,
                     topo,
                     routing,
                     rung.backend_config,
                     algorithm,
                     send_latency_s=rung.send_latency_s,
-                    **options,
-                ).run()
+                )
+                build_s = time.perf_counter() - started
+                result = lockstep.run()
                 flows, ranks = result.flows_represented, result.n_ranks
                 events = 2 * result.flows_simulated  # the rounds' flows: what actually ran
             else:

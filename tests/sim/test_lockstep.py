@@ -144,7 +144,8 @@ def test_schedule_issues_in_id_order_one_compute_one_cpu_op_and_one_collective_a
 def test_a_scenario_replays_in_lockstep_on_any_backend():
     """``workload.lockstep``: the same iteration as the full replay on flowSim (a gray failure
     on the default 32-GPU cluster), a row without flows, its own scenario id (the default's is
-    unchanged); m4 replays the rounds too, and a mid-run failure is refused by name."""
+    unchanged); m4 replays the rounds too, close to its full replay, and a mid-run failure is
+    refused by name."""
     from m4ray.sim.m4 import M4Config
     from m4ray.sim.scenario import Scenario, simulate
 
@@ -162,10 +163,13 @@ def test_a_scenario_replays_in_lockstep_on_any_backend():
     assert row_lock["status"] == "ok", row_lock["error"]
     assert no_flows is None and row_lock["n_flows"] == flows.num_rows
     assert row_lock["completion_time_s"] == pytest.approx(row_full["completion_time_s"], rel=1e-9)
-    m4 = dataclasses.replace(lock, backend="m4", backend_config=M4Config())
-    row_m4, _ = simulate(m4)
-    assert row_m4["status"] == "ok", row_m4["error"]
-    assert row_m4["completion_time_s"] == pytest.approx(row_lock["completion_time_s"], rel=0.2)
+    m4_lock, m4_full = (
+        simulate(dataclasses.replace(s, backend="m4", backend_config=M4Config()))[0]
+        for s in (lock, full)
+    )
+    assert m4_lock["status"] == m4_full["status"] == "ok", m4_lock["error"] + m4_full["error"]
+    # m4 is not bit-identical in lockstep (its updates see one step's flows at a time): 0.04 %
+    assert m4_lock["completion_time_s"] == pytest.approx(m4_full["completion_time_s"], rel=2e-3)
     late = dataclasses.replace(lock, failure=dataclasses.replace(failure, onset_s=1e-3))
     row_late, _ = simulate(late)
     assert row_late["status"] == "failed" and "onset_s" in row_late["error"]
