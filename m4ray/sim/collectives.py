@@ -44,12 +44,15 @@ Deps = dict[int, tuple[int, ...]]
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
-    """One message of a collective: ranks, bytes, and indices of transfers it waits for."""
+    """One message of a collective: ranks, bytes, indices of transfers it waits for (delivered),
+    and ``after``: the index of a transfer that must have started before this one starts (a
+    sender that issues a channel's sends in order, SimAI's NCCL model)."""
 
     src: int
     dst: int
     size_bytes: int
     deps: tuple[int, ...] = ()
+    after: int | None = None
 
 
 class CollectiveAlgorithm(Protocol):

@@ -435,6 +435,19 @@ def _describe_at(nodes: list[Node], at: int) -> str:
     return f"'{nodes[at].name}'" if at < len(nodes) else "nothing"
 
 
+def check_algorithm(algorithm: CollectiveAlgorithm) -> None:
+    """Refuse a collective layer whose flows must not be levelled into rounds: SimAI's NCCL
+    model (``collective=simai``) lets each flow follow its parent alone, with no step barrier,
+    which is the behaviour the gray-failure study turns on; rounds would put the barrier back."""
+    if getattr(algorithm, "barrier_free", False):
+        raise InputError(
+            "lockstep cannot replay collective=simai: its flows wait only for their parent (no "
+            "step barrier), and lockstep's rounds would add one; use the full replay "
+            "(workload.lockstep=false) or collective=hierarchical / ring",
+            field="workload.lockstep",
+        )
+
+
 class LockstepReplay:
     """One iteration (or ``iterations``) of a SimAI model, or a symmetric workload DAG
     (:func:`symmetric_program`), on ``topology`` in lockstep; see the module docstring.
@@ -458,6 +471,7 @@ class LockstepReplay:
         compiled: bool = True,
         ecmp_draws: int = 4,
     ) -> None:
+        check_algorithm(algorithm)
         self._partitions: dict[GroupKey, list[tuple[int, ...]]] = {}
         self._dag: tuple[list[Node], dict[int, GroupKey]] | None = None
         if isinstance(model, Workload):

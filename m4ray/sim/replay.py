@@ -7,7 +7,9 @@ collective starts when every member has issued it and is decomposed by the confi
 each message is injected
 ``send_latency_s`` after it becomes ready (SimAI's ``AS_SEND_LAT``). A rank's part of a collective
 ends when every message it sends or receives is delivered. Sends are eager and match receives FIFO
-by ``(src, dst, tag)``; a send completes at delivery.
+by ``(src, dst, tag)``; a send completes at delivery. A transfer with ``after`` also waits until
+that transfer has started; an algorithm with ``ack_bytes`` set counts a transfer done when its
+sender has the last ACK (delivery plus one ACK's trip back; SimAI's NCCL model, ``nccl.py``).
 
 Outputs (seconds): workload completion time, per-rank finish/compute/exposed communication, one
 row per flow and one per node.
@@ -40,6 +42,8 @@ class FlowLog:
     start_s: list[float] = field(default_factory=list)
     finish_s: list[float] = field(default_factory=list)
     ideal_fct_s: list[float] = field(default_factory=list)
+    parent_id: list[int] = field(default_factory=list)  # flow whose delivery released it, or -1
+    done_s: list[float] = field(default_factory=list)  # when the replay counted it done
 
 
 @dataclass(slots=True)
@@ -69,6 +73,8 @@ class _CollectiveRun:
     waiting: list[int] = field(default_factory=list)  # deps left per transfer
     children: list[list[int]] = field(default_factory=list)
     rank_left: dict[int, int] = field(default_factory=dict)
+    flow_of: list[int] = field(default_factory=list)  # per transfer: its flow id once started
+    blocked: dict[int, list[int]] = field(default_factory=dict)  # ready, waiting on ``after``
 
 
 class Replay:
@@ -91,6 +97,7 @@ class Replay:
             )
         self.workload, self.backend, self.routing = workload, backend, routing
         self.algorithm, self.send_latency_s = algorithm, send_latency_s
+        self.ack_bytes: int | None = getattr(algorithm, "ack_bytes", None)
         self.host_of = hosts[: workload.n_ranks]
         self.nodes = {node.id: node for node in workload.nodes}
         self.children: dict[int, list[int]] = defaultdict(list)
@@ -195,29 +202,57 @@ class Replay:
     def _inject(
         self, src: int, dst: int, size: int, node_id: int, on_delivered: Callable[[float], None]
     ) -> None:
+        self.backend.schedule(
+            self.send_latency_s, lambda: self._start_flow(src, dst, size, node_id, on_delivered)
+        )
+
+    def _start_flow(
+        self,
+        src: int,
+        dst: int,
+        size: int,
+        node_id: int,
+        on_done: Callable[[float], None],
+        *,
+        parent: int = -1,
+        ack: bool = False,
+    ) -> int:
+        """Start a flow now; ``on_done`` fires at delivery, or with ``ack`` at its last ACK."""
         flow_id = next(self._flow_ids)
+        flow = Flow(flow_id, self.host_of[src], self.host_of[dst], size, self.backend.now())
+        log = self.flows
+        row = len(log.flow_id)
+        log.flow_id.append(flow_id)
+        log.node_id.append(node_id)
+        log.src.append(flow.src)
+        log.dst.append(flow.dst)
+        log.size_bytes.append(size)
+        log.start_s.append(flow.start_s)
+        log.finish_s.append(float("nan"))
+        log.done_s.append(float("nan"))
+        log.parent_id.append(parent)
+        path = self.routing.path(flow.src, flow.dst, flow_id)
+        log.ideal_fct_s.append(self.routing.ideal_fct(size, path))
+        ack_s = self._ack_delay(flow) if ack else 0.0
 
-        def go() -> None:
-            flow = Flow(flow_id, self.host_of[src], self.host_of[dst], size, self.backend.now())
-            log = self.flows
-            row = len(log.flow_id)
-            log.flow_id.append(flow_id)
-            log.node_id.append(node_id)
-            log.src.append(flow.src)
-            log.dst.append(flow.dst)
-            log.size_bytes.append(size)
-            log.start_s.append(flow.start_s)
-            log.finish_s.append(float("nan"))
-            path = self.routing.path(flow.src, flow.dst, flow_id)
-            log.ideal_fct_s.append(self.routing.ideal_fct(size, path))
+        def done(_: int, t: float) -> None:
+            log.finish_s[row] = t
+            if ack_s:
+                self.backend.schedule(ack_s, lambda: acked(t + ack_s))
+            else:
+                acked(t)
 
-            def done(_: int, t: float) -> None:
-                log.finish_s[row] = t
-                on_delivered(t)
+        def acked(t: float) -> None:
+            log.done_s[row] = t
+            on_done(t)
 
-            self.backend.send(flow, done)
+        self.backend.send(flow, done)
+        return flow_id
 
-        self.backend.schedule(self.send_latency_s, go)
+    def _ack_delay(self, flow: Flow) -> float:
+        """Seconds the ACK of a flow's last byte takes back to its sender on an idle path."""
+        back = self.routing.path(flow.dst, flow.src, flow.id)
+        return back.latency_s + self.ack_bytes * 8 * back.inverse_bw_sum
 
     # ------------------------------------------------------------------ collectives
     def _join_collective(self, node: Collective) -> None:
@@ -242,6 +277,7 @@ class Replay:
         run.waiting = [len(t.deps) for t in run.transfers]
         run.children = [[] for _ in run.transfers]
         run.rank_left = dict.fromkeys(run.nodes, 0)
+        run.flow_of = [-1] * len(run.transfers)
         for index, transfer in enumerate(run.transfers):
             for dep in transfer.deps:
                 run.children[dep].append(index)
@@ -256,15 +292,26 @@ class Replay:
                 self._send_transfer(run, index)
 
     def _send_transfer(self, run: _CollectiveRun, index: int) -> None:
+        self.backend.schedule(self.send_latency_s, lambda: self._transfer_ready(run, index))
+
+    def _transfer_ready(self, run: _CollectiveRun, index: int) -> None:
+        after = run.transfers[index].after
+        if after is not None and run.flow_of[after] < 0:
+            run.blocked.setdefault(after, []).append(index)
+            return
         transfer = run.transfers[index]
-        node_id = run.nodes[transfer.src].id
-        self._inject(
+        deps = transfer.deps
+        run.flow_of[index] = self._start_flow(
             transfer.src,
             transfer.dst,
             transfer.size_bytes,
-            node_id,
+            run.nodes[transfer.src].id,
             lambda t: self._transfer_done(run, index),
+            parent=run.flow_of[deps[0]] if deps else -1,
+            ack=self.ack_bytes is not None,
         )
+        for waiting in run.blocked.pop(index, ()):
+            self._transfer_ready(run, waiting)
 
     def _transfer_done(self, run: _CollectiveRun, index: int) -> None:
         transfer = run.transfers[index]

@@ -184,11 +184,16 @@ def failed_row(row: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]
 
 
 def flow_table(log: FlowLog) -> pa.Table:
-    """The per-flow table: ids, hosts, bytes, start/finish/FCT/ideal FCT (s) and slowdown."""
+    """The per-flow table: ids, hosts, bytes, start/finish/FCT/ideal FCT (s), slowdown, the flow
+    whose delivery released it (``parent_id``, -1: none) and when the replay counted it done
+    (``done_s``: its last ACK under SimAI's collectives, else its delivery)."""
     start = np.asarray(log.start_s, dtype=np.float64)
     finish = np.asarray(log.finish_s, dtype=np.float64)
     ideal = np.asarray(log.ideal_fct_s, dtype=np.float64)
     fct = finish - start
+    n = len(start)
+    parent = log.parent_id if len(log.parent_id) == n else [-1] * n
+    done = np.asarray(log.done_s, dtype=np.float64) if len(log.done_s) == n else finish
     return pa.table(
         {
             "flow_id": pa.array(log.flow_id, pa.int64()),
@@ -201,5 +206,7 @@ def flow_table(log: FlowLog) -> pa.Table:
             "fct_s": fct,
             "ideal_fct_s": ideal,
             "slowdown": fct / ideal,
+            "parent_id": pa.array(parent, pa.int64()),
+            "done_s": done,
         }
     )

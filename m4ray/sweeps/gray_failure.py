@@ -22,11 +22,15 @@ from m4ray.sweeps.grid import expand
 from m4ray.sweeps.runner import load_done, run_and_store, run_and_store_together, share_group
 
 
-def describe_workload(spec: Any, n_hosts: int) -> str:
+def describe_workload(spec: Any, n_hosts: int, algorithm: Any = None) -> str:
     """Name and size, checked: the DAG, or in lockstep only the header (a job of thousands of
-    GPUs is never unrolled)."""
+    GPUs is never unrolled) and that the collective layer can run in lockstep."""
     from m4ray.sim.simai import SimAIWorkloadSpec, job_groups
 
+    if getattr(spec, "lockstep", False) and algorithm is not None:
+        from m4ray.sim.lockstep import check_algorithm
+
+        check_algorithm(algorithm)
     if getattr(spec, "lockstep", False) and isinstance(spec, SimAIWorkloadSpec):
         model = spec.model()
         groups = job_groups(model, source=spec.resolve(), n_hosts=n_hosts)
@@ -54,12 +58,13 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
         send_latency_s=cfg.send_latency_s,
     )
     scenarios = expand(cfg.grid, template, cfg.backends, cfg.backend_options, cfg.seed)
+    base = cfg.topology.build()
     # fail fast on a bad workload, before any task starts
     files = write_topologies(cfg, run_dir)
     print(
         f"gray-failure sweep: {len(cfg.grid.n)} N x {len(cfg.grid.r)} R x {cfg.grid.seeds} "
         f"seed(s) x {len(cfg.backends)} backend(s) = {len(scenarios)} runs of "
-        f"{describe_workload(cfg.workload, len(cfg.topology.build().hosts))}"
+        f"{describe_workload(cfg.workload, len(base.hosts), cfg.collective.build(base))}"
     )
     rows = run_many(
         scenarios,

@@ -10,6 +10,8 @@ and the ns-3 scheduler. The NIC and switch logic, like the HPCC simulator's, is 
 * **links** — every directed link is an egress *port*: a high-priority queue (ACK/NACK/PFC
   frames, never paused), a data FIFO (switches) or the queue pairs of a host, and the device's
   one-packet transmit slot, refilled when the device starts sending (no event of our own).
+* **NVSwitches** (a SimAI topology's intra-server switches) forward like switches but, as in
+  SimAI's ns-3, mark no ECN, never send PFC and never drop (NVLink is credit-based and lossless).
 * **switches** forward by source route (the packet's flow and hop index into m4ray's
   :class:`~m4ray.sim.routing.Routing` path), share one buffer per switch, mark ECN (CE) at
   dequeue when the egress FIFO holds more than K bytes (step marking, K per link rate), and send
@@ -45,6 +47,8 @@ using namespace ns3;
 
 enum : uint8_t { kData = 0, kAck = 1, kNack = 2, kPause = 3, kResume = 4 };
 enum : uint8_t { kCe = 1 };
+// node kinds: hosts, fabric switches (shared buffer, ECN, PFC) and NVSwitches (none of those)
+enum : uint8_t { kHost = 0, kFabricSwitch = 1, kNvSwitch = 2 };
 
 // 20 bytes on the wire; the rest of the wire format's per-packet header is padding.
 class RdmaHeader : public Header {
@@ -374,7 +378,8 @@ class RdmaNetwork : public Fabric {
             return;
         }
         uint32_t node = port.peer;
-        if (m_used[node] + wire > m_p.buffer) {
+        bool fabric = m_switch[node] == kFabricSwitch;  // NVSwitches: no buffer limit, no PFC
+        if (fabric && m_used[node] + wire > m_p.buffer) {
             ++drops;
             return;
         }
@@ -382,7 +387,7 @@ class RdmaNetwork : public Fabric {
         p->AddHeader(h);
         m_used[node] += wire;
         port.ingress += wire;
-        if (m_p.pfc && !port.pause_sent && port.ingress > m_p.pfc_threshold) {
+        if (fabric && m_p.pfc && !port.pause_sent && port.ingress > m_p.pfc_threshold) {
             port.pause_sent = true;
             Control(link ^ 1u, kPause, 0, 0, 0, 0);
         }

@@ -27,6 +27,7 @@ from m4ray.sim.topology import Topology
 
 IP_TCP_HEADERS = 52  # IPv4 20 B + TCP 20 B + timestamp option 12 B
 FIRST_PORT, LAST_PORT = 1000, 49151  # TCP sink ports; ns-3's ephemeral ports start at 49152
+NEVER_MARK = 2**63  # an ECN threshold no queue reaches
 RDMA_HEADER_BYTES = 22  # m4ray's RDMA header (20 B) + PPP (2 B): the least a wire header can be
 
 
@@ -176,16 +177,21 @@ class RdmaFabric:
         p.max_rate = cfg.max_rate_bps or 0.0
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
+        is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)
+        nvswitch = set(topology.nvswitches)
         self.net = native.RdmaNetwork(
             topology.n_nodes, ns.cppyy.gbl.std.vector["unsigned char"](is_switch.tolist()), p
         )
         for cable in topology.cables:
+            # K is per link; a link out of an NVSwitch never marks (one K serves both ends, so
+            # both directions of a GPU-NVSwitch cable go unmarked: hosts never mark anyway)
+            on_nvswitch = cable.a in nvswitch or cable.b in nvswitch
             self.net.AddLink(
                 cable.a,
                 cable.b,
                 cable.bandwidth_bps,
                 to_ps(cable.latency_s),
-                cfg.ecn_k(cable.bandwidth_bps),
+                NEVER_MARK if on_nvswitch else cfg.ecn_k(cable.bandwidth_bps),
                 cable.error_rate,
             )
         self._window = cfg.window(routing)

@@ -1,0 +1,258 @@
+"""Flow for flow against SimAI: the shared SimAI run replayed with ``collective=simai`` on m4ray's
+backends and compared with SimAI's own per-flow logs.
+
+    .venv/bin/python bench/simai_flows.py ../shared/data                    # flowSim + ns-3
+    .venv/bin/python bench/simai_flows.py ../shared/data --backends flowsim ns3 m4
+
+Inputs (``<data>/simai/fct_example_commit_5206325/``): the run's topology ``topo_N0_M1.txt``, its
+workload ``microAllReduce.txt`` (TP 16, all-reduces of 16 MiB and 256 MiB), SimAI's per-flow logs
+``{ns3,flowsim,m4}_fct.txt.gz`` (``sip dip sport dport size start_ns fct_ns standalone_ns
+flow_id``; IP ``0b00XX01`` = node XX; FCT to the sender's last ACK) and ``*_EndToEnd.csv``.
+ns-3 runs with the study preset (``conf/backend/ns3_simai.yaml``), m4 is told that network.
+
+For every backend it prints: the flow count and whether the multiset of (src, dst, size) equals
+SimAI's; each flow's start minus its parent's end (SimAI: the flow its sender received last step
+in that channel, decoded from its flow id; ours: the replay's ``parent_id``); and per-flow FCT
+(start to last ACK) against SimAI's ns-3 and against SimAI's same backend, as |ratio - 1| median
+and p90, per flow size. Flows are matched by (collective, src, dst, ring step), then by start
+order within that key (the channels that share an edge). Totals are compared with SimAI's
+``EndToEnd.csv`` (rank 0's iteration; both groups are alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+RUN = "simai/fct_example_commit_5206325"
+CHANNELS, RANKS = 8, 16  # SimAI's flow ids: block * 3840 + channel * 480 + step * 16 + sender
+
+
+def read_simai_flows(path: Path, endpoints: dict | None = None) -> dict[str, np.ndarray]:
+    """SimAI's per-flow log as columns (seconds), with each flow's step, collective and parent.
+    Its flowSim and m4 logs leave the IPs zero: ``endpoints`` (flow id -> (src, dst), from the
+    ns-3 log of the same run) fills them in."""
+    with gzip.open(path, "rt") as lines:
+        rows = [line.split() for line in lines if line.strip()]
+    ids = [int(r[8]) for r in rows]
+    if endpoints is None:
+        src = [(int(r[0], 16) >> 8) & 0xFFFF for r in rows]
+        dst = [(int(r[1], 16) >> 8) & 0xFFFF for r in rows]
+    else:
+        src, dst = zip(*(endpoints[i] for i in ids), strict=True)
+    cols = {
+        "src": np.array(src),
+        "dst": np.array(dst),
+        "size": np.array([int(r[4]) for r in rows]),
+        "start": np.array([int(r[5]) for r in rows]) * 1e-9,
+        "fct": np.array([int(r[6]) for r in rows]) * 1e-9,
+        "id": np.array(ids),
+    }
+    per_block = CHANNELS * RANKS * 2 * (RANKS - 1)
+    block, rest = np.divmod(cols["id"], per_block)
+    channel, rest = np.divmod(rest, RANKS * 2 * (RANKS - 1))
+    cols["step"] = rest // RANKS
+    # a block is one group's all-reduce; the first collective is the 16 MiB one
+    cols["coll"] = (cols["size"] != cols["size"].min()).astype(int)
+    received = {
+        (b, c, s, d): i
+        for i, (b, c, s, d) in enumerate(
+            zip(block, channel, cols["step"], cols["dst"], strict=True)
+        )
+    }
+    cols["parent"] = np.array(
+        [
+            received.get((b, c, s - 1, src), -1)
+            for b, c, s, src in zip(block, channel, cols["step"], cols["src"], strict=True)
+        ]
+    )
+    return cols
+
+
+def ours(table) -> dict[str, np.ndarray]:
+    """m4ray's per-flow table as the same columns (FCT to the last ACK, ``done_s``)."""
+    flow_id = table.column("flow_id").to_numpy()
+    row_of = {f: i for i, f in enumerate(flow_id.tolist())}
+    parent = np.array([row_of.get(p, -1) for p in table.column("parent_id").to_pylist()])
+    start = table.column("start_s").to_numpy()
+    cols = {
+        "src": table.column("src").to_numpy(),
+        "dst": table.column("dst").to_numpy(),
+        "size": table.column("size_bytes").to_numpy(),
+        "start": start,
+        "fct": table.column("done_s").to_numpy() - start,
+        "parent": parent,
+    }
+    step = np.zeros(len(start), dtype=int)
+    for i in np.argsort(start, kind="stable"):  # a parent starts before its child
+        step[i] = step[parent[i]] + 1 if parent[i] >= 0 else 0
+    cols["step"] = step
+    cols["coll"] = (cols["size"] != cols["size"].min()).astype(int)
+    return cols
+
+
+def match(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Row pairs of flows with the same (collective, src, dst, step), in start order."""
+
+    def groups(cols):
+        out = defaultdict(list)
+        keys = zip(cols["coll"], cols["src"], cols["dst"], cols["step"], strict=True)
+        for i, key in enumerate(keys):
+            out[key].append(i)
+        return {k: sorted(v, key=lambda i: cols["start"][i]) for k, v in out.items()}
+
+    ga, gb = groups(a), groups(b)
+    ia, ib = [], []
+    for key, rows in ga.items():
+        other = gb.get(key, [])
+        ia += rows[: len(other)]
+        ib += other[: len(rows)]
+    return np.array(ia, dtype=int), np.array(ib, dtype=int)
+
+
+def gaps(cols: dict) -> np.ndarray:
+    """Start minus parent end (seconds) of every flow that has a parent."""
+    has = cols["parent"] >= 0
+    parent = cols["parent"][has]
+    return cols["start"][has] - (cols["start"][parent] + cols["fct"][parent])
+
+
+def ratio_stats(mine: dict, ref: dict) -> str:
+    ia, ib = match(mine, ref)
+    err = np.abs(mine["fct"][ia] / ref["fct"][ib] - 1)
+    parts = [f"{np.median(err):.1%} / {np.quantile(err, 0.9):.1%} ({len(ia)})"]
+    for size in np.unique(ref["size"][ib]):
+        sel = ref["size"][ib] == size
+        parts.append(f"{size // 1024} KiB {np.median(err[sel]):.1%}")
+    return "; ".join(parts)
+
+
+def end_to_end_us(path: Path) -> float:
+    """The total of a SimAI ``EndToEnd.csv`` (µs)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("total exposed comm"):
+            return float(line.split(",")[-1])
+    raise ValueError(f"{path}: no 'total time' line")
+
+
+def backend_configs(names: list[str], checkpoint: str):
+    from omegaconf import OmegaConf
+
+    from m4ray.config import CONF_DIR
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.m4.backend import M4Config
+    from m4ray.sim.ns3.backend import Ns3Config
+
+    preset = OmegaConf.load(CONF_DIR / "backend" / "ns3_simai.yaml")
+    preset.pop("defaults")
+    merged = OmegaConf.merge(OmegaConf.load(CONF_DIR / "backend" / "ns3.yaml"), preset)
+    merged.pop("_target_")
+    ns3 = Ns3Config(**OmegaConf.to_container(merged))
+    every = {
+        "flowsim": ("flowsim", FlowSimConfig()),
+        "ns3": ("ns3", ns3),
+        "m4": ("m4", M4Config(checkpoint=checkpoint, network=ns3)),
+    }
+    return {name: every[name] for name in names}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", type=Path, help="the shared data folder (holding simai/)")
+    parser.add_argument("--backends", nargs="+", default=["flowsim", "ns3"])
+    parser.add_argument("--checkpoint", default="m4-v2", help="m4's checkpoint")
+    parser.add_argument("--save", type=Path, help="write each backend's flows here (Parquet)")
+    args = parser.parse_args()
+
+    from m4ray.sim.nccl import SimAISpec
+    from m4ray.sim.scenario import Scenario, simulate
+    from m4ray.sim.simai import SimAIWorkloadSpec
+    from m4ray.sim.topologies import TopologyFileSpec
+    from m4ray.sweeps.report import format_table
+
+    run = args.data / RUN
+    simai = {"ns3": read_simai_flows(run / "ns3_fct.txt.gz")}
+    ref = simai["ns3"]
+    ends = dict(zip(ref["id"].tolist(), zip(ref["src"], ref["dst"], strict=True), strict=True))
+    for name in ("flowsim", "m4"):
+        simai[name] = read_simai_flows(run / f"{name}_fct.txt.gz", ends)
+    totals = {name: end_to_end_us(run / f"{name}_EndToEnd.csv") for name in simai}
+    key = sorted(zip(simai["ns3"]["src"], simai["ns3"]["dst"], simai["ns3"]["size"], strict=True))
+    g = gaps(simai["ns3"]) * 1e6
+    rows = [
+        [
+            "SimAI ns-3 (reference)",
+            f"{len(key):,}",
+            "—",
+            f"{np.median(g):.2f} / {np.quantile(g, 0.99):.2f}",
+            f"{totals['ns3']:,.1f}",
+            "—",
+            "—",
+            "—",
+        ]
+    ]
+    for name, (backend, config) in backend_configs(args.backends, args.checkpoint).items():
+        scenario = Scenario(
+            topology=TopologyFileSpec(path=str(run / "topo_N0_M1.txt")),
+            workload=SimAIWorkloadSpec(path=str(run / "microAllReduce.txt")),
+            collective=SimAISpec(),
+            backend=backend,
+            backend_config=config,
+        )
+        t0 = time.perf_counter()
+        row, table = simulate(scenario)
+        wall = time.perf_counter() - t0
+        if row["status"] != "ok":
+            rows.append([name, "failed", row["error"].strip().splitlines()[-1][:80]] + [""] * 5)
+            continue
+        if args.save:
+            import pyarrow.parquet as pq
+
+            args.save.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, args.save / f"{name}.parquet")
+        mine = ours(table)
+        same = sorted(zip(mine["src"], mine["dst"], mine["size"], strict=True)) == key
+        g = gaps(mine) * 1e6
+        us = row["completion_time_s"] * 1e6
+        rows.append(
+            [
+                name,
+                f"{len(mine['src']):,}",
+                "yes" if same else "NO",
+                f"{np.median(g):.2f} / {np.quantile(g, 0.99):.2f}",
+                f"{us:,.1f} ({us / totals['ns3'] - 1:+.1%}; SimAI's {name} "
+                f"{us / totals[name] - 1:+.1%})",
+                ratio_stats(mine, simai["ns3"]),
+                ratio_stats(mine, simai[name]),
+                f"{wall:.1f}",
+            ]
+        )
+        print(f"  {name}: {us:,.1f} us in {wall:.1f} s", flush=True)
+    for name in ("flowsim", "m4"):  # SimAI's own fluid and learned backends, for scale
+        err = ratio_stats(simai[name], simai["ns3"])
+        rows.append([f"SimAI {name}", "", "", "", f"{totals[name]:,.1f}", err, "—", ""])
+    print()
+    print(
+        format_table(
+            [
+                "backend",
+                "flows",
+                "(src,dst,size) = SimAI",
+                "start − parent end µs (median / p99)",
+                "total µs (vs SimAI ns-3)",
+                "FCT |ratio−1| vs SimAI ns-3: median / p90 (n); per size",
+                "… vs SimAI's same backend",
+                "wall s",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
