@@ -140,19 +140,25 @@ def end_to_end_us(path: Path) -> float:
     raise ValueError(f"{path}: no 'total time' line")
 
 
-def backend_configs(names: list[str], checkpoint: str):
+def study_ns3():
+    """ns-3 with the study's network: ``conf/backend/ns3_simai.yaml`` over ``ns3.yaml``."""
     from omegaconf import OmegaConf
 
     from m4ray.config import CONF_DIR
-    from m4ray.sim.flowsim import FlowSimConfig
-    from m4ray.sim.m4.backend import M4Config
     from m4ray.sim.ns3.backend import Ns3Config
 
     preset = OmegaConf.load(CONF_DIR / "backend" / "ns3_simai.yaml")
     preset.pop("defaults")
     merged = OmegaConf.merge(OmegaConf.load(CONF_DIR / "backend" / "ns3.yaml"), preset)
     merged.pop("_target_")
-    ns3 = Ns3Config(**OmegaConf.to_container(merged))
+    return Ns3Config(**OmegaConf.to_container(merged))
+
+
+def backend_configs(names: list[str], checkpoint: str):
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.m4.backend import M4Config
+
+    ns3 = study_ns3()
     every = {
         "flowsim": ("flowsim", FlowSimConfig()),
         "ns3": ("ns3", ns3),

@@ -9,11 +9,14 @@ with SimAI's packet-level result (its UNISON ns-3).
 
 Inputs are SimAI's own files under ``<data>/simai/``: the degraded topologies
 ``topologies/gray_topo_N{n}_R{r}.txt`` and the study's workload
-``workload/microAllReduce.txt@52ed9ea.txt`` (TP group 16), at full size. ns-3 uses the study's
-DCTCP settings (``sweep_SimAI.conf``: K = 100 KB at every rate, g = 1/16, rate AI 2 Gbit/s,
-minimum rate 1 Gbit/s, 1000 B payload). SimAI's totals (µs) for three scenarios are quoted from
-``reference/gray_failure.md`` §7 (``results_gray_failures/`` at commit 0c441e75); N=2 R=4 has no
-published number and is printed for the trend. Each backend runs each scenario in this process,
+``workload/microAllReduce.txt@52ed9ea.txt`` (TP group 16), at full size, through each collective
+layer asked for (``--collectives``: ``simai``, SimAI's own NCCL flows, and the rail-aligned
+``hierarchical`` by default). ns-3 uses the study's network (``conf/backend/ns3_simai.yaml``:
+DCTCP, K = 100 KB at every rate, g = 1/16, rate AI 2 Gbit/s, minimum rate 1 Gbit/s, 100 MB
+buffers, 1000 B payload; NVSwitches mark no ECN and send no PFC). SimAI's totals (µs) for three
+scenarios are quoted from ``reference/gray_failure.md`` §7 (``results_gray_failures/`` at commit
+0c441e75); N=2 R=4 has no published number and is printed for the trend. Each backend runs each
+scenario in this process,
 one at a time; wall times are this machine's. ``--lockstep`` adds every flow-level backend again
 with ``workload.lockstep`` (``m4ray.sim.lockstep``: each distinct collective step run once).
 """
@@ -31,24 +34,25 @@ UNISON_US = {
     (16, 4): 11865.5,
 }  # SimAI's ns-3, gray_failure.md §7
 SCENARIOS = ((2, 4), (8, 4), (8, 10), (16, 4))
+# SimAI's ns-3 at R = 10 over N (reference/simai_nccl.md §4, ms rounded to 0.1): the N-trend
+TREND_US = {
+    (2, 10): 24600.0,
+    (4, 10): 28400.0,
+    (6, 10): 32500.0,
+    (8, 10): 24480.8,
+    (9, 10): 32300.0,
+    (12, 10): 34600.0,
+    (16, 10): 31900.0,
+}
 
 
 def backends(names: list[str]) -> dict:
+    from simai_flows import study_ns3
+
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.m4.backend import M4Config
-    from m4ray.sim.ns3.backend import Ns3Config
-    from m4ray.sim.ns3.transports import RdmaConfig
 
-    rdma = Ns3Config(
-        rdma=RdmaConfig(
-            ecn_k_bytes=[[25e9, 100_000.0]],
-            dctcp_gain=0.0625,
-            rate_ai_bps=2e9,
-            min_rate_bps=1e9,
-            buffer_bytes=32_000_000,
-            pfc_threshold_bytes=4_000_000,
-        )
-    )
+    rdma = study_ns3()
     every = {
         "ns3": ("ns3", rdma),
         "ns3-tcp": ("ns3", dataclasses.replace(rdma, transport="tcp")),
@@ -70,33 +74,57 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["ns3", "flowsim"])
     parser.add_argument("--wire", choices=["default", "jumbo"], default="default")
     parser.add_argument(
+        "--collectives",
+        nargs="+",
+        choices=["simai", "hierarchical", "ring"],
+        default=["simai", "hierarchical"],
+        help="collective layers, side by side (simai: SimAI's NCCL flows, the study's)",
+    )
+    parser.add_argument(
+        "--trend",
+        action="store_true",
+        help="the R = 10 points over N instead (m4ray's own degraded topologies, same rule)",
+    )
+    parser.add_argument(
         "--lockstep", action="store_true", help="flow-level backends in lockstep, too"
     )
     args = parser.parse_args()
 
+    from m4ray.sim.collectives import HierarchicalSpec, RingSpec
+    from m4ray.sim.failures import GrayFailure
+    from m4ray.sim.nccl import SimAISpec
     from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
     from m4ray.sim.simai import SimAIWorkloadSpec
-    from m4ray.sim.topologies import TopologyFileSpec
+    from m4ray.sim.topologies import RailClusterSpec, TopologyFileSpec
     from m4ray.sweeps.report import format_table
 
     simai = args.data / "simai"
     workload = SimAIWorkloadSpec(path=str(simai / "workload" / "microAllReduce.txt@52ed9ea.txt"))
     wire = WireFormat() if args.wire == "default" else WireFormat(mtu_bytes=8948, header_bytes=54)
-    chosen = {name: (*pair, False) for name, pair in backends(args.backends).items()}
-    if args.lockstep:
-        for name, (backend, config, _) in list(chosen.items()):
-            if backend != "ns3":
-                chosen[f"{name} lockstep"] = (backend, config, True)
+    layers = {"simai": SimAISpec(), "hierarchical": HierarchicalSpec(), "ring": RingSpec()}
+    chosen = {}
+    for layer in args.collectives:
+        for name, pair in backends(args.backends).items():
+            chosen[f"{name} {layer}"] = (*pair, False, layers[layer])
+            if args.lockstep and pair[0] != "ns3" and layer != "simai":
+                chosen[f"{name} {layer} lockstep"] = (*pair, True, layers[layer])
     rows = []
-    for n, r in SCENARIOS:
-        topo = TopologyFileSpec(path=str(simai / "topologies" / f"gray_topo_N{n}_R{r}.txt"))
-        ref = UNISON_US.get((n, r))
+    published = TREND_US if args.trend else UNISON_US
+    for n, r in TREND_US if args.trend else SCENARIOS:
+        if args.trend:
+            topo = RailClusterSpec()  # failure applied below, SimAI's degraded-GPU rule
+        else:
+            topo = TopologyFileSpec(path=str(simai / "topologies" / f"gray_topo_N{n}_R{r}.txt"))
+        failure = GrayFailure(n_degraded=n if args.trend else 0, reduction=r if args.trend else 1)
+        ref = published.get((n, r))
         row = [f"N={n} R={r}", f"{ref:,.1f}" if ref else "—"]
-        for name, (backend, config, lockstep) in chosen.items():
+        for name, (backend, config, lockstep, collective) in chosen.items():
             scenario = Scenario(
                 topology=topo,
                 workload=dataclasses.replace(workload, lockstep=lockstep),
+                collective=collective,
+                failure=failure,
                 backend=backend,
                 backend_config=config,
                 wire=wire,

@@ -21,11 +21,15 @@ Units: seconds, bits, bits/s.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path as FilePath
 
 import numpy as np
 
+from m4ray import native
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
@@ -92,6 +96,50 @@ def max_min_rates(
             return rate
         if caps is not None:
             open_flow &= ~hit
+
+
+@functools.cache
+def _compiled() -> ctypes.CDLL | None:
+    """``_maxmin.c`` built and loaded (once per process), or ``None`` without a compiler."""
+    lib = native.load(FilePath(__file__).with_name("_maxmin.c"), "compiled flowSim max-min")
+    if lib is not None:
+        ptr = np.ctypeslib.ndpointer
+        lib.m4ray_max_min.restype = ctypes.c_int
+        lib.m4ray_max_min.argtypes = [
+            ctypes.c_int64,
+            ptr(np.int64, flags="C"),
+            ptr(np.int64, flags="C"),
+            ctypes.c_int64,
+            ptr(np.float64, flags="C"),
+            ctypes.c_void_p,
+            ptr(np.float64, flags="C"),
+        ]
+    return lib
+
+
+def compiled_max_min_rates(
+    flow_links: list[np.ndarray], capacity_bps: np.ndarray, rate_cap_bps: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`max_min_rates` in C (``_maxmin.c``; per-flow caps or none), falling back to it
+    where nothing compiles. The two agree to rounding (``tests/sim/test_flowsim.py``)."""
+    lib = _compiled()
+    n = len(flow_links)
+    if lib is None or n == 0:
+        return max_min_rates(flow_links, capacity_bps, rate_cap_bps)
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, flow_links), np.int64, n), out=off[1:])
+    idx = np.ascontiguousarray(np.concatenate(flow_links), dtype=np.int64)
+    capacity = np.ascontiguousarray(capacity_bps, dtype=np.float64)
+    caps = None
+    if rate_cap_bps is not None:
+        caps = np.ascontiguousarray(np.broadcast_to(rate_cap_bps, (n,)), dtype=np.float64)
+    rate = np.empty(n)
+    status = lib.m4ray_max_min(
+        n, off, idx, len(capacity), capacity, None if caps is None else caps.ctypes.data, rate
+    )
+    if status:
+        raise MemoryError("compiled max-min: out of memory")
+    return rate
 
 
 def ack_capacity(
@@ -327,7 +375,7 @@ class FlowSim(QueueClock):
         """Max-min rates; with ACK load, again over the capacities the previous pass's ACKs
         leave, ``ACK_PASSES`` in all (the ACKs' share ``a`` is a fraction of a percent to a
         few, and the third pass leaves an error of ``a³``)."""
-        rates = max_min_rates(self._links, self._capacity, caps)
+        rates = compiled_max_min_rates(self._links, self._capacity, caps)
         if not self.ack_fraction:
             return rates
         lengths = np.fromiter(map(len, self._links), np.int64, len(self._links))
@@ -337,7 +385,7 @@ class FlowSim(QueueClock):
                 every, weights=np.repeat(rates, lengths), minlength=len(self._capacity)
             )
             capacity = ack_capacity(self._capacity, self._reverse, self.ack_fraction, data)
-            rates = max_min_rates(self._links, capacity, caps)
+            rates = compiled_max_min_rates(self._links, capacity, caps)
         return rates
 
     def _advance(self, dt: float) -> None:

@@ -261,3 +261,27 @@ def test_ack_load_takes_a_fraction_of_the_reverse_link():
     data = np.array([0.0, 5.0, 100.0, -1e-9])  # a hair below 0 (rounding) counts as 0
     out = ack_capacity(capacity, reverse_links(4), 0.1, data)
     np.testing.assert_allclose(out, [9.5, 10.0, 4.0, 0.04])
+
+
+def test_compiled_max_min_equals_the_numpy_reference():
+    """``_maxmin.c`` (flowSim's share at every event) against :func:`max_min_rates`, with and
+    without per-flow caps, on random flows over a degraded fat-tree."""
+    from m4ray.sim.flowsim import _compiled, compiled_max_min_rates
+
+    if _compiled() is None:
+        pytest.skip("no C compiler: flowSim uses the numpy loop")
+    topo = fat_tree(k=4)
+    routing = Routing(topo, seed=3)
+    rng = np.random.default_rng(4)
+    capacity = topo.bandwidth_bps * rng.choice([1.0, 0.25, 0.1], topo.n_links)
+    for trial in range(30):
+        pairs = [tuple(rng.choice(16, 2, replace=False)) for _ in range(rng.integers(1, 200))]
+        links = [np.array(routing.path(int(s), int(d), i).links) for i, (s, d) in enumerate(pairs)]
+        caps = None
+        if trial % 2:
+            caps = np.where(
+                rng.random(len(links)) < 0.3, rng.uniform(1e9, 20e9, len(links)), np.inf
+            )
+        want = max_min_rates(links, capacity, caps)
+        got = compiled_max_min_rates(links, capacity, caps)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
