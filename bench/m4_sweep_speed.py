@@ -42,12 +42,17 @@ from m4ray.sim.scenario import Scenario, simulate  # noqa: E402
 from m4ray.sim.simai import SimAIWorkloadSpec  # noqa: E402
 from m4ray.sweeps.report import format_table  # noqa: E402
 
+# the hierarchical collective throughout: lockstep refuses collective=simai (no step barrier)
 COMMANDS = {
-    "flowsim": ["backends=[flowsim]"],
-    "m4 (groups)": ["backends=[m4]"],
-    "m4 (alone)": ["backends=[m4]", "backend_options.m4.share_steps=1"],
-    "flowsim (lockstep)": ["backends=[flowsim]", "workload.lockstep=true"],
-    "m4 (lockstep)": ["backends=[m4]", "workload.lockstep=true"],
+    "flowsim": ["backends=[flowsim]", "collective=hierarchical"],
+    "m4 (groups)": ["backends=[m4]", "collective=hierarchical"],
+    "m4 (alone)": ["backends=[m4]", "backend_options.m4.share_steps=1", "collective=hierarchical"],
+    "flowsim (lockstep)": [
+        "backends=[flowsim]",
+        "workload.lockstep=true",
+        "collective=hierarchical",
+    ],
+    "m4 (lockstep)": ["backends=[m4]", "workload.lockstep=true", "collective=hierarchical"],
 }
 
 
@@ -64,7 +69,7 @@ def whole_commands(repeat: int) -> list[list]:
                         "m4ray.sweeps",
                         "+experiment=gray_failure",
                         *args,
-                        f"name=run{i}-{name.split()[0]}-{len(args)}",
+                        f"name=run{i}-{list(COMMANDS).index(name)}",
                         f"paths.output_dir={out}",
                         "progress=false",
                     ],

@@ -85,7 +85,7 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
         ),
         (["+experiment=gray_failure", "grid.n=[40]"], "n_degraded"),
         (
-            ["+experiment=gray_failure", "backend_options.ns3.rdma.pfc_threshold_bytes=9000000"],
+            ["+experiment=gray_failure", "backend_options.ns3.rdma.pfc_threshold_bytes=900000000"],
             "field 'ns3.rdma.pfc_threshold_bytes'",
         ),
         (

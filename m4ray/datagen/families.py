@@ -30,6 +30,7 @@ from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import added_field, fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
 from m4ray.sim.failures import degrade
+from m4ray.sim.nccl import SimAISpec
 from m4ray.sim.ns3.backend import PARAMS13, Ns3Config, params13
 from m4ray.sim.ns3.transports import RdmaConfig
 from m4ray.sim.routing import Routing, WireFormat
@@ -37,7 +38,8 @@ from m4ray.sim.topologies import M4FabricSpec, RailClusterSpec
 from m4ray.sim.topology import Topology
 from m4ray.sim.workload import Collective, CollectiveKind, Workload
 
-ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec}
+# simai: SimAI's NCCL flows (m4ray.sim.nccl), the gray-failure study's collectives
+ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec, "simai": SimAISpec}
 LAYOUTS = ("all", "rails", "servers", "random")
 
 

@@ -164,6 +164,7 @@ def test_emulation_runs_in_the_gray_failure_sweep_next_to_flowsim(tmp_path):
         PYTHON, "-m", "m4ray.sweeps", "+experiment=gray_failure", "grid=smoke", "grid.n=[2]",
         "grid.r=[4]", "workload=chakra", f"workload.prefix={tmp_path}/ALL_REDUCE",
         "backends=[emulation,flowsim]", "backend_options.emulation.size_scale=1.0",
+        "collective=ring",  # one ring (the experiment's SimAI collective runs 8 channels)
         "ray.num_cpus=2", "progress=false", f"paths.output_dir={tmp_path}", "name=emu",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600, check=False)
