@@ -68,6 +68,35 @@ def backends(names: list[str]) -> dict:
     return out
 
 
+def compare_results(path: Path) -> str:
+    """A sweep's completion times (µs) at SimAI's published points, each backend's error against
+    SimAI's ns-3 and against the sweep's own ns-3."""
+    import pandas as pd
+
+    from m4ray.sweeps.report import format_table
+
+    frame = pd.read_parquet(path)
+    frame = frame[frame.status == "ok"]
+    times = frame.pivot_table(
+        index=["n_degraded", "reduction"], columns="backend", values="completion_time_s"
+    )
+    published = {**TREND_US, **UNISON_US}
+    backends = [b for b in ("ns3", "flowsim", "flowsim_acks", "m4") if b in times.columns]
+    rows = []
+    for (n, r), ours in times.iterrows():
+        ref = published.get((n, r))
+        row = [f"N={n} R={r}", f"{ref:,.1f}" if ref else "—"]
+        for b in backends:
+            us = ours[b] * 1e6
+            vs_simai = f" ({us / ref - 1:+.1%})" if ref else ""
+            vs_ns3 = f" [{ours[b] / ours['ns3'] - 1:+.1%}]" if b != "ns3" and "ns3" in ours else ""
+            row.append(f"{us:,.1f}{vs_simai}{vs_ns3}")
+        rows.append(row)
+    header = ["scenario", "SimAI ns-3 (us)", *backends]
+    note = "(vs SimAI's ns-3) [vs our ns-3]"
+    return f"{format_table(header, rows)}\n{note}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", type=Path, help="the shared data folder (holding simai/)")
@@ -88,7 +117,16 @@ def main() -> None:
     parser.add_argument(
         "--lockstep", action="store_true", help="flow-level backends in lockstep, too"
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="compare a gray-failure sweep's results.parquet with SimAI's published totals "
+        "instead of running anything (every published (N, R) it holds)",
+    )
     args = parser.parse_args()
+    if args.results:
+        print(compare_results(args.results))
+        return
 
     from m4ray.sim.collectives import HierarchicalSpec, RingSpec
     from m4ray.sim.failures import GrayFailure
