@@ -111,6 +111,26 @@ def test_an_incast_with_pfc_loses_nothing(simulate):
     assert counters["drops"] > 0 and counters["retransmits"] > 0
 
 
+def test_an_nvswitch_marks_no_ecn_sends_no_pfc_and_drops_nothing(simulate):
+    """The incast above, through the same switch declared an NVSwitch (SimAI's node type 2): no
+    ECN mark, no PAUSE and no drop, even with no window and a buffer it overfills; declared a
+    rail switch, the same run marks and pauses."""
+    cfg = Ns3Config(
+        rdma=RdmaConfig(window_bytes=0, buffer_bytes=1_000_000, pfc_threshold_bytes=40_000)
+    )
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    fabric = star(9, 100e9)
+    nvswitch = Topology(
+        n_nodes=fabric.n_nodes, switches=(9,), nvswitches=(9,), cables=fabric.cables
+    )
+    result, counters = simulate(nvswitch, flows, JUMBO, cfg)
+    assert all(finish is not None for finish, _ in result.values())
+    assert counters["marks"] == counters["pauses"] == counters["drops"] == 0
+    assert max(finish / ideal for finish, ideal in result.values()) >= 8 * 0.98
+    _, counters = simulate(fabric, flows, JUMBO, cfg)
+    assert counters["marks"] > 0 and counters["pauses"] > 0
+
+
 def test_packet_loss_is_recovered(simulate):
     topo = chain(10e9)
     lossy = topo.replace_cables(
