@@ -36,7 +36,7 @@ the sender's server peer on the receiver's rail, which then sends it rail-aligne
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from m4ray.errors import InputError
@@ -58,6 +58,7 @@ class SimAICollective:
     pxn: bool = False
     ack_bytes: int | None = 64  # completion at the ACK of the last byte (None: at delivery)
     barrier_free: ClassVar[bool] = True  # no step barrier: lockstep refuses it
+    _by_place: dict[tuple[int, int], int] = field(default_factory=dict, init=False, repr=False)
 
     def decompose(
         self, kind: CollectiveKind, group: Sequence[int], size_bytes: int
@@ -67,14 +68,14 @@ class SimAICollective:
         n = len(group)
         if n < 2:
             return []
+        if kind is CollectiveKind.ALL_TO_ALL:  # no rings: any group layout goes
+            share = max(1, size_bytes // n)
+            return [Transfer(a, b, share) for a in group for b in group if a != b]
         per_server = self._check_servers(group)
         channels = self.channels or per_server
         rings = [self._ring(group, c) for c in range(channels)]
         chunk = max(1, size_bytes // n // channels)
         out: list[Transfer] = []
-        if kind is CollectiveKind.ALL_TO_ALL:
-            share = max(1, size_bytes // n)
-            return [Transfer(a, b, share) for a in group for b in group if a != b]
         if kind is CollectiveKind.BROADCAST:
             for ring in rings:
                 root = ring.index(group[0])
@@ -131,11 +132,11 @@ class SimAICollective:
         return out
 
     def _peer(self, rank: int, local: int) -> int | None:
-        server = self.server_of[rank]
-        for other, (s, lo) in enumerate(zip(self.server_of, self.local_of, strict=True)):
-            if s == server and lo == local:
-                return other
-        return None
+        """The rank on ``rank``'s server with local index ``local`` (None: the server has none)."""
+        if not self._by_place:
+            places = zip(self.server_of, self.local_of, strict=True)
+            self._by_place.update((place, r) for r, place in enumerate(places))
+        return self._by_place.get((self.server_of[rank], local))
 
 
 def _ring_steps(ring: list[int], steps: int, chunk: int, out: list[Transfer]) -> None:

@@ -71,6 +71,7 @@ def test_all_to_all_is_direct_and_broadcast_a_chain(algo):
     a2a = algo.decompose(K.ALL_TO_ALL, range(16), 16 * MiB)
     assert len(a2a) == 16 * 15 and {t.size_bytes for t in a2a} == {MiB}
     assert all(not t.deps for t in a2a)
+    assert len(algo.decompose(K.ALL_TO_ALL, [0, 1, 8], 3000)) == 6  # no rings: any layout
     bcast = algo.decompose(K.BROADCAST, range(8), 8 * MiB)
     assert len(bcast) == 8 * 8 * 7  # channels x chunks x hops
     assert {t.dst for t in bcast} == set(range(1, 8))  # the root only sends
