@@ -163,3 +163,24 @@ def test_ack_coupled_periods_record_on_ns3():
     a, b = plain["flows"].to_pandas(), coupled["flows"].to_pandas()
     pd.testing.assert_frame_equal(a.drop(columns="period_id"), b.drop(columns="period_id"))
     assert 0 < b.period_id.nunique() <= a.period_id.nunique()
+
+
+def test_simai_collectives_record_on_ns3():
+    """The rail family with SimAI's collectives (``algorithms: [simai]``, the next m4's data):
+    a real ns-3 recording holds a chunk per channel, cross-rail server hops, and flows that are
+    physical (none finishes faster than its ideal beyond the picosecond clock)."""
+    from m4ray.datagen.families import CollectiveFamily
+    from m4ray.datagen.record import record
+
+    family = CollectiveFamily(
+        kinds=["all_reduce"], algorithms=["simai"], layouts=["all"], phases=[1, 1],
+        size_bytes=[262_144, 262_144], degraded_gpus=[0, 0],
+    )  # fmt: skip
+    scenario = family.sample("rail", 0, 7, 120.0)
+    flows = record(scenario)["flows"].to_pandas()
+    assert len(flows) == 8 * 32 * 62  # 8 channels x 32 ranks x 2(n - 1) steps
+    (phase,) = scenario.traffic.phases
+    assert set(flows.size_bytes) == {phase.size_bytes // 32 // 8}
+    cross = flows[flows.src // 8 != flows.dst // 8]
+    assert len(cross) and (cross.src % 8 != cross.dst % 8).all()
+    assert (flows.fct_s / flows.ideal_fct_s).min() > 0.99
