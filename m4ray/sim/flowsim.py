@@ -117,18 +117,29 @@ def _compiled() -> ctypes.CDLL | None:
     return lib
 
 
+def flow_csr(flow_links: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Flows' links as offsets and one index array (flow ``i``: ``idx[off[i]:off[i + 1]]``)."""
+    n = len(flow_links)
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, flow_links), np.int64, n), out=off[1:])
+    idx = np.ascontiguousarray(np.concatenate(flow_links), dtype=np.int64)
+    return off, idx
+
+
 def compiled_max_min_rates(
-    flow_links: list[np.ndarray], capacity_bps: np.ndarray, rate_cap_bps: np.ndarray | None = None
+    flow_links: list[np.ndarray],
+    capacity_bps: np.ndarray,
+    rate_cap_bps: np.ndarray | None = None,
+    csr: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """:func:`max_min_rates` in C (``_maxmin.c``; per-flow caps or none), falling back to it
-    where nothing compiles. The two agree to rounding (``tests/sim/test_flowsim.py``)."""
+    where nothing compiles. The two agree to rounding (``tests/sim/test_flowsim.py``). ``csr``:
+    the flows' :func:`flow_csr`, when the caller already has it."""
     lib = _compiled()
     n = len(flow_links)
     if lib is None or n == 0:
         return max_min_rates(flow_links, capacity_bps, rate_cap_bps)
-    off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, flow_links), np.int64, n), out=off[1:])
-    idx = np.ascontiguousarray(np.concatenate(flow_links), dtype=np.int64)
+    off, idx = csr if csr is not None else flow_csr(flow_links)
     capacity = np.ascontiguousarray(capacity_bps, dtype=np.float64)
     caps = None
     if rate_cap_bps is not None:
@@ -375,17 +386,18 @@ class FlowSim(QueueClock):
         """Max-min rates; with ACK load, again over the capacities the previous pass's ACKs
         leave, ``ACK_PASSES`` in all (the ACKs' share ``a`` is a fraction of a percent to a
         few, and the third pass leaves an error of ``a³``)."""
-        rates = compiled_max_min_rates(self._links, self._capacity, caps)
+        csr = flow_csr(self._links)  # once for every pass
+        rates = compiled_max_min_rates(self._links, self._capacity, caps, csr)
         if not self.ack_fraction:
             return rates
-        lengths = np.fromiter(map(len, self._links), np.int64, len(self._links))
-        every = np.concatenate(self._links)
+        off, every = csr
+        lengths = np.diff(off)
         for _ in range(ACK_PASSES - 1):
             data = np.bincount(
                 every, weights=np.repeat(rates, lengths), minlength=len(self._capacity)
             )
             capacity = ack_capacity(self._capacity, self._reverse, self.ack_fraction, data)
-            rates = compiled_max_min_rates(self._links, capacity, caps)
+            rates = compiled_max_min_rates(self._links, capacity, caps, csr)
         return rates
 
     def _advance(self, dt: float) -> None:

@@ -16,7 +16,7 @@ from m4ray.config import SweepConfig
 from m4ray.runtime.fanout import run_many
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.scenario import Scenario
-from m4ray.sim.topology import write_topology
+from m4ray.sim.topology import Topology, write_topology
 from m4ray.sweeps import plots, report
 from m4ray.sweeps.grid import expand
 from m4ray.sweeps.runner import load_done, run_and_store, run_and_store_together, share_group
@@ -60,7 +60,7 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
     scenarios = expand(cfg.grid, template, cfg.backends, cfg.backend_options, cfg.seed)
     base = cfg.topology.build()
     # fail fast on a bad workload, before any task starts
-    files = write_topologies(cfg, run_dir)
+    files = write_topologies(cfg, base, run_dir)
     print(
         f"gray-failure sweep: {len(cfg.grid.n)} N x {len(cfg.grid.r)} R x {cfg.grid.seeds} "
         f"seed(s) x {len(cfg.backends)} backend(s) = {len(scenarios)} runs of "
@@ -117,10 +117,9 @@ def _suffix(target: str) -> str:
     return "" if target == "gpus" else f"_{target}"
 
 
-def write_topologies(cfg: SweepConfig, run_dir: Path) -> list[Path]:
-    """The degraded topologies of the grid in SimAI text format (this also checks every grid
-    point against the topology before any task starts)."""
-    base = cfg.topology.build()
+def write_topologies(cfg: SweepConfig, base: Topology, run_dir: Path) -> list[Path]:
+    """The degraded topologies of the grid (over ``base``, the built topology) in SimAI text
+    format (this also checks every grid point against the topology before any task starts)."""
     return [
         write_topology(
             GrayFailure(

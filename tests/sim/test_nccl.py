@@ -38,7 +38,6 @@ def test_the_shared_simai_runs_group_gives_its_flows(algo):
     assert len(pairs) == 32
     cross = [t for t in transfers if t.src // 8 != t.dst // 8]
     assert cross and all(t.src % 8 != t.dst % 8 for t in cross)  # every server hop cross-rail
-    assert all(Counter(t.src for t in cross).values())
     assert len({t.src for t in cross}) == 16  # each NIC sends in exactly one channel
 
 
