@@ -140,7 +140,7 @@ def _with_components(graphs: list[StepGraph], cfg: ModelConfig) -> StepGraph:
 def test_identical_components_are_stepped_once_with_the_same_answers(collide, monkeypatch):
     """A batch whose components repeat (a collective's steps; one ring in many scenarios):
     each distinct component is stepped once and its outputs shared, and the answers equal the
-    plain forward pass over every row. A component that differs from another in one bit of one
+    plain forward pass over every row (to float64's rounding). A component that differs from another in one bit of one
     link state is not shared; with every fingerprint colliding (forced), the word-by-word
     check still tells components apart."""
     from m4ray.sim.m4 import numpy_step
@@ -177,9 +177,12 @@ def test_identical_components_are_stepped_once_with_the_same_answers(collide, mo
         union.fluid,
     )
     got = [np.concatenate([getattr(o, name) for o in outs]) for name in ("h_flow", "h_link")]
-    np.testing.assert_array_equal(got[0], plain[0])
-    np.testing.assert_array_equal(got[1], plain[1])
-    np.testing.assert_array_equal(np.concatenate([o.slowdown for o in outs]), plain[2])
+    got.append(np.concatenate([o.slowdown for o in outs]))
+    # the pass over the distinct rows and the plain one multiply matrices of different shapes,
+    # so BLAS may round them differently (which kernel runs depends on the CPU and the shape):
+    # equal to float64's last bits, not to the bit
+    for ours, theirs in zip(got, plain[:3], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-14)
     assert not np.array_equal(outs[1].h_link[:3], outs[1].h_link[3:])  # a2 is not a
 
 

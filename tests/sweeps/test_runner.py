@@ -3,7 +3,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from m4ray.runtime.cluster import RayConfig
 from m4ray.runtime.fanout import groups, row_path, run_many
@@ -97,11 +99,14 @@ def test_m4_scenarios_run_in_groups_with_the_answers_they_get_alone(ray_local, t
     alone = [run_and_store(s, str(tmp_path / "alone")) for s in todo]
     assert all(r["status"] == "ok" for r in grouped + alone)
     assert [r["shared_by"] for r in grouped] == [3] * 6  # 6 scenarios, at most 3 per group
+    # a group's forward passes multiply larger matrices than a lone scenario's, and BLAS's
+    # rounding may depend on the shape (and the CPU): the promise is agreement far below the
+    # picosecond predicted times are rounded to, not bit equality (README)
     for scenario, g, a in zip(todo, grouped, alone, strict=True):
-        assert g["completion_time_s"] == a["completion_time_s"]  # bit for bit
+        assert g["completion_time_s"] == pytest.approx(a["completion_time_s"], rel=1e-9)
         ours = pq.read_table(flows_path(tmp_path / "grouped", scenario)).column("finish_s")
         theirs = pq.read_table(flows_path(tmp_path / "alone", scenario)).column("finish_s")
-        assert ours.equals(theirs)
+        np.testing.assert_allclose(ours.to_numpy(), theirs.to_numpy(), rtol=1e-9, atol=1e-12)
     # a re-run finds them all done; a lost row is redone within a group of one
     row_path(tmp_path / "grouped", todo[4]).unlink()
     again = run_many(
@@ -112,7 +117,7 @@ def test_m4_scenarios_run_in_groups_with_the_answers_they_get_alone(ray_local, t
         task_group=run_and_store_together,
         **kw,
     )
-    assert again[4]["completion_time_s"] == alone[4]["completion_time_s"]
+    assert again[4]["completion_time_s"] == pytest.approx(alone[4]["completion_time_s"], rel=1e-9)
     assert [r.get("shared_by") for r in again] == [3, 3, 3, 3, 1, 3]
 
 
