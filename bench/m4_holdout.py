@@ -8,7 +8,7 @@ open-loop traffic (its size distributions, loads and network ranges, read from
 ``conf/family/m4_fabric.yaml``), ``--scenarios`` seeds each. For every flow: |ŝ/s − 1| with s the
 ns-3 (RDMA) slowdown; mean / p90 / p99 per model and flowSim, and each model's mean and p90 as a
 fraction of flowSim's (issue 14's bars: <= 0.6 and <= 0.7). ``flowSim+window`` is flowSim with the
-scenario's RDMA window (:class:`~m4ray.sim.flowsim.Window`), the anchor of window-anchored m4
+scenario's RDMA window (:class:`~m4ray.models.fairshare.Window`), the anchor of window-anchored m4
 models: the row that says how much of a model's gain the window alone explains.
 """
 

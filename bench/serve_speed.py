@@ -80,8 +80,8 @@ def paper_sized_checkpoint() -> str:
 
     import torch
 
-    from m4ray.train.checkpoint import export
-    from m4ray.train.model import M4Model, ModelConfig
+    from m4ray.models.checkpoint import export
+    from m4ray.models.m4 import M4Model, ModelConfig
 
     torch.manual_seed(0)
     model = M4Model(ModelConfig(hidden=200, gnn_hidden=300, dropout=0.0))

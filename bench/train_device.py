@@ -48,9 +48,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from m4ray.train.config import ModelConfig  # noqa: E402
+from m4ray.models.config import ModelConfig  # noqa: E402
+from m4ray.models.m4 import M4Model  # noqa: E402
 from m4ray.train.loop import TrainConfig, batches, evaluate, training_loss  # noqa: E402
-from m4ray.train.model import M4Model, engine_schedule  # noqa: E402
+from m4ray.train.periods import engine_schedule, period_losses  # noqa: E402
 
 
 def export(args) -> None:
@@ -161,11 +162,11 @@ def infer(model, periods, device, batch: int) -> tuple[float, torch.Tensor]:
     moved = [p.to(device) for p in periods]
     preds = []
     with torch.no_grad():
-        model([moved[0]])
+        period_losses(model, [moved[0]])
         _sync(device)
         start = time.perf_counter()
         for chunk in _batches(moved, batch):
-            preds.append(model(chunk)["pred"].cpu())
+            preds.append(period_losses(model, chunk)["pred"].cpu())
         _sync(device)
     return len(periods) / (time.perf_counter() - start), torch.cat(preds)
 
@@ -213,7 +214,7 @@ def run(args) -> None:
             line += f"{rates[1] / rates[0]:>9.2f}"
         print(line)
     # the shipped weights (the checkpoint travels in the repo) on each device
-    from m4ray.train import checkpoint
+    from m4ray.models import checkpoint
 
     ckpt = REPO / "checkpoints" / info.get("name", "m4-v2")
     preds = {}
@@ -240,7 +241,7 @@ def _train_config(args, model: ModelConfig, **settings) -> TrainConfig:
 
 def _step(model, opt, chunk, cfg: TrainConfig) -> None:
     """One optimiser step on a batch, with the training job's loss."""
-    loss = training_loss(model(chunk, every=cfg.reads_every), cfg)
+    loss = training_loss(period_losses(model, chunk, every=cfg.reads_every), cfg)
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -291,8 +292,8 @@ def train(args) -> None:
     """Train m4 on one device for ``--minutes`` (the train_m4_v2 loss, Adam, the training job's
     plateau schedule), keep the epoch with the lowest validation every-update L1, score it on
     the export's test periods (m4, its anchor, flowSim) and write a checkpoint to ``--out``."""
+    from m4ray.models import checkpoint
     from m4ray.runtime.provenance import git_commit
-    from m4ray.train import checkpoint
     from m4ray.train.job import error_table, model_card
     from m4ray.train.loop import flow_errors
 

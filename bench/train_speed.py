@@ -51,8 +51,9 @@ def train(dataset: str, workers: int, hidden: int, out: Path) -> dict[str, float
 def inference(export: str, dataset: str) -> tuple[float, float, int]:
     import torch
 
-    from m4ray.train import checkpoint
+    from m4ray.models import checkpoint
     from m4ray.train.data import DataConfig, load_splits
+    from m4ray.train.periods import period_losses
 
     torch.set_num_threads(1)
     model, _ = checkpoint.load(export)
@@ -61,7 +62,7 @@ def inference(export: str, dataset: str) -> tuple[float, float, int]:
     start = time.perf_counter()
     with torch.no_grad():
         for s in samples:
-            model([s.period])
+            period_losses(model, [s.period])
     wall = time.perf_counter() - start
     return wall / (2 * flows), wall / flows, flows
 

@@ -1,10 +1,10 @@
 """Typed config schemas, registered in Hydra's ConfigStore in one place.
 
-The YAML tree lives in the repository's top-level ``conf/``. Each schema sits next to the code that
-consumes it (``GridConfig`` in ``sim/failures.py``, ``RayConfig`` in ``runtime/cluster.py`` …);
-this module only assembles them into the primary schemas and imports nothing above ``m4ray.sim``
-and ``m4ray.runtime``. Component nodes typed ``Any`` carry a
-``_target_`` and are instantiated by the entry points.
+The YAML tree lives in the repository's top-level ``conf/``. Component schemas sit next to the
+code that consumes them (``RayConfig`` in ``runtime/cluster.py``, ``FlowSimConfig`` in
+``sim/flowsim.py`` …); this module holds the sweep's own (``GridConfig``: the grid the entry layer
+expands), assembles the primary schemas and imports nothing but ``m4ray.runtime``. Component
+nodes typed ``Any`` carry a ``_target_`` and are instantiated by the entry points.
 """
 
 from __future__ import annotations
@@ -17,9 +17,22 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from m4ray.runtime.cluster import RayConfig
-from m4ray.sim.failures import GridConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+@dataclass(kw_only=True, slots=True)
+class GridConfig:
+    """N degraded GPUs (or switch uplinks: ``target``) × reduction factors R × replicate seeds;
+    every failure of the grid has the same packet-loss rate on its degraded links and the same
+    onset time (0 = from the start)."""
+
+    n: list[int] = field(default_factory=lambda: list(range(2, 17)))
+    r: list[int] = field(default_factory=lambda: list(range(4, 11)))
+    seeds: int = 1
+    loss_rate: float = 0.0
+    onset_s: float = 0.0
+    target: str = "gpus"
 
 
 @dataclass(kw_only=True, slots=True)

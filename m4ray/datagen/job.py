@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import sys
 import time
 import traceback
@@ -33,7 +32,8 @@ from m4ray.datagen.families import DatagenScenario
 from m4ray.datagen.schema import SCENARIOS, SCHEMA_VERSION, render
 from m4ray.errors import InputError, M4rayError
 from m4ray.runtime.fanout import crash_reason, read_row, run_many, store_row
-from m4ray.sim.textio import atomic_write_text
+from m4ray.runtime.rundir import write_manifest
+from m4ray.textio import atomic_write_text
 
 DATAGEN_TAG = 0x6D34_6461  # "m4da": keeps datagen seed streams apart from evaluation seeds
 
@@ -246,34 +246,22 @@ def finish(
     dataset_version = digest.hexdigest()[:16]
     atomic_write_text(dataset / "VERSION", dataset_version + "\n")
     files = kind.write_plots(run_dir, frame)
-    manifest = {
+    extra = {
         "dataset_version": dataset_version,
         "schema_version": SCHEMA_VERSION,
         "ns3_version": version("ns3"),
         "m4ray_version": version("m4ray"),
-        "config": raw_config,
-        "scenarios": [
-            {
-                key: (None if isinstance(v, float) and math.isnan(v) else v)
-                for key, v in row.items()
-                if key
-                in (
-                    "scenario_id",
-                    "family",
-                    "index",
-                    "seed",
-                    "status",
-                    "error",
-                    "wall_s",
-                    "n_flows",
-                    "n_periods",
-                )
-            }
-            for row in frame.to_dict("records")
-        ],
-        "files": [str(p.relative_to(run_dir)) for p in files],
     }
-    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))
+    columns = ("scenario_id", "family", "index", "seed", "status", "error", "wall_s", "n_flows")
+    write_manifest(
+        run_dir,
+        raw_config,
+        files,
+        frame=frame,
+        run_columns=(*columns, "n_periods"),
+        runs_key="scenarios",
+        extra=extra,
+    )
     return files
 
 

@@ -83,7 +83,7 @@ class _Components:
 
 
 def ack_coupled(flow_links: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """Each flow's links and their reverses (:func:`~m4ray.sim.flowsim.reverse_links`: where
+    """Each flow's links and their reverses (:func:`~m4ray.models.fairshare.reverse_links`: where
     its per-packet ACKs travel), as :func:`busy_periods`' keys: a period then also joins flows
     whose data share a cable with another's ACKs."""
     return [(*links, *(link ^ 1 for link in links)) for links in flow_links]

@@ -18,8 +18,9 @@ from m4ray.datagen.periods import busy_periods
 from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import SimulationError
+from m4ray.models.fairshare import network_ack_fraction
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import FlowSimConfig, network_ack_fraction
+from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
@@ -82,7 +83,7 @@ def tables(
 ) -> dict:
     """Assemble the tables from the delivered flows and the C++ recording; with
     ``ack_coupled``, busy periods join flows that share a link or use each other's reverse
-    links (where one's ACKs travel: :func:`~m4ray.sim.flowsim.reverse_links`), so a period
+    links (where one's ACKs travel: :func:`~m4ray.models.fairshare.reverse_links`), so a period
     holds every flow whose data or ACKs load its links, as the m4 engine's anchor sees them."""
     done = sorted(done, key=lambda item: item[0].id)
     ids = np.array([f.id for f, _ in done], dtype=np.int64)

@@ -96,7 +96,7 @@ SCENARIOS = _schema(
     (
         "params13",
         pa.list_(pa.float32()),
-        "network/CC vector: m4's params13 (reference/m4.md §3.1); m3 lots: m4ray.m3.features."
+        "network/CC vector: m4's params13 (reference/m4.md §3.1); m3 lots: models.m3_features."
         "CONFIG_FIELDS",
     ),
     ("params", pa.string(), "every sampled parameter as JSON"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from m4ray.errors import InputError
-from m4ray.m3.features import N_BUCKETS_OUT, N_PCT, OUT_EDGES
+from m4ray.models.m3_features import N_BUCKETS_OUT, N_PCT, OUT_EDGES
 
 BUCKET_NAMES = ("<1KB", "1-10KB", "10-50KB", ">=50KB")
 assert len(BUCKET_NAMES) == len(OUT_EDGES) + 1

@@ -28,9 +28,9 @@ from m4ray.datagen.families import _integer, _log_uniform, _range, _size, _unifo
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
-from m4ray.m3.features import HOPS, NetConfig, targets, tokens
 from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, ideal_and_delay
 from m4ray.m3.paths import PathScenario
+from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.ns3.transports import RdmaConfig

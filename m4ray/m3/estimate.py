@@ -16,7 +16,6 @@ Units: bytes, bits/s, seconds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +28,12 @@ from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
 from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, empirical
-from m4ray.m3.features import HOPS, NetConfig, targets, tokens
 from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct
 from m4ray.m3.paths import RoutedFlows
+from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
+from m4ray.runtime.rundir import write_manifest
 from m4ray.sim.flows import Flow, read_flows
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.sim.textio import atomic_write_text
 
 COMPARE = ("ns3", "flowsim")
 QUANTILES = (0.5, 0.9, 0.99)
@@ -136,7 +135,7 @@ class M3Config:
 def load_model(directory: str, cc: str):
     """The m3 checkpoint, refusing a CC it was not trained on."""
     from m4ray.m3.train import M3
-    from m4ray.train import checkpoint
+    from m4ray.models import checkpoint
 
     model, info = checkpoint.load(directory, kind=M3)
     supported = info.get("supported_cc", [])
@@ -289,18 +288,16 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         f"{len(topo.hosts)} hosts, {len(flows)} flows",
         run_dir / "plots" / f"slowdown_cdf-{tag}.png",
     )
-    manifest = {
+    extra = {
         "estimate": out.name,
-        "plot": str(plot.relative_to(run_dir)),
         "checkpoint": cfg.checkpoint,
         "checkpoint_dataset": info.get("dataset_version"),
         "hosts": len(topo.hosts),
         "flows": len(flows),
         "paths_sampled": cfg.n_paths,
         "unique_paths": len(routed.sample(cfg.n_paths, sweep.seed)),
-        "config": raw_config,
     }
-    atomic_write_text(run_dir / f"manifest-{tag}.json", json.dumps(manifest, indent=1, default=str))
+    write_manifest(run_dir, raw_config, [out, plot], extra=extra, name=f"manifest-{tag}.json")
     print()
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if "ns3" in walls:

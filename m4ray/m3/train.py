@@ -6,7 +6,7 @@ One sample = one lot: its flowSim tokens, and its ns-3 foreground percentiles pe
 Lots are split by scenario (seeded). Loss: m3's masked relative L1; AdamW (β 0.9/0.95, weight decay
 on the transformer's matrices only), no schedule, as m3. The m4 training pieces are reused: the
 Train fit and resume (:func:`m4ray.train.job.fit`), the per-epoch MLflow logger and checkpoint
-report (:mod:`m4ray.train.loop`), the checkpoint directory format (:mod:`m4ray.train.checkpoint`).
+report (:mod:`m4ray.train.loop`), the checkpoint directory format (:mod:`m4ray.models.checkpoint`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
-from m4ray.m3.features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
-from m4ray.m3.model import M3Model, M3ModelConfig, loss_fn
-from m4ray.train import checkpoint
-from m4ray.train.checkpoint import Kind
+from m4ray.models import checkpoint
+from m4ray.models.checkpoint import Kind
+from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn
+from m4ray.models.m3_features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
 
-M3 = Kind(format="m4ray-m3-v1", module="m4ray.m3.model", model="M3Model", config="M3ModelConfig")
+M3 = Kind(format="m4ray-m3-v1", module="m4ray.models.m3", model="M3Model", config="M3ModelConfig")
 PCTS = (50, 90, 99)
 
 
@@ -325,7 +325,7 @@ def model_card(meta: dict[str, Any], table: dict, cfg: M3TrainConfig) -> str:
 m3 (SIGCOMM'24): a causal transformer (dim {m.dim}, {m.layers} layers, {m.heads} heads, SwiGLU
 {m.ffn}) over a path's link tokens and an MLP ({m.mlp}) that corrects path flowSim's foreground
 slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Load with
-`m4ray.train.checkpoint.load(<dir>, kind=m4ray.m3.train.M3)`.
+`m4ray.models.checkpoint.load(<dir>, kind=m4ray.m3.train.M3)`.
 
 - dataset version: `{meta["dataset_version"]}` (datagen_m3 parking lots), train/val/test lots:
   {lots["train"]}/{lots["val"]}/{lots["test"]} (split by lot)

@@ -25,8 +25,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from m4ray.runtime.cluster import RayConfig, start_ray
-from m4ray.sim.scenario import failed_row
-from m4ray.sim.textio import atomic_write_text
+from m4ray.textio import atomic_write_text
 
 Row = dict[str, Any]
 
@@ -210,7 +209,11 @@ def crash_reason(err: BaseException) -> str:
 
 
 def crashed_row(record: Any, err: BaseException) -> Row:
-    return failed_row(record.describe(), crash_reason(err), float("nan"))
+    """The default failed row of a record whose task crashed: what it describes, failed, with
+    the reason (a job whose rows carry result columns passes its own ``crashed``)."""
+    row = record.describe()
+    row.update(status="failed", error=crash_reason(err), wall_s=float("nan"))
+    return row
 
 
 __all__ = [

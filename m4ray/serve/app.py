@@ -2,7 +2,7 @@
 
 Two deployments:
 
-* :class:`M4Model` — the checkpoint's weights and :func:`m4ray.sim.m4.step.step`; ``@serve.batch``
+* :class:`M4Model` — the checkpoint's weights and :func:`m4ray.models.step.step`; ``@serve.batch``
   gathers the step requests of many concurrent simulations and runs them as one forward pass over
   the disjoint union of their graphs, split into passes of at most ``max_batch_flows`` flows (the
   batch size that matters is flows, not requests). Serve's own ``batch_size_fn`` could count
@@ -42,10 +42,10 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from m4ray.errors import InputError
+from m4ray.models.step import StepGraph, StepOut, chunks, step
 from m4ray.runtime.memory import rss_mb
 from m4ray.sim.m4.backend import engine_for, load_model
 from m4ray.sim.m4.engine import Arrival, M4Engine
-from m4ray.sim.m4.step import StepGraph, StepOut, chunks, step
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import parse_topology
@@ -364,7 +364,7 @@ class M4Sessions:
     """HTTP session API over an :class:`M4Model` deployment handle."""
 
     def __init__(self, model, args: AppArgs) -> None:
-        from m4ray.train.model import ModelConfig
+        from m4ray.models.m4 import ModelConfig
 
         _configure(args)
         self.model = model
@@ -375,7 +375,7 @@ class M4Sessions:
 
     async def _cfg(self):
         if self._model_cfg is None:
-            from m4ray.train.model import ModelConfig
+            from m4ray.models.m4 import ModelConfig
 
             info = await self.model.config.remote()
             self._model_cfg = ModelConfig(**info["model"])

@@ -225,8 +225,8 @@ class M4ServedConfig:
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
         if self.via == "handle":
+            from m4ray.models.m4 import ModelConfig
             from m4ray.sim.m4.backend import engine_for
-            from m4ray.train.model import ModelConfig
 
             stepper = HandleStepper(self.app_name, timeout_s=self.timeout_s)
             model_cfg = ModelConfig(**stepper.config["model"])

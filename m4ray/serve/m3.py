@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from m4ray.errors import InputError
-from m4ray.m3.features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
+from m4ray.models.m3_features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
 
 
 class PathFeatures(BaseModel):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from m4ray.errors import InputError
 from m4ray.sim.topology import Cable, Topology
@@ -187,17 +187,3 @@ class GrayFailure:
         after = self.degraded(topo).bandwidth_bps
         before = topo.bandwidth_bps
         return [(int(link), float(after[link])) for link in (after != before).nonzero()[0]]
-
-
-@dataclass(kw_only=True, slots=True)
-class GridConfig:
-    """N degraded GPUs (or switch uplinks: ``target``) × reduction factors R × replicate seeds;
-    every failure of the grid has the same packet-loss rate on its degraded links and the same
-    onset time (0 = from the start)."""
-
-    n: list[int] = field(default_factory=lambda: list(range(2, 17)))
-    r: list[int] = field(default_factory=lambda: list(range(4, 11)))
-    seeds: int = 1
-    loss_rate: float = 0.0
-    onset_s: float = 0.0
-    target: str = "gpus"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m4ray.errors import InputError
-from m4ray.sim.textio import read_rows
+from m4ray.textio import read_rows
 
 
 @dataclass(frozen=True, slots=True)

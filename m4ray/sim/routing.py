@@ -31,22 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from m4ray.errors import InputError
+from m4ray.models.wire import WireFormat
 from m4ray.sim.topology import Topology
 
 _MASK = (1 << 64) - 1
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WireFormat:
-    """Packetisation for ideal FCTs and fluid models: payload and header bytes per packet."""
-
-    mtu_bytes: int = 1000
-    header_bytes: int = 48
-
-    def wire_bytes(self, size_bytes):
-        """Payload plus one header per packet; exact integer ceiling, so it also takes an
-        integer numpy array."""
-        return size_bytes + -(-size_bytes // self.mtu_bytes) * self.header_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,8 @@ from pathlib import Path
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import added_field
-from m4ray.sim.textio import parse_int, read_rows
 from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Workload
+from m4ray.textio import parse_int, read_rows
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 POLICIES = (

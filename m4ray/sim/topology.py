@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from m4ray.errors import InputError
-from m4ray.sim.textio import atomic_write_text, parse_int, read_rows, split_rows
 from m4ray.sim.units import format_rate_gbps, format_time_ms, parse_rate, parse_time
+from m4ray.textio import atomic_write_text, parse_int, read_rows, split_rows
 
 GPU_TYPES = ("A100", "A800", "H100", "H800")
 

@@ -14,12 +14,19 @@ from typing import Any
 
 from m4ray.config import SweepConfig
 from m4ray.runtime.fanout import run_many
+from m4ray.runtime.rundir import write_manifest, write_results
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.scenario import Scenario
 from m4ray.sim.topology import Topology, write_topology
 from m4ray.sweeps import plots, report
 from m4ray.sweeps.grid import expand
-from m4ray.sweeps.runner import load_done, run_and_store, run_and_store_together, share_group
+from m4ray.sweeps.runner import (
+    crashed_scenario,
+    load_done,
+    run_and_store,
+    run_and_store_together,
+    share_group,
+)
 
 
 def describe_workload(spec: Any, n_hosts: int, algorithm: Any = None) -> str:
@@ -75,13 +82,14 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
         load=load_done,
         group=share_group,
         task_group=run_and_store_together,
+        crashed=crashed_scenario,
     )
     frame = report.results_frame(rows)
-    files.append(report.write_results(frame, run_dir))
+    files.append(write_results(frame, run_dir))
     reference = cfg.reference_backend
     errors = report.errors_vs(frame, reference) if reference in cfg.backends else None
     files += write_plots(frame, errors, reference, run_dir / "plots")
-    report.write_manifest(run_dir, raw_config, frame, files)
+    write_manifest(run_dir, raw_config, files, frame=frame)
     print()
     print(report.summary_text(frame))
     for backend in cfg.backends:

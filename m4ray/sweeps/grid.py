@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from m4ray.config import GridConfig
 from m4ray.errors import InputError, choice_error
-from m4ray.sim.failures import GrayFailure, GridConfig
+from m4ray.sim.failures import GrayFailure
 from m4ray.sim.scenario import Scenario
 
 

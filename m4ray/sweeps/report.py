@@ -6,18 +6,10 @@ resolved config, versions, git commit and per-run status; its presence marks a c
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from m4ray.runtime.cluster import cluster_nodes
-from m4ray.runtime.provenance import git_commit, versions
-from m4ray.sim.textio import atomic_write_text
 
 RESULT_COLUMNS = (
     "scenario_id",
@@ -44,32 +36,6 @@ RESULT_COLUMNS = (
 def results_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     return frame[[c for c in RESULT_COLUMNS if c in frame.columns]]
-
-
-def write_results(frame: pd.DataFrame, run_dir: Path) -> Path:
-    path = run_dir / "results.parquet"
-    tmp = path.with_name(".results.parquet.tmp")
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp)
-    tmp.replace(path)
-    return path
-
-
-def write_manifest(
-    run_dir: Path, config: dict[str, Any], frame: pd.DataFrame, files: list[Path]
-) -> Path:
-    found = versions()
-    manifest = {
-        "config": config,
-        "git_commit": git_commit(),
-        "python": found.pop("python"),
-        "versions": found,
-        "runs": frame[["run_id", "scenario_id", "backend", "status", "wall_s"]].to_dict("records"),
-        "counts": frame["status"].value_counts().to_dict(),
-        "ray_nodes": cluster_nodes(),  # as Ray knows them at the end (dead nodes may be gone)
-        "runs_per_node": frame["node_id"].value_counts().to_dict() if "node_id" in frame else {},
-        "files": [str(p.relative_to(run_dir)) for p in files],
-    }
-    return atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

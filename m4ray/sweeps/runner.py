@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from m4ray.runtime.fanout import read_row, row_path, store_row
-from m4ray.sim.scenario import Scenario, simulate
+from m4ray.runtime.fanout import crash_reason, read_row, row_path, store_row
+from m4ray.sim.scenario import Scenario, failed_row, simulate
 
 
 def flows_path(run_dir: Path, scenario: Scenario) -> Path:
@@ -75,7 +75,13 @@ def run_and_store_together(scenarios: list[Scenario], run_dir: str) -> list[dict
     return rows
 
 
+def crashed_scenario(scenario: Scenario, err: BaseException) -> dict[str, Any]:
+    """The failed row of a scenario whose worker died (NaN results, the reason)."""
+    return failed_row(scenario.describe(), crash_reason(err), float("nan"))
+
+
 __all__ = [
+    "crashed_scenario",
     "flows_path",
     "load_done",
     "row_path",

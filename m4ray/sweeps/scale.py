@@ -13,7 +13,6 @@ Writes ``results.parquet``, ``runs/<run_id>.json`` (resumable), ``plots/scale_wa
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import pandas as pd
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
-from m4ray.sim.textio import atomic_write_text
+from m4ray.runtime.rundir import write_manifest, write_results
 
 DEFAULT_RUNGS = [
     {"template": "spectrum_x", "gpus": 32},
@@ -310,15 +309,8 @@ def run(cfg, raw_config: dict[str, Any]) -> Path:
     rows = run_many(todo, run_dir, cfg.ray, progress=cfg.progress, task=run_rung, load=read_ok_row,
                     crashed=_crashed)  # fmt: skip
     frame = pd.DataFrame(rows)
-    frame.to_parquet(run_dir / "results.parquet", index=False)
-    files = [plot(frame, run_dir / "plots" / "scale_wall.png")]
-    manifest = {
-        "config": raw_config,
-        "rows": len(frame),
-        "failed": int((frame.status != "ok").sum()),
-        "files": ["results.parquet", *(str(p.relative_to(run_dir)) for p in files)],
-    }
-    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))
+    files = [write_results(frame, run_dir), plot(frame, run_dir / "plots" / "scale_wall.png")]
+    write_manifest(run_dir, raw_config, files, frame=frame)
     print()
     print(summary_text(frame))
     for _, row in frame[frame.status != "ok"].iterrows():

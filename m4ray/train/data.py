@@ -20,10 +20,9 @@ import pyarrow.parquet as pq
 import torch
 
 from m4ray.errors import InputError
-from m4ray.sim.flowsim import Window, ack_fraction
-from m4ray.sim.ns3.transports import RdmaConfig
-from m4ray.sim.routing import WireFormat
-from m4ray.train.model import PeriodSample
+from m4ray.models.fairshare import ACK_BYTES, Window, ack_fraction
+from m4ray.models.wire import WireFormat
+from m4ray.train.periods import PeriodSample
 
 SIZE_BINS = (2, 4, 6, 8, 10, 15, 20, 30, 40, 50, 75, 100)
 TABLES = ("flows", "events", "remaining", "queues", "periods", "links")
@@ -229,12 +228,12 @@ def _wire(params_json: str) -> WireFormat:
 
 
 def _ack_fraction(params_json: str, wire: WireFormat) -> float:
-    """The scenario's :func:`~m4ray.sim.flowsim.ack_fraction`: RDMA's ACK per packet (datasets
-    before ``ack_bytes`` was recorded: the default ACK); 0 for TCP."""
+    """The scenario's :func:`~m4ray.models.fairshare.ack_fraction`: RDMA's ACK per packet
+    (datasets before ``ack_bytes`` was recorded: the default ACK); 0 for TCP."""
     params = json.loads(params_json)
     if params.get("transport", "rdma") != "rdma":
         return 0.0
-    return ack_fraction(int(params.get("ack_bytes", RdmaConfig().ack_bytes)), wire)
+    return ack_fraction(int(params.get("ack_bytes", ACK_BYTES)), wire)
 
 
 def _window(params_json: str, links: pd.DataFrame, wire: WireFormat):

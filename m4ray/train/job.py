@@ -22,12 +22,12 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
+from m4ray.models import checkpoint
+from m4ray.models.m4 import M4Model
 from m4ray.runtime.cluster import start_ray
 from m4ray.runtime.provenance import git_commit
-from m4ray.train import checkpoint
 from m4ray.train.data import dataset_version, load_splits
 from m4ray.train.loop import TrainConfig, flow_errors, train_loop
-from m4ray.train.model import M4Model
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -245,7 +245,7 @@ def model_card(meta: dict[str, Any], table: dict[str, dict[str, float]], cfg: Tr
     )
     anchor = (
         "; fluid anchor on: slowdown = flowSim's projection at the flow's last update x "
-        "(1 + learned correction) (`m4ray/sim/m4/fluid.py`)"
+        "(1 + learned correction) (`m4ray/models/fluid.py`)"
         if m.fluid
         else ""
     )
@@ -254,7 +254,7 @@ def model_card(meta: dict[str, Any], table: dict[str, dict[str, float]], cfg: Tr
 
 m4 (arXiv 2503.01770): GRU time/rate cells over flow and link states, {m.gnn_layers} GraphSAGE
 layers ({m.hidden}→{m.gnn_hidden}→…→{m.hidden}) over the flow–link graph, an MLP head predicting FCT
-slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.train.checkpoint.load(<dir>)`.
+slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.models.checkpoint.load(<dir>)`.
 
 - dataset version: `{meta["dataset_version"]}` (datagen), train/val/test periods:
   {meta["train_periods"]}/{meta["val_periods"]}/{meta["test_periods"]} (split by scenario)

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from m4ray.errors import InputError
+from m4ray.models.m4 import M4Model, ModelConfig
 from m4ray.train.data import DataConfig, Sample, load_splits
-from m4ray.train.model import M4Model, ModelConfig
+from m4ray.train.periods import PeriodLoss, period_losses
 
 # loss -> (forward's key, the validation metric it is scored by)
 LOSSES = {
@@ -101,8 +102,8 @@ class TrainConfig:
 
 
 def training_loss(out: dict[str, torch.Tensor], cfg: TrainConfig) -> torch.Tensor:
-    """The loss a batch's forward output (``M4Model(..., every=cfg.reads_every)``) trains on:
-    the main loss, the auxiliary ones and the L1 on the fluid correction."""
+    """The loss a batch's losses (``period_losses(model, ..., every=cfg.reads_every)``) train
+    on: the main loss, the auxiliary ones and the L1 on the fluid correction."""
     loss = out[LOSSES[cfg.loss][0]] + cfg.weight_remain * out["remain"]
     loss = loss + cfg.weight_queue * out["queue"]
     if cfg.correction_l1 > 0:
@@ -147,7 +148,7 @@ def evaluate(model: M4Model, samples: list[Sample], device, batch_size: int = 8)
     sums = [0.0] * 7
     with torch.no_grad():
         for batch in batches(samples, batch_size):
-            out = model([s.period.to(device) for s in batch], every=True)
+            out = period_losses(model, [s.period.to(device) for s in batch], every=True)
             n_flows = sum(s.n_flows for s in batch)
             sums[0] += float(out["main_each"].sum())
             sums[1] += float(out["remain_each"].sum())
@@ -177,7 +178,8 @@ def flow_errors(
         for batch in batches(samples, batch_size):
             true = torch.cat([s.period.slowdown for s in batch])
             for name, m in models.items():
-                pred = m([s.period.to(device) for s in batch])["pred"].cpu().clamp(min=1.0)
+                periods = [s.period.to(device) for s in batch]
+                pred = period_losses(m, periods)["pred"].cpu().clamp(min=1.0)
                 errors[name].append((pred / true - 1).abs().numpy())
             flowsim = torch.cat([s.flowsim_slowdown for s in batch])
             errors["flowsim"].append((flowsim / true - 1).abs().numpy())
@@ -198,7 +200,7 @@ def train_loop(config: dict[str, Any]) -> None:
     splits = load_splits(cfg.data)
     model = M4Model(cfg.model)
     ddp = ray.train.torch.prepare_model(
-        model, parallel_strategy_kwargs={"find_unused_parameters": True}
+        PeriodLoss(model), parallel_strategy_kwargs={"find_unused_parameters": True}
     )
     optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

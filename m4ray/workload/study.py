@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from m4ray.errors import InputError
-from m4ray.sim.textio import atomic_write_text
+from m4ray.runtime.rundir import write_manifest, write_results
 from m4ray.workload.spec import GpuSpec, JobSpec, ModelSpec, ParallelSpec
 
 
@@ -309,15 +309,8 @@ def run(cfg, raw_config: dict[str, Any]) -> Path:
     rows = run_many(todo, run_dir, cfg.ray, progress=cfg.progress, task=run_point, load=read_ok_row,
                     crashed=_crashed)  # fmt: skip
     frame = pd.DataFrame(rows)
-    frame.to_parquet(run_dir / "results.parquet", index=False)
-    files = plot(frame, run_dir)
-    manifest = {
-        "config": raw_config,
-        "rows": len(frame),
-        "failed": int((frame.status != "ok").sum()),
-        "files": ["results.parquet", *(str(p.relative_to(run_dir)) for p in files)],
-    }
-    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=1, default=str))
+    files = [write_results(frame, run_dir), *plot(frame, run_dir)]
+    write_manifest(run_dir, raw_config, files, frame=frame)
     print()
     print(summary_text(frame, study))
     for _, row in frame[frame.status != "ok"].head(5).iterrows():

@@ -7,7 +7,7 @@ import pytest
 
 from m4ray.errors import InputError
 from m4ray.m3.aggregate import aggregate, empirical
-from m4ray.m3.features import (
+from m4ray.models.m3_features import (
     CONFIG_FIELDS,
     IN_EDGES,
     N_BUCKETS_IN,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from m4ray.m3.features import N_BUCKETS_IN, TOKEN_DIM
-from m4ray.m3.model import M3Model, M3ModelConfig, loss_fn
+from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn
+from m4ray.models.m3_features import N_BUCKETS_IN, TOKEN_DIM
 
 TINY = M3ModelConfig(dim=32, layers=2, heads=2, ffn=64, mlp=64)
 

@@ -14,9 +14,9 @@ import torch
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.m3.datagen import LotScenario, LotTraffic
 from m4ray.m3.train import M3, load_lots, predict
+from m4ray.models import checkpoint
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.ns3.transports import RdmaConfig
-from m4ray.train import checkpoint
 from tests.conftest import PYTHON, REPO
 
 TINY_MODEL = [

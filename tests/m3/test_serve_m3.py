@@ -12,14 +12,14 @@ import torch
 
 from m4ray.m3.aggregate import aggregate
 from m4ray.m3.estimate import path_features
-from m4ray.m3.features import NetConfig
-from m4ray.m3.model import M3Model, M3ModelConfig
 from m4ray.m3.paths import RoutedFlows
 from m4ray.m3.train import M3
+from m4ray.models import checkpoint
+from m4ray.models.m3 import M3Model, M3ModelConfig
+from m4ray.models.m3_features import NetConfig
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import fat_tree
-from m4ray.train import checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from m4ray.models.fairshare import Window, ack_capacity, max_min_rates, reverse_links
 from m4ray.sim.backend import NetworkBackend
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import (
-    FlowSim,
-    FlowSimConfig,
-    Window,
-    ack_capacity,
-    max_min_rates,
-    reverse_links,
-)
+from m4ray.sim.flowsim import FlowSim, FlowSimConfig
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import fat_tree
 from m4ray.sim.trace import run_trace
@@ -266,7 +260,7 @@ def test_ack_load_takes_a_fraction_of_the_reverse_link():
 def test_compiled_max_min_equals_the_numpy_reference():
     """``_maxmin.c`` (flowSim's share at every event) against :func:`max_min_rates`, with and
     without per-flow caps, on random flows over a degraded fat-tree."""
-    from m4ray.sim.flowsim import _compiled, compiled_max_min_rates
+    from m4ray.models.fairshare import _compiled, compiled_max_min_rates
 
     if _compiled() is None:
         pytest.skip("no C compiler: flowSim uses the numpy loop")

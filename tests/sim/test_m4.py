@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from m4ray.errors import InputError
+from m4ray.models.step import step
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import Arrival, LocalStepper, M4Config, M4Engine, StepGraph, load_model
 from m4ray.sim.m4.backend import checkpoint_dir
-from m4ray.sim.m4.step import step
 from m4ray.sim.ns3.backend import Ns3Config, params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import RailClusterSpec
 from m4ray.sim.trace import run_trace
-from m4ray.train.model import PeriodSample, forward_period
+from m4ray.train.periods import PeriodSample, forward_period
 
 TCP = Ns3Config(transport="tcp")
 
@@ -263,7 +263,7 @@ def test_unknown_checkpoint_names_the_shipped_ones():
 
 
 def test_engine_initial_flow_states_are_the_models(model):
-    from m4ray.train.model import initial_flow_state
+    from m4ray.models.m4 import initial_flow_state
 
     engine = M4Engine(np.full(8, 100e9), model.cfg, [0.0] * model.cfg.n_params)
     sizes, paths = [1, 999, 4096, 10**9, 2**40], [[0], [1, 2], [3, 4, 5], [6], [7, 0]]

@@ -8,15 +8,17 @@ import numpy as np
 import pytest
 import torch
 
+from m4ray.models.fairshare import Window, max_min_rates
+from m4ray.models.fluid import Fluid
+from m4ray.models.m4 import M4Model, ModelConfig
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import FlowSimConfig, Window, max_min_rates
+from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.m4 import LocalStepper, M4Engine
 from m4ray.sim.m4.backend import M4Backend
-from m4ray.sim.m4.fluid import Fluid
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import RailClusterSpec
 from m4ray.sim.trace import run_trace
-from m4ray.train.model import M4Model, ModelConfig, forward_period
+from m4ray.train.periods import forward_period
 
 from .test_m4 import _chain_period, _replay_online, _single_component_periods
 
@@ -239,9 +241,9 @@ def test_a_fluid_model_needs_ideal_fcts():
 
 
 def test_the_backend_warns_when_the_network_is_not_the_one_the_checkpoint_learned(tmp_path):
+    from m4ray.models.checkpoint import export
     from m4ray.sim.m4 import M4Config
     from m4ray.sim.ns3.backend import Ns3Config
-    from m4ray.train.checkpoint import export
 
     export(_fluid_model(correction=False), tmp_path / "ckpt", {"transport": "rdma"}, "# card\n")
     topo = RailClusterSpec().build()
@@ -264,7 +266,7 @@ def test_the_backend_warns_when_the_network_is_not_the_one_the_checkpoint_learne
 def test_the_every_update_loss_scores_what_the_engine_reads_at_each_update():
     """``every_flows``: per flow, the mean relative error of the slowdowns read at each update
     it takes part in — the predictions the online engine schedules completions by."""
-    from m4ray.train.model import collate, forward_batch
+    from m4ray.train.periods import collate, forward_batch
 
     model = _fluid_model(correction=True)
     with torch.no_grad():

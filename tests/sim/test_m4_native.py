@@ -1,4 +1,4 @@
-"""The m4 engine's compiled core (``m4ray/sim/m4/_core.c``) against the Python reference: the
+"""The m4 engine's compiled core (``m4ray/models/_core.c``) against the Python reference: the
 fluid anchor's rows and the whole engine, flow for flow, bit for bit."""
 
 from __future__ import annotations
@@ -8,17 +8,18 @@ import pytest
 import torch
 
 from m4ray.errors import InputError
+from m4ray.models import core
+from m4ray.models.fairshare import Window
+from m4ray.models.fluid import Fluid
+from m4ray.models.m4 import M4Model, ModelConfig
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import Window
-from m4ray.sim.m4 import LocalStepper, M4Engine, core
+from m4ray.sim.m4 import LocalStepper, M4Engine
 from m4ray.sim.m4.backend import M4Backend
 from m4ray.sim.m4.engine import NativeM4Engine
-from m4ray.sim.m4.fluid import Fluid
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import FatTreeSpec, RailClusterSpec
 from m4ray.sim.trace import run_trace
-from m4ray.train.model import M4Model, ModelConfig
 
 from .test_m4_fluid import _Direct
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from m4ray.errors import InputError
+from m4ray.models import m4 as torch_model
+from m4ray.models.checkpoint import export
+from m4ray.models.graph import StepGraph
+from m4ray.models.m4 import M4Model, ModelConfig
+from m4ray.models.numpy_step import NumpyModel, initial_link_state, load_numpy_model
+from m4ray.models.step import step
 from m4ray.sim.m4.backend import checkpoint_dir, load_model
-from m4ray.sim.m4.graph import StepGraph
-from m4ray.sim.m4.numpy_step import NumpyModel, initial_link_state, load_numpy_model
-from m4ray.sim.m4.step import step
-from m4ray.train import model as torch_model
-from m4ray.train.checkpoint import export
-from m4ray.train.model import M4Model, ModelConfig
 
 
 def _graphs(cfg: ModelConfig, rng, sizes) -> list[StepGraph]:
@@ -140,10 +140,10 @@ def _with_components(graphs: list[StepGraph], cfg: ModelConfig) -> StepGraph:
 def test_identical_components_are_stepped_once_with_the_same_answers(collide, monkeypatch):
     """A batch whose components repeat (a collective's steps; one ring in many scenarios):
     each distinct component is stepped once and its outputs shared, and the answers equal the
-    plain forward pass over every row (to float64's rounding). A component that differs from another in one bit of one
-    link state is not shared; with every fingerprint colliding (forced), the word-by-word
-    check still tells components apart."""
-    from m4ray.sim.m4 import numpy_step
+    plain forward pass over every row (to float64's rounding). A component that differs from
+    another in one bit of one link state is not shared; with every fingerprint colliding
+    (forced), the word-by-word check still tells components apart."""
+    from m4ray.models import numpy_step
 
     if collide:
         monkeypatch.setattr(numpy_step, "_MIX", np.zeros(4096, dtype=np.uint64))

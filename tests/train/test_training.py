@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from m4ray.errors import InputError
-from m4ray.train import checkpoint
+from m4ray.models import checkpoint
 from m4ray.train.data import DataConfig, load_splits
 from m4ray.train.loop import flow_errors
 from tests.conftest import PYTHON, REPO

@@ -12,16 +12,17 @@ _HOMES = {
     "checkpoint_dir": "backend",
     "load_model": "backend",
     "M4Engine": "engine",
-    "LocalStepper": "step",
-    "StepGraph": "step",
-    "StepOut": "step",
-}  # the function step: m4ray.sim.m4.step.step (the package's ``step`` is that module)
+    "LocalStepper": "m4ray.models.step",
+    "StepGraph": "m4ray.models.graph",
+    "StepOut": "m4ray.models.graph",
+}  # the neural step itself, its graphs and the model: the models layer (m4ray.models)
 
 
 def __getattr__(name: str):
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    home = _HOMES[name]
+    return getattr(importlib.import_module(home if "." in home else f"{__name__}.{home}"), name)
 
 
 __all__ = [

@@ -101,7 +101,7 @@ def load_model(name: str):
     simulation or many, :mod:`m4ray.sim.m4.shared`); in float32 that moved predicted times by
     ~100 ps and changed which completions coincide, so a flow's answer depended on its company.
     In float64 the rounding is far below the picosecond the engine rounds times to."""
-    from m4ray.train.checkpoint import load
+    from m4ray.models.checkpoint import load
 
     model, _ = load(checkpoint_dir(name))
     return model.double().eval()
@@ -136,7 +136,7 @@ class M4Config:
     forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone;
     ``precision``: the numpy step's float type (float64; float32's forward passes are ~1.7x
     faster on the large components of MoE jobs at scale, its answers not the same to the bit:
-    :mod:`~m4ray.sim.m4.numpy_step` says by how much).
+    :mod:`~m4ray.models.numpy_step` says by how much).
     ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a run's id names
     the model that ran, not only its name: a checkpoint retrained in place does not reuse old
     results."""
@@ -151,7 +151,7 @@ class M4Config:
     precision: str = added_field("float64", "the numpy step's float type (2026-11-26)")
 
     def __post_init__(self) -> None:
-        from m4ray.sim.m4.numpy_step import float_type
+        from m4ray.models.numpy_step import float_type
 
         float_type(self.precision)  # an unknown one fails here, before any task
         self.weights = weights_digest(self.checkpoint)
@@ -170,8 +170,8 @@ class M4Config:
 
     def _stepper(self):
         """A stepper of its own over the checkpoint's model: the numpy step
-        (:mod:`m4ray.sim.m4.numpy_step`; this process never imports torch for it)."""
-        from m4ray.sim.m4.numpy_step import NumpyStepper, load_numpy_model
+        (:mod:`m4ray.models.numpy_step`; this process never imports torch for it)."""
+        from m4ray.models.numpy_step import NumpyStepper, load_numpy_model
 
         model = load_numpy_model(str(checkpoint_dir(self.checkpoint)), self.precision)
         return NumpyStepper(model, max_flows=self.max_flows_per_step, threads=self.threads)
@@ -203,7 +203,7 @@ def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routi
     """An m4 engine for ``topology`` described as ``network`` (the model's params13 and, for
     models whose anchor has a window, the network's sender window over the links' latencies;
     with ACK load, the network's ACK bits per data bit)."""
-    from m4ray.sim.flowsim import Window, network_ack_fraction
+    from m4ray.models.fairshare import Window, network_ack_fraction
     from m4ray.sim.m4.engine import M4Engine
 
     return M4Engine(

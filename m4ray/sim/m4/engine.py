@@ -10,13 +10,13 @@ Semantics follow the standalone m4 engine (``reference/m4.md`` §7) and our trai
   oldest last-update time (µs) for all its flows and links, GRU time cells, GNN, GRU rate cells,
   then the head's slowdown ``ŝ`` for each of its flows; predicted completion = arrival + ŝ·ideal.
 * a model with the fluid anchor (``ModelConfig.fluid``) also gets, at each update, flowSim's
-  view of the updated flows (:class:`~m4ray.sim.m4.fluid.Fluid`: max-min rates over the touched
+  view of the updated flows (:class:`~m4ray.models.fluid.Fluid`: max-min rates over the touched
   components, fluid bytes left, projected slowdown), exactly as training replays it.
 
 The engine has no clock: the caller says when things happen (:class:`M4Backend` in-process, or
 the Serve session API). The neural work goes through ``stepper(graphs) -> outs`` in one call per
-update (:class:`~m4ray.sim.m4.numpy_step.NumpyStepper` in-process, the torch
-:class:`~m4ray.sim.m4.step.LocalStepper`, or the Serve model deployment); ``prepare`` /
+update (:class:`~m4ray.models.numpy_step.NumpyStepper` in-process, the torch
+:class:`~m4ray.models.step.LocalStepper`, or the Serve model deployment); ``prepare`` /
 ``finish`` split an update around a remote call.
 """
 
@@ -30,14 +30,14 @@ from itertools import accumulate, chain, pairwise
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
-from m4ray.sim.flowsim import Window, reverse_links
-from m4ray.sim.m4 import core
+from m4ray.models import core
+from m4ray.models.config import ModelConfig
+from m4ray.models.fairshare import Window, reverse_links
+from m4ray.models.fluid import N_FEATURES, Fluid, offsets
+from m4ray.models.graph import StepGraph, StepOut
+from m4ray.models.numpy_step import initial_link_state
 from m4ray.sim.m4.arrival import Arrival
-from m4ray.sim.m4.fluid import N_FEATURES, Fluid, offsets
-from m4ray.sim.m4.graph import StepGraph, StepOut
-from m4ray.sim.m4.numpy_step import initial_link_state
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.train.config import ModelConfig
 
 Stepper = Callable[[list[StepGraph]], list[StepOut]]
 
@@ -460,7 +460,7 @@ class M4Engine:
 
     def _init_fresh(self) -> None:
         """Initial states of the rows of flows that arrived since the last update: the model's
-        :func:`~m4ray.train.model.initial_flow_state`, written into the rows directly (float32
+        :func:`~m4ray.models.m4.initial_flow_state`, written into the rows directly (float32
         as there; a test holds the two equal)."""
         fresh = self._fresh
         if not fresh:

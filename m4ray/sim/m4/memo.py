@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from m4ray.sim.m4.graph import StepGraph, StepOut
+from m4ray.models.graph import StepGraph, StepOut
 
 
 def _frozen(a) -> np.ndarray:

@@ -6,7 +6,7 @@ whether it carries one flow or a hundred, so one simulation at a time is overhea
 thread): every m4 backend they build steps through one :class:`SharedStepper`, whose call
 suspends the simulation and hands its graphs to the scheduler; once every live simulation is
 suspended (or has ended), the scheduler advances all their graphs in **one**
-:func:`~m4ray.sim.m4.step.step` and resumes each with its outputs. Graphs never interact in a
+:func:`~m4ray.models.step.step` and resumes each with its outputs. Graphs never interact in a
 step, so each simulation's answers are those it gets alone (to float rounding of the larger
 matrix products).
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import greenlet
 
-from m4ray.sim.m4.graph import StepGraph, StepOut
+from m4ray.models.graph import StepGraph, StepOut
 from m4ray.sim.m4.memo import StepMemo
 
 # The shared stepper of the simulation running in this greenlet (set by simulate_together; read

@@ -21,6 +21,7 @@ import numpy as np
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.fingerprint import added_field
+from m4ray.models.fairshare import ACK_BYTES
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Path, Routing
 from m4ray.sim.topology import Topology
@@ -56,7 +57,7 @@ class RdmaConfig:
     buffer_bytes: int = 4_000_000
     pfc: bool = True
     pfc_threshold_bytes: int = 500_000
-    ack_bytes: int = 64
+    ack_bytes: int = ACK_BYTES
     rto_s: float = 1e-3
     # a sender never exceeds this rate even on a faster NIC (HPCC's MAX_RATE; m3's parking lots
     # pace mid-path senders on fast access links at the edge rate); None = the NIC's line rate

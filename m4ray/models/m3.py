@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from m4ray.m3.features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
+from m4ray.models.m3_features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
 
 
 @dataclass(kw_only=True, slots=True)

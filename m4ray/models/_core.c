@@ -1,5 +1,5 @@
 /* The m4 engine's compiled core. The fluid anchor's hot loops: the same algorithm, operation for operation, as
- * m4ray/sim/m4/fluid.py (Fluid._drain, Fluid._share, Fluid.advance) and
+ * m4ray/models/fluid.py (Fluid._drain, Fluid._share, Fluid.advance) and
  * m4ray/sim/flowsim.py (max_min_rates with per-flow caps), so the two agree to rounding.
  * Built and loaded by m4ray/native.py; no Python API, called through ctypes.
  *

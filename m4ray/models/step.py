@@ -5,7 +5,7 @@ links of the components it touched (they share no link, so one graph can carry s
 since each component's last update, the flow–link incidence and the per-flow features the head
 reads. :func:`step` advances any number of graphs (from one or
 many simulations) in **one** forward pass over their disjoint union, exactly as training replays a
-busy period (``m4ray.train.model.forward_batch``): GRU time cells, three GraphSAGE layers, GRU rate
+busy period (``m4ray.models.m4.forward_batch``): GRU time cells, three GraphSAGE layers, GRU rate
 cells, then the slowdown head (clamped at 1).
 
 Everything here is plain tensors, so a batch of graphs can be pickled to a Ray Serve replica and
@@ -18,8 +18,8 @@ from itertools import accumulate
 
 import torch
 
-from m4ray.sim.m4.graph import StepGraph, StepOut, chunks, split
-from m4ray.train.model import M4Model
+from m4ray.models.graph import StepGraph, StepOut, chunks, split
+from m4ray.models.m4 import M4Model
 
 
 def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:

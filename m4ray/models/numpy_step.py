@@ -1,6 +1,6 @@
 """The m4 neural step in numpy: the in-process backend's forward pass, without torch.
 
-The same arithmetic as :func:`m4ray.sim.m4.step.step` over :class:`~m4ray.train.model.M4Model`
+The same arithmetic as :func:`m4ray.models.step.step` over :class:`~m4ray.models.m4.M4Model`
 (GRU time cells, GraphSAGE layers with sum aggregation and LayerNorm, GRU rate cells, the
 slowdown head, clamped at 1), in float64 from the checkpoint's float32 weights, as
 :func:`~m4ray.sim.m4.backend.load_model` runs torch. Why: a sweep task's m4 scenarios then never
@@ -49,15 +49,15 @@ import scipy.sparse
 
 from m4ray import native
 from m4ray.errors import InputError
-from m4ray.sim.m4.fluid import offsets
-from m4ray.sim.m4.graph import StepGraph, StepOut, chunks, split
-from m4ray.train.config import ModelConfig
+from m4ray.models.config import ModelConfig
+from m4ray.models.fluid import offsets
+from m4ray.models.graph import StepGraph, StepOut, chunks, split
 
 _LN_EPS = 1e-5  # torch.nn.LayerNorm's default
 
 
 def initial_link_state(cfg: ModelConfig, bandwidth_bps: np.ndarray) -> np.ndarray:
-    """:func:`m4ray.train.model.initial_link_state` in numpy, as float64 ``[L, H]``: float32
+    """:func:`m4ray.models.m4.initial_link_state` in numpy, as float64 ``[L, H]``: float32
     arithmetic as there, the log2 taken in float64 and rounded (numpy's float32 log2 differs
     from torch's by an ulp on 1.4 % of random rates, this on 0.01 %; a test holds the two equal
     on every rate the templates and gray failures make)."""
@@ -217,7 +217,7 @@ class NumpyModel:
 
     # ------------------------------------------------------------ the step
     def step(self, graphs: list[StepGraph]) -> list[StepOut]:
-        """:func:`m4ray.sim.m4.step.step` in numpy: ``graphs`` advanced in one pass."""
+        """:func:`m4ray.models.step.step` in numpy: ``graphs`` advanced in one pass."""
         if not graphs:
             return []
         cfg = self.cfg

@@ -1,6 +1,6 @@
 """What one simulation's update hands the neural step, and what comes back: plain arrays, so
 the engine builds them without torch, a batch of them pickles to a Ray Serve replica and back,
-and either step (:func:`m4ray.sim.m4.step.step` in torch, :class:`~m4ray.sim.m4.numpy_step.
+and either step (:func:`m4ray.models.step.step` in torch, :class:`~m4ray.models.numpy_step.
 NumpyStepper` in numpy) takes them. Fields are numpy arrays from the engine; the torch step
 takes tensors too and returns tensors (``np.asarray`` reads either)."""
 
@@ -18,7 +18,7 @@ class StepGraph:
     ``h_link [L, H]``, the Δt of each since its component's last update ``dt_flow_us [F]`` and
     ``dt_link_us [L]`` (µs), ``incidence [2, E]`` local (flow row, link row) pairs,
     ``params [F, P]``, ``n_links [F]``; for a model with the fluid anchor, flowSim's view of
-    the flows (:mod:`m4ray.sim.m4.fluid`): ``base [F]`` and ``fluid [F, 3]``."""
+    the flows (:mod:`m4ray.models.fluid`): ``base [F]`` and ``fluid [F, 3]``."""
 
     h_flow: Array
     h_link: Array

@@ -1,214 +1,22 @@
-"""The m4 model: GRU time and rate cells over flow and link states, GraphSAGE over the flow–link
-graph, an MLP head for FCT slowdown, and two training-only heads (``reference/m4.md`` §1–§5).
-
-Shapes (H = ``hidden``, G = ``gnn_hidden``, P = ``n_params`` = 13):
-
-* flow state ``[F, H]``, link state ``[L, H]``; Δt ``[N, 1]`` in µs;
-* ``SAGELayer(d_in → d_out)``: ``x [N, d_in]``, ``edge_index [2, E]`` (row 0 source, row 1 target)
-  → ``[N, d_out]``: ``out_i = W_l Σ_{j→i} ReLU(W_p x_j + b_p) + b_l + W_r x_i``, then LayerNorm;
-* the GNN stacks ``H → G → … → G → H`` (``gnn_layers`` layers) over ``[h_flow ; h_link]`` with
-  every flow–link incidence as two directed edges;
-* ``gru_rate``: ``[gnn_flow ⊕ params13] (H + P) → H``; ``gru_rate_link``: ``H → H``;
-* head: ``[n_links, params13, h_flow] (1 + P + H) → 1`` (slowdown); ``remain_head``: ``H → 1``
-  (remaining-size fraction from flow states); ``queue_head``: ``H → 1`` (cube-root queue length from
-  link states).
-
-With ``fluid`` (our v2 models; off for m4's own design and ``m4-small``) every update also carries
-flowSim's view of the updated flows (:mod:`m4ray.sim.m4.fluid`): ``fluid [F, 3]`` features enter
-``gru_rate`` (``H + P + 3 → H``) and the head (``1 + P + 3 + H → 1``), and the head predicts a
-correction: slowdown = ``base × (1 + head)``, ``base`` being flowSim's projected slowdown at the
-flow's last update. The head's last layer starts at zero, so an untrained model is flowSim.
-
-Plain torch (``index_add_``), no graph library. Parameter names follow PyG's SAGEConv (``lin``,
-``lin_l``, ``lin_r``) so released m4 weights map one to one.
-"""
+"""m4's training replay: busy periods as tensors (:class:`PeriodSample`), the updates the online
+engine would make over them (:func:`engine_schedule`, the same component bookkeeping and fluid
+anchor), periods batched as one disjoint graph (:func:`collate`) and replayed through the model
+event by event in lockstep (:func:`forward_batch`), and the losses (:func:`period_losses`;
+:class:`PeriodLoss` is what DDP wraps). The model itself is architecture only
+(:mod:`m4ray.models.m4`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate, pairwise
+from itertools import accumulate
 
 import numpy as np
 import torch
 from torch import nn
 
-from m4ray.sim.m4.fluid import N_FEATURES as N_FLUID
-from m4ray.sim.m4.fluid import Fluid
-from m4ray.train.config import ModelConfig
-
-
-class SAGELayer(nn.Module):
-    """GraphSAGE with input projection, sum aggregation and root weight, then LayerNorm."""
-
-    def __init__(self, d_in: int, d_out: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(d_in, d_in)  # projection of neighbour features
-        self.lin_l = nn.Linear(d_in, d_out)  # aggregated neighbours
-        self.lin_r = nn.Linear(d_in, d_out, bias=False)  # root (un-projected own feature)
-        self.norm = nn.LayerNorm(d_out)
-
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        src, dst = edge_index
-        messages = torch.relu(self.lin(x))[src]
-        aggregated = torch.zeros_like(x).index_add_(0, dst, messages)
-        return self.norm(self.lin_l(aggregated) + self.lin_r(x))
-
-
-def _mlp(d_in: int, hidden: int, dropout: float) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(d_in, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1)
-    )
-
-
-class M4Model(nn.Module):
-    """The m4 modules and the three steps an event applies to them."""
-
-    def __init__(self, cfg: ModelConfig | None = None) -> None:
-        super().__init__()
-        self.cfg = cfg = cfg or ModelConfig()
-        h, g = cfg.hidden, cfg.gnn_hidden
-        dims = [h] + [g] * (cfg.gnn_layers - 1) + [h]
-        self.gnn = nn.ModuleList(SAGELayer(a, b) for a, b in pairwise(dims))
-        self.gru_time = nn.GRUCell(1, h)
-        self.gru_time_link = nn.GRUCell(1, h)
-        self.gru_rate = nn.GRUCell(h + cfg.n_params + cfg.n_fluid, h)
-        self.gru_rate_link = nn.GRUCell(h, h)
-        self.head = _mlp(1 + cfg.n_params + cfg.n_fluid + h, h, cfg.dropout)
-        if cfg.fluid:  # start as flowSim: correction 0
-            nn.init.zeros_(self.head[-1].weight)
-            nn.init.zeros_(self.head[-1].bias)
-        self.remain_head = _mlp(h, h, cfg.dropout)
-        self.queue_head = _mlp(h, h, cfg.dropout)
-
-    # ------------------------------------------------------------ states
-    def flow_state(self, size_bytes: torch.Tensor, n_links: torch.Tensor) -> torch.Tensor:
-        """Initial flow states ``[F, H]``: ``[1, 0, log2(size/1000 + 1), n_links, 0, …]``."""
-        return initial_flow_state(self.cfg, size_bytes, n_links)
-
-    def link_state(self, bandwidth_bps: torch.Tensor) -> torch.Tensor:
-        """Initial (idle) link states ``[L, H]``: ``[0, 1, b, 0, …]``.
-
-        m4 puts a constant 1 in slot 2 (its training links are all 10 Gbps). With
-        ``link_bandwidth`` (our default) slot 2 is ``1 + log2(bandwidth / 10 Gbps)``: still 1 on
-        10 Gbps links, and degraded or faster links become visible to the model."""
-        return initial_link_state(self.cfg, bandwidth_bps)
-
-    # ------------------------------------------------------------ one event
-    def time_step(
-        self,
-        h_flow: torch.Tensor,
-        h_link: torch.Tensor,
-        dt_flow: torch.Tensor | float,
-        dt_link: torch.Tensor | float | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advance flow and link states by Δt µs: one Δt for all, or one per row (``[F]`` and
-        ``[L]``). Rows whose Δt is 0 keep their state (m4 skips the time update then)."""
-        dt_link = dt_flow if dt_link is None else dt_link
-        return (
-            _timed(self.gru_time, h_flow, dt_flow),
-            _timed(self.gru_time_link, h_link, dt_link),
-        )
-
-    def spatial_step(
-        self,
-        h_flow: torch.Tensor,
-        h_link: torch.Tensor,
-        incidence: torch.Tensor,
-        params: torch.Tensor,
-        fluid: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """GNN over the flow–link graph, then the rate cells.
-
-        ``incidence [2, E]``: (flow row, link row) pairs into ``h_flow`` / ``h_link``;
-        ``params [F, P]``: each flow's params13; ``fluid [F, 3]`` with ``cfg.fluid``.
-        """
-        n_flow = len(h_flow)
-        flow, link = incidence[0], incidence[1] + n_flow
-        edges = torch.stack([torch.cat([flow, link]), torch.cat([link, flow])])
-        x = torch.cat([h_flow, h_link])
-        for layer in self.gnn:
-            x = layer(x, edges)
-        rate_in = [x[:n_flow], params] + ([fluid.to(x.dtype)] if self.cfg.fluid else [])
-        new_flow = self.gru_rate(torch.cat(rate_in, dim=1), h_flow)
-        new_link = self.gru_rate_link(x[n_flow:], h_link)
-        return new_flow, new_link
-
-    def forward(self, batch: list[PeriodSample], every: bool = False) -> dict[str, torch.Tensor]:
-        """Losses of a batch of busy periods (the entry point DDP wraps), replayed in lockstep.
-
-        Per period: ``main_each [B]`` = relative L1 on slowdown, ``remain_each`` / ``queue_each``
-        = mean absolute errors of the dense-supervision heads; ``main`` / ``remain`` / ``queue``
-        are their means over the batch; ``main_flows`` = relative L1 over every flow of the batch
-        (large periods weigh more); ``pred [ΣF]`` = the slowdown predictions, periods
-        concatenated in order; with ``every``, ``every_flows`` = the relative L1 of the slowdown
-        read at every
-        update a flow takes part in (averaged per flow, then over flows): what the online engine
-        schedules completions by, and, unlike the read-out at departure, never informed by how
-        long the flow has already taken in the recording; ``every_shift`` = the mean
-        |correction| of those readings (fluid models: how far they move from the anchor)."""
-        b = collate(batch, fluid=self.cfg.anchor)
-        pred, remain_each, queue_each, *read = forward_batch(self, b, every=every)
-        err = (pred / b.slowdown - 1).abs()
-        count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
-        main_each = pred.new_zeros(b.n_samples).index_add_(0, b.flow_sample, err) / count
-        return {
-            "main": main_each.mean(),
-            "main_flows": err.mean(),
-            **({"every_flows": read[0].mean(), "every_shift": read[1].mean()} if every else {}),
-            "remain": remain_each.mean(),
-            "queue": queue_each.mean(),
-            "main_each": main_each,
-            "remain_each": remain_each,
-            "queue_each": queue_each,
-            "pred": pred,
-        }
-
-    def slowdown(
-        self,
-        h_flow: torch.Tensor,
-        n_links: torch.Tensor,
-        params: torch.Tensor,
-        fluid: torch.Tensor | None = None,
-        base: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Predicted FCT slowdown ``[F]`` (unclamped; clamp at 1 for inference); with
-        ``cfg.fluid``, ``base × (1 + head)`` from each flow's last ``fluid`` features and
-        ``base``."""
-        parts = [n_links.to(h_flow.dtype).unsqueeze(1), params.to(h_flow.dtype)]
-        if self.cfg.fluid:
-            parts.append(fluid.to(h_flow.dtype))
-        out = self.head(torch.cat([*parts, h_flow], dim=1)).squeeze(1)
-        return base.to(out.dtype) * (1 + out) if self.cfg.fluid else out
-
-
-def initial_flow_state(
-    cfg: ModelConfig, size_bytes: torch.Tensor, n_links: torch.Tensor
-) -> torch.Tensor:
-    """Initial flow states ``[F, H]`` (no weights involved, so engines build them locally)."""
-    h = torch.zeros(len(size_bytes), cfg.hidden, device=size_bytes.device)
-    h[:, 0] = 1.0
-    h[:, 2] = torch.log2(size_bytes.float() / 1000 + 1)
-    h[:, 3] = n_links.float()
-    return h
-
-
-def initial_link_state(cfg: ModelConfig, bandwidth_bps: torch.Tensor) -> torch.Tensor:
-    """Initial (idle) link states ``[L, H]`` (see :meth:`M4Model.link_state`)."""
-    h = torch.zeros(len(bandwidth_bps), cfg.hidden, device=bandwidth_bps.device)
-    h[:, 1] = 1.0
-    if cfg.link_bandwidth:
-        h[:, 2] = 1.0 + torch.log2(bandwidth_bps.float() / 10e9)
-    else:
-        h[:, 2] = 1.0
-    return h
-
-
-def _timed(cell: nn.GRUCell, h: torch.Tensor, dt: torch.Tensor | float) -> torch.Tensor:
-    dt = torch.as_tensor(dt, dtype=h.dtype, device=h.device).reshape(-1, 1).expand(len(h), 1)
-    moving = dt > 0
-    if not bool(moving.any()):
-        return h
-    return torch.where(moving, cell(dt, h), h)
+from m4ray.models.fluid import N_FEATURES as N_FLUID
+from m4ray.models.fluid import Fluid
+from m4ray.models.m4 import M4Model
 
 
 @dataclass(kw_only=True, slots=True)
@@ -222,7 +30,7 @@ class PeriodSample:
     (flow, link, value) rows at the flow's arrival; ``ideal_s [F]``: ideal FCTs (s), which
     models with ``fluid`` need, and ``wire_bytes [F]`` (payload and headers; default the
     sizes), what their fluid anchor drains; ``window [F, 2]`` (rate cap in bit/s, bits to
-    drain) where the sender's window binds (:meth:`~m4ray.sim.flowsim.Window.limit`; inf, wire
+    drain) where the sender's window binds (:meth:`~m4ray.models.fairshare.Window.limit`; inf, wire
     bits elsewhere), which models with ``fluid_window`` need; ``link_reverse [L]`` each link
     row's reverse link row (-1: not in the period) and ``ack_fraction`` (ACK bits per data
     bit; 0: TCP), which models with ``fluid_acks`` need.
@@ -266,7 +74,7 @@ class EventUpdate:
     links of the components the event touched, each row's Δt (µs, since its component's last
     update), and the links that went idle at the event (reset to their initial state first);
     with the fluid anchor, the updated flows' ``base [n]`` and ``fluid [n, 3]``
-    (:meth:`~m4ray.sim.m4.fluid.Fluid.advance`), else empty."""
+    (:meth:`~m4ray.models.fluid.Fluid.advance`), else empty."""
 
     flows: np.ndarray
     links: np.ndarray
@@ -477,7 +285,7 @@ class PeriodBatch:
 def collate(samples: list[PeriodSample], fluid: bool | str | None = False) -> PeriodBatch:
     """Stack periods into a :class:`PeriodBatch` (row order: period by period); ``fluid``:
     compute the fluid anchor's features (:func:`engine_schedule`; a :attr:`ModelConfig.anchor`:
-    ``"drain"`` without :class:`~m4ray.sim.m4.fluid.Fluid`'s ``hold``, ``+window`` with the
+    ``"drain"`` without :class:`~m4ray.models.fluid.Fluid`'s ``hold``, ``+window`` with the
     senders' windows)."""
     if not samples:
         raise ValueError("empty batch")
@@ -675,16 +483,58 @@ def relative_l1(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
     return (pred / true - 1).abs().mean()
 
 
+def period_losses(
+    model: M4Model, batch: list[PeriodSample], every: bool = False
+) -> dict[str, torch.Tensor]:
+    """Losses of a batch of busy periods, replayed in lockstep (what :class:`PeriodLoss` gives DDP).
+
+    Per period: ``main_each [B]`` = relative L1 on slowdown, ``remain_each`` / ``queue_each``
+    = mean absolute errors of the dense-supervision heads; ``main`` / ``remain`` / ``queue``
+    are their means over the batch; ``main_flows`` = relative L1 over every flow of the batch
+    (large periods weigh more); ``pred [ΣF]`` = the slowdown predictions, periods
+    concatenated in order; with ``every``, ``every_flows`` = the relative L1 of the slowdown
+    read at every
+    update a flow takes part in (averaged per flow, then over flows): what the online engine
+    schedules completions by, and, unlike the read-out at departure, never informed by how
+    long the flow has already taken in the recording; ``every_shift`` = the mean
+    |correction| of those readings (fluid models: how far they move from the anchor)."""
+    b = collate(batch, fluid=model.cfg.anchor)
+    pred, remain_each, queue_each, *read = forward_batch(model, b, every=every)
+    err = (pred / b.slowdown - 1).abs()
+    count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
+    main_each = pred.new_zeros(b.n_samples).index_add_(0, b.flow_sample, err) / count
+    return {
+        "main": main_each.mean(),
+        "main_flows": err.mean(),
+        **({"every_flows": read[0].mean(), "every_shift": read[1].mean()} if every else {}),
+        "remain": remain_each.mean(),
+        "queue": queue_each.mean(),
+        "main_each": main_each,
+        "remain_each": remain_each,
+        "queue_each": queue_each,
+        "pred": pred,
+    }
+
+
+class PeriodLoss(nn.Module):
+    """The module DDP wraps in training: calling it gives :func:`period_losses` of the wrapped
+    model (whose parameters it shares, so the model itself is what is saved)."""
+
+    def __init__(self, model: M4Model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: list[PeriodSample], every: bool = False) -> dict[str, torch.Tensor]:
+        return period_losses(self.model, batch, every)
+
+
 __all__ = [
-    "M4Model",
-    "ModelConfig",
     "PeriodBatch",
+    "PeriodLoss",
     "PeriodSample",
-    "SAGELayer",
     "collate",
     "forward_batch",
     "forward_period",
-    "initial_flow_state",
-    "initial_link_state",
+    "period_losses",
     "relative_l1",
 ]

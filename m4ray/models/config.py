@@ -1,11 +1,11 @@
 """The m4 model's sizes and options (:class:`ModelConfig`), apart from the model so that the
-inference engine and its numpy step (:mod:`m4ray.sim.m4.numpy_step`) read it without torch."""
+inference engine and its numpy step (:mod:`m4ray.models.numpy_step`) read it without torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from m4ray.sim.m4.fluid import N_FEATURES as N_FLUID
+from m4ray.models.fluid import N_FEATURES as N_FLUID
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,5 +1,5 @@
 /* Max-min fair rates by progressive filling, compiled: the twin of
- * m4ray.sim.flowsim.max_min_rates (the reference and the fallback), which flowSim calls at every
+ * m4ray.models.fairshare.max_min_rates (the reference and the fallback), which flowSim calls at every
  * arrival and completion. The same algorithm and tie rule — each level freezes every open flow on
  * a link whose share is within REL_TIE of the lowest (or, with caps, the flows whose cap binds
  * first) — and the same order of arithmetic per link (a level's frozen count times the level,

@@ -12,18 +12,18 @@ when it drained (if it has) and when the row was last brought up to date.
   between m4's updates (flowSim's events, not m4's) are simulated here. A flow that has drained
   keeps no share, though it stays active until m4 (or, in training, ns-3) completes it.
 * :meth:`Fluid.advance` (an update at ``t``) catches the rows up, re-shares among them
-  (:func:`~m4ray.sim.flowsim.max_min_rates`) and projects each flow's completion as if nothing
+  (:func:`~m4ray.models.fairshare.max_min_rates`) and projects each flow's completion as if nothing
   else changed: ``t + left / rate + delay`` (or its drain end + ``delay`` once drained), where
   ``delay = ideal − work / bottleneck`` is what the ideal FCT adds to draining the wire bytes at
   the bottleneck (latency and the first packet's store-and-forward: flowSim's delivery delay),
   so a flow alone gets exactly 1.
-* With a sender window (``ModelConfig.fluid_window``; :class:`~m4ray.sim.flowsim.Window`), a
+* With a sender window (``ModelConfig.fluid_window``; :class:`~m4ray.models.fairshare.Window`), a
   flow's rate is at most its window's packets per round trip and its work is set so that,
   alone, it drains when the packet model says: flowSim with that window. RDMA's fixed window
   below a path's bandwidth-delay product is what made ns-3's 10–100 KB flows 1.9x (fat-tree)
   to 5x (rail) slower than flowSim on topologies m4 never saw.
 * With ACK load (``ModelConfig.fluid_acks``; ``acks``), the receivers' ACKs take their share of
-  the links, as in flowSim with ``ack_load`` (:func:`~m4ray.sim.flowsim.ack_capacity`): a link
+  the links, as in flowSim with ``ack_load`` (:func:`~m4ray.models.fairshare.ack_capacity`): a link
   gives data what the ACKs of the data on its reverse link leave. The data rate per link is
   that of every active row, kept here as rows' rates change, so one component's ACKs slow
   another's data (a ring's step: each flow's ACKs ride with the next flow's data); a share runs
@@ -42,7 +42,7 @@ given the events so far; the model predicts ``base × (1 + correction)`` and rea
 Left from flowSim, by construction: the projection uses today's rates (a flow that will speed up
 when a companion drains is projected late until the next update re-projects it); with a model
 whose correction is 0 the engine gives flowSim's FCTs, windowed or not (a test). The online engine
-and the training replay (:func:`m4ray.train.model.engine_schedule`) call the same methods with the
+and the training replay (:func:`m4ray.models.m4.engine_schedule`) call the same methods with the
 same rows at the same event times, so training sees the features inference computes.
 """
 
@@ -51,8 +51,8 @@ from __future__ import annotations
 import numpy as np
 
 from m4ray.errors import SimulationError
-from m4ray.sim.flowsim import ACK_PASSES, ack_capacity, max_min_rates
-from m4ray.sim.m4.core import library
+from m4ray.models.core import library
+from m4ray.models.fairshare import ACK_PASSES, ack_capacity, max_min_rates
 
 N_FEATURES = 3
 _REL_TIE = 1e-9  # drains within this relative distance of the earliest happen together (flowSim)
@@ -151,7 +151,8 @@ class Fluid:
     ):
         """A flow of ``wire_bytes`` (payload and headers) arrives at ``t`` in ``row`` (it gets
         a share at the next :meth:`advance`). ``window``: its sender's window as (rate cap,
-        bits to drain) (:meth:`~m4ray.sim.flowsim.Window.limit`), as windowed flowSim drains."""
+        bits to drain) (:meth:`~m4ray.models.fairshare.Window.limit`), as windowed flowSim
+        drains."""
         bits = float(wire_bytes) * 8.0
         cap, work = (np.inf, bits) if window is None else window
         self._state[:, row] = (

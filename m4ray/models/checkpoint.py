@@ -37,7 +37,7 @@ class Kind:
         return getattr(mod, self.model)(getattr(mod, self.config)(**model_cfg))
 
 
-M4 = Kind(format=FORMAT, module="m4ray.train.model", model="M4Model", config="ModelConfig")
+M4 = Kind(format=FORMAT, module="m4ray.models.m4", model="M4Model", config="ModelConfig")
 
 
 def export(

@@ -1,5 +1,5 @@
 """The m4 engine's compiled core (``_core.c``), built and loaded by :mod:`m4ray.native`: the
-fluid anchor's loops (:class:`~m4ray.sim.m4.fluid.Fluid`) and the engine's bookkeeping
+fluid anchor's loops (:class:`~m4ray.models.fluid.Fluid`) and the engine's bookkeeping
 (:class:`~m4ray.sim.m4.engine.NativeM4Engine`). The Python code beside them is the reference and
 the fallback."""
 
