@@ -27,11 +27,10 @@ import pandas as pd
 from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
-from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, empirical
+from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate
 from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct
 from m4ray.m3.paths import RoutedFlows
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
-from m4ray.runtime.rundir import write_manifest
 from m4ray.sim.flows import Flow, read_flows
 from m4ray.sim.routing import Routing, WireFormat
 
@@ -251,62 +250,4 @@ def summary(estimates: dict[str, Estimate], walls: dict[str, float]) -> pd.DataF
     return frame
 
 
-def run(sweep, raw_config: dict[str, Any]) -> Path:
-    from m4ray.m3.plots import estimate_cdf
-    from m4ray.runtime.cluster import start_ray
-
-    cfg: M3Config = sweep.m3
-    if not isinstance(cfg, M3Config):
-        raise InputError("this experiment needs an 'm3' section", field="m3")
-    model, info = load_model(cfg.checkpoint, cfg.network.cc)
-    run_dir = Path(sweep.paths.run_dir).resolve()
-    wire: WireFormat = sweep.wire
-    topo = sweep.topology.build()
-    routing = Routing(topo, seed=sweep.seed, wire=wire)
-    flows = cfg.workload.flows(routing, sweep.seed)
-    ray = start_ray(sweep.ray)
-    began = time.perf_counter()
-    routed = RoutedFlows(flows, routing)
-    estimates = estimate(routed, cfg, seed=sweep.seed, ray=ray, model=model, wire=wire)
-    walls = {"m3": time.perf_counter() - began}
-    walls["path_flowsim"] = walls["m3"]
-    size = routed.size_bytes
-    for name in cfg.compare:
-        print(f"m3: running network-wide {name} on {len(flows)} flows for comparison")
-        slowdown, walls[name] = reference_run(
-            name, topo, flows, routing, cfg=cfg, cache=run_dir / "cache", ray=ray
-        )
-        estimates[name] = empirical(slowdown, size)
-    frame = summary(estimates, walls)
-    tag = fingerprint([raw_config.get("topology"), raw_config.get("m3"), sweep.seed], 10)
-    out = run_dir / f"estimate-{tag}.parquet"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(out)
-    curves = {name: (est.overall.values, est.overall.weights) for name, est in estimates.items()}
-    plot = estimate_cdf(
-        curves,
-        f"{len(topo.hosts)} hosts, {len(flows)} flows",
-        run_dir / "plots" / f"slowdown_cdf-{tag}.png",
-    )
-    extra = {
-        "estimate": out.name,
-        "checkpoint": cfg.checkpoint,
-        "checkpoint_dataset": info.get("dataset_version"),
-        "hosts": len(topo.hosts),
-        "flows": len(flows),
-        "paths_sampled": cfg.n_paths,
-        "unique_paths": len(routed.sample(cfg.n_paths, sweep.seed)),
-    }
-    write_manifest(run_dir, raw_config, [out, plot], extra=extra, name=f"manifest-{tag}.json")
-    print()
-    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    if "ns3" in walls:
-        print(
-            f"\nm3 {walls['m3']:.1f} s (incl. its Ray workers' start-up) vs ns-3 "
-            f"{walls['ns3']:.1f} s: {walls['ns3'] / walls['m3']:.0f}x faster"
-        )
-    print(f"outputs: {out}, {plot}")
-    return run_dir
-
-
-__all__ = ["BUCKET_NAMES", "M3Config", "M3Network", "M3Workload", "estimate", "run", "summary"]
+__all__ = ["BUCKET_NAMES", "M3Config", "M3Network", "M3Workload", "estimate", "summary"]

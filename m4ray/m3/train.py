@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +23,6 @@ import pyarrow.dataset as pads
 import torch
 
 from m4ray.errors import InputError
-from m4ray.fingerprint import fingerprint
-from m4ray.models import checkpoint
 from m4ray.models.checkpoint import Kind
 from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn
 from m4ray.models.m3_features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
@@ -246,63 +243,6 @@ def train_loop(config: dict[str, Any]) -> None:
             "epoch_s": time.perf_counter() - began,
         }
         report(metrics, {"model": model, "optimizer": opt}, epoch=epoch, rank=rank, logger=logger)
-
-
-def run(sweep, raw_config: dict[str, Any]) -> Path:
-    """The train_m3 experiment (``sweep.train`` is an :class:`M3TrainConfig`)."""
-    from m4ray.runtime.provenance import git_commit
-    from m4ray.train.data import dataset_version
-    from m4ray.train.job import fit, mlflow_run, tracking_uri
-
-    cfg: M3TrainConfig = sweep.train
-    if not isinstance(cfg, M3TrainConfig):
-        raise InputError("this experiment needs an m3 'train' section", field="train")
-    run_dir = Path(sweep.paths.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    version = dataset_version(cfg.dataset)
-    cfg = cfg.resolved()
-    lots = load_lots(cfg.dataset)  # fails here, not in a worker, on a bad dataset
-    uri = tracking_uri(cfg, run_dir)
-    name = f"{sweep.name}-{fingerprint([raw_config.get('train'), version], 8)}"
-    run_id = mlflow_run(uri, cfg.experiment, name, raw_config, version)
-    print(f"train_m3: {len(lots)} lots, dataset {version}; MLflow {uri} run {name}")
-    result, use_gpu, wall = fit(
-        train_loop,
-        {"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": uri},
-        cfg,
-        sweep.ray,
-        name=name,
-        run_dir=run_dir,
-    )
-    with result.checkpoint.as_directory() as d:
-        state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
-    model = M3Model(cfg.model)
-    model.load_state_dict(state["model"])
-    model.eval()
-    splits = split(lots, cfg)
-    table = percentile_errors(predict(model, splits["test"]), splits["test"])
-    meta = {
-        "dataset_version": version,
-        "git_commit": git_commit(),
-        "epochs": state["epoch"] + 1,
-        "lots": {k: len(v) for k, v in splits.items()},
-        "train_wall_s": round(wall, 1),
-        "hardware": f"{cfg.num_workers} x {'GPU' if use_gpu else 'CPU'} worker(s)",
-        "supported_cc": ["dctcp"],
-        "metrics": {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()},
-        "command": "python -m m4ray.sweeps " + " ".join(sys.argv[1:]),
-    }
-    export_dir = Path(cfg.export_dir or run_dir / "export")
-    checkpoint.export(model, export_dir, meta, model_card(meta, table, cfg), kind=M3)
-    import mlflow
-
-    with mlflow.start_run(run_id=run_id):
-        mlflow.log_metrics(meta["metrics"])
-        mlflow.log_artifacts(str(export_dir), artifact_path="checkpoint")
-    print()
-    print(error_text(table, len(splits["test"])))
-    print(f"\ntrained {meta['epochs']} epochs in {wall:.1f} s; checkpoint {export_dir}")
-    return run_dir
 
 
 def error_text(table: dict[str, dict[str, float]], n_lots: int) -> str:

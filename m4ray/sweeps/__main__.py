@@ -1,11 +1,18 @@
-"""``python -m m4ray.sweeps +experiment=<name> [overrides]``: compose, resolve, run one job."""
+"""``python -m m4ray.sweeps +experiment=<name> [overrides]``: compose, resolve, run one experiment.
+
+Every experiment has one shape: a module of this package (the config's ``job``) with ``SECTIONS``
+(the config sections it reads, each with its schema, checked here before anything runs) and
+``run(sweep, raw_config)``, which expands its records, runs them through the runtime
+(``m4ray.runtime``: fan-out, results file, manifest) and reports."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from pathlib import Path
 
 import hydra
-from hydra.utils import get_method, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from m4ray.cli import stops_cleanly, user_errors
@@ -42,11 +49,31 @@ def resolve(cfg: DictConfig) -> SweepConfig:
     )
 
 
+def load_experiment(sweep: SweepConfig):
+    """The experiment module the config names, its sections checked against their schemas."""
+    try:
+        experiment = importlib.import_module(sweep.job)
+    except ModuleNotFoundError:
+        names = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem[0] != "_")
+        raise InputError(
+            f"no experiment module '{sweep.job}' (m4ray.sweeps has: {', '.join(names)})",
+            field="job",
+        ) from None
+    for name, schema in experiment.SECTIONS.items():
+        if not isinstance(getattr(sweep, name), schema):
+            raise InputError(
+                f"this experiment needs a '{name}' section ({schema.__module__}.{schema.__name__})",
+                field=name,
+            )
+    return experiment
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="sweep")
 def main(cfg: DictConfig) -> None:
     with user_errors(), stops_cleanly(cfg.paths.run_dir):
         sweep = resolve(cfg)
-        get_method(sweep.job)(sweep, OmegaConf.to_container(cfg, resolve=True))
+        experiment = load_experiment(sweep)
+        experiment.run(sweep, OmegaConf.to_container(cfg, resolve=True))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ def describe_workload(spec: Any, n_hosts: int, algorithm: Any = None) -> str:
     return f"'{workload.name}' ({size})"
 
 
+SECTIONS: dict[str, type] = {}  # the sweep's own fields only
+
+
 def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
     started = time.perf_counter()
     run_dir = Path(cfg.paths.run_dir).resolve()

@@ -76,8 +76,6 @@ def rungs(cfg) -> list[Rung]:
     from m4ray.sim.templates import ClusterTemplateSpec
 
     ladder: LadderConfig = cfg.ladder
-    if not isinstance(ladder, LadderConfig):
-        raise InputError("this experiment needs a 'ladder' section", field="ladder")
     for name in ladder.backends:
         if name not in cfg.backend_options:
             raise InputError(
@@ -293,6 +291,9 @@ def plot(frame: pd.DataFrame, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+SECTIONS = {"ladder": LadderConfig}  # checked before run
 
 
 def run(cfg, raw_config: dict[str, Any]) -> Path:
