@@ -17,15 +17,15 @@ encode them as m4's ``params13`` vector.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
+from m4ray.datagen.sampling import check_range, integer, log_uniform, size_distribution, uniform
 from m4ray.datagen.schema import TABLES
-from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic, SizeDistribution
+from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import added_field, fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
@@ -41,32 +41,6 @@ from m4ray.sim.workload import Collective, CollectiveKind, Workload
 # simai: SimAI's NCCL flows (m4ray.sim.nccl), the gray-failure study's collectives
 ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec, "simai": SimAISpec}
 LAYOUTS = ("all", "rails", "servers", "random")
-
-
-def _range(values, name: str, *, lo: float | None = None, hi: float | None = None, open_=False):
-    """Check a ``[low, high]`` config range (inclusive); ``open_`` excludes ``lo``/``hi``."""
-    if not isinstance(values, list | tuple) or len(values) != 2:
-        raise InputError(f"expected [low, high], got {values!r}", field=name)
-    a, b = values
-    if a > b:
-        raise InputError(f"low {a} > high {b}", field=name)
-    bad_lo = lo is not None and (a <= lo if open_ else a < lo)
-    bad_hi = hi is not None and (b >= hi if open_ else b > hi)
-    if bad_lo or bad_hi:
-        bounds = f"({lo}, {hi})" if open_ else f"[{lo}, {hi}]"
-        raise InputError(f"{list(values)} is outside {bounds}", field=name)
-
-
-def _uniform(rng: np.random.Generator, bounds) -> float:
-    return float(rng.uniform(bounds[0], bounds[1])) if bounds[0] < bounds[1] else float(bounds[0])
-
-
-def _integer(rng: np.random.Generator, bounds) -> int:
-    return int(rng.integers(int(bounds[0]), int(bounds[1]) + 1))
-
-
-def _log_uniform(rng: np.random.Generator, bounds) -> float:
-    return math.exp(_uniform(rng, [math.log(bounds[0]), math.log(bounds[1])]))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -85,11 +59,11 @@ class NetworkRanges:
     dctcp_gain: list[float] = field(default_factory=lambda: [0.0625, 0.0625])
 
     def __post_init__(self) -> None:
-        _range(self.buffer_kb, "network.buffer_kb", lo=0, open_=True)
-        _range(self.ecn_k_kb, "network.ecn_k_kb", lo=0, open_=True)
+        check_range(self.buffer_kb, "network.buffer_kb", lo=0, open_=True)
+        check_range(self.ecn_k_kb, "network.ecn_k_kb", lo=0, open_=True)
         if self.window_kb is not None:
-            _range(self.window_kb, "network.window_kb", lo=0, open_=True)
-        _range(self.dctcp_gain, "network.dctcp_gain", lo=0, hi=1)
+            check_range(self.window_kb, "network.window_kb", lo=0, open_=True)
+        check_range(self.dctcp_gain, "network.dctcp_gain", lo=0, hi=1)
         if self.ecn_k_kb[1] >= self.buffer_kb[0] / 8:
             raise InputError(
                 "the marking threshold must stay below the PFC threshold (buffer / 8)",
@@ -97,15 +71,15 @@ class NetworkRanges:
             )
 
     def sample(self, rng: np.random.Generator, wall_limit_s: float) -> Ns3Config:
-        buffer = round(_uniform(rng, self.buffer_kb) * 1000)
-        window = None if self.window_kb is None else round(_uniform(rng, self.window_kb) * 1000)
+        buffer = round(uniform(rng, self.buffer_kb) * 1000)
+        window = None if self.window_kb is None else round(uniform(rng, self.window_kb) * 1000)
         return Ns3Config(
             rdma=RdmaConfig(
                 buffer_bytes=buffer,
                 pfc_threshold_bytes=buffer // 8,
-                ecn_k_bytes=[[10e9, float(round(_uniform(rng, self.ecn_k_kb) * 1000))]],
+                ecn_k_bytes=[[10e9, float(round(uniform(rng, self.ecn_k_kb) * 1000))]],
                 window_bytes=window,
-                dctcp_gain=_uniform(rng, self.dctcp_gain),
+                dctcp_gain=uniform(rng, self.dctcp_gain),
             ),
             wall_limit_s=wall_limit_s,
         )
@@ -281,15 +255,15 @@ class OpenLoopFamily:
     network: NetworkRanges = field(default_factory=NetworkRanges)
 
     def __post_init__(self) -> None:
-        self.sizes = {name: _size(name, spec) for name, spec in self.sizes.items()}
+        self.sizes = {name: size_distribution(name, spec) for name, spec in self.sizes.items()}
         if not self.sizes:
             raise InputError("needs at least one size distribution", field="sizes")
         if isinstance(self.network, dict):
             self.network = NetworkRanges(**self.network)
-        _range(self.n_flows, "n_flows", lo=1)
-        _range(self.size_mean_bytes, "size_mean_bytes", lo=0, open_=True)
-        _range(self.arrival_sigma, "arrival_sigma", lo=0, open_=True)
-        _range(self.max_load, "max_load", lo=0, hi=1, open_=True)
+        check_range(self.n_flows, "n_flows", lo=1)
+        check_range(self.size_mean_bytes, "size_mean_bytes", lo=0, open_=True)
+        check_range(self.arrival_sigma, "arrival_sigma", lo=0, open_=True)
+        check_range(self.max_load, "max_load", lo=0, hi=1, open_=True)
         if self.min_size_bytes < 1:
             raise InputError("must be >= 1", field="min_size_bytes")
 
@@ -297,13 +271,13 @@ class OpenLoopFamily:
         rng = np.random.default_rng(seed)
         size_name = sorted(self.sizes)[int(rng.integers(len(self.sizes)))]
         traffic = OpenLoopTraffic(
-            n_flows=_integer(rng, self.n_flows),
+            n_flows=integer(rng, self.n_flows),
             size_name=size_name,
             size=self.sizes[size_name],
-            size_mean_bytes=round(_log_uniform(rng, self.size_mean_bytes), 1),
+            size_mean_bytes=round(log_uniform(rng, self.size_mean_bytes), 1),
             min_size_bytes=self.min_size_bytes,
-            sigma=round(_uniform(rng, self.arrival_sigma), 4),
-            max_load=round(_uniform(rng, self.max_load), 4),
+            sigma=round(uniform(rng, self.arrival_sigma), 4),
+            max_load=round(uniform(rng, self.max_load), 4),
         )
         return _family_scenario(
             self, name, index, seed, traffic=traffic, rng=rng, wall_limit_s=wall_limit_s
@@ -328,29 +302,29 @@ class IncastFamily:
     def __post_init__(self) -> None:
         if isinstance(self.network, dict):
             self.network = NetworkRanges(**self.network)
-        _range(self.k, "k", lo=1)
+        check_range(self.k, "k", lo=1)
         hosts = len(self.topology.build().hosts)
         if self.k[1] >= hosts:  # checked here, before any task starts
             raise InputError(
                 f"a {self.k[1]}:1 incast needs {self.k[1] + 1} hosts, the topology has {hosts}",
                 field="k",
             )
-        _range(self.size_bytes, "size_bytes", lo=0, open_=True)
-        _range(self.rounds, "rounds", lo=1)
-        _range(self.gap_drains, "gap_drains", lo=0, open_=True)
+        check_range(self.size_bytes, "size_bytes", lo=0, open_=True)
+        check_range(self.rounds, "rounds", lo=1)
+        check_range(self.gap_drains, "gap_drains", lo=0, open_=True)
 
     def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> DatagenScenario:
         rng = np.random.default_rng(seed)
-        k = _integer(rng, self.k)
-        size = round(_log_uniform(rng, self.size_bytes))
+        k = integer(rng, self.k)
+        size = round(log_uniform(rng, self.size_bytes))
         topo = self.topology.build()
         host_rate = min(topo.bandwidth_bps[topo.link_src == topo.hosts[0]])
         drain_s = k * self.wire.wire_bytes(size) * 8 / host_rate
         traffic = IncastTraffic(
-            rounds=_integer(rng, self.rounds),
+            rounds=integer(rng, self.rounds),
             k=k,
             size_bytes=size,
-            gap_s=float(f"{_uniform(rng, self.gap_drains) * drain_s:.6g}"),
+            gap_s=float(f"{uniform(rng, self.gap_drains) * drain_s:.6g}"),
         )
         return _family_scenario(
             self, name, index, seed, traffic=traffic, rng=rng, wall_limit_s=wall_limit_s
@@ -372,17 +346,6 @@ def _family_scenario(
         wire=family.wire,
         **extra,
     )
-
-
-def _size(name: str, spec: Any) -> SizeDistribution:
-    if isinstance(spec, SizeDistribution):
-        return spec
-    spec = dict(spec or {})
-    spec.setdefault("kind", name)
-    try:
-        return SizeDistribution(**spec)
-    except TypeError as err:
-        raise InputError(f"size distribution '{name}': {err}", field="sizes") from None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -420,26 +383,26 @@ class CollectiveFamily:
         for name in ("kinds", "algorithms", "layouts"):
             if not getattr(self, name):
                 raise InputError("empty list", field=name)
-        _range(self.degraded_gpus, "degraded_gpus", lo=0)
-        _range(self.reduction, "reduction", lo=1)
-        _range(self.size_bytes, "size_bytes", lo=1)
-        _range(self.phases, "phases", lo=1)
+        check_range(self.degraded_gpus, "degraded_gpus", lo=0)
+        check_range(self.reduction, "reduction", lo=1)
+        check_range(self.size_bytes, "size_bytes", lo=1)
+        check_range(self.phases, "phases", lo=1)
 
     def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> DatagenScenario:
         rng = np.random.default_rng(seed)
         topo = self.topology.build()
         hosts = topo.hosts
-        n_degraded = min(_integer(rng, self.degraded_gpus), len(hosts))
+        n_degraded = min(integer(rng, self.degraded_gpus), len(hosts))
         degraded = tuple(sorted(int(h) for h in rng.choice(hosts, n_degraded, replace=False)))
-        reduction = _integer(rng, self.reduction) if degraded else 1
+        reduction = integer(rng, self.reduction) if degraded else 1
         algorithm = self.algorithms[int(rng.integers(len(self.algorithms)))]
         phases = tuple(
             Phase(
                 kind=CollectiveKind(self.kinds[int(rng.integers(len(self.kinds)))]),
-                size_bytes=int(_log_uniform(rng, self.size_bytes)),
+                size_bytes=int(log_uniform(rng, self.size_bytes)),
                 groups=self._groups(rng, topo),
             )
-            for _ in range(_integer(rng, self.phases))
+            for _ in range(integer(rng, self.phases))
         )
         traffic = CollectiveTraffic(
             phases=phases, algorithm=algorithm, send_latency_s=self.send_latency_s

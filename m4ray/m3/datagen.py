@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from m4ray.datagen.families import _integer, _log_uniform, _range, _size, _uniform
+from m4ray.datagen.sampling import check_range, integer, log_uniform, size_distribution, uniform
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
@@ -288,15 +288,15 @@ class LotFamily:
     wire: WireFormat = field(default_factory=WireFormat)
 
     def __post_init__(self) -> None:
-        self.sizes = {name: _size(name, spec) for name, spec in self.sizes.items()}
+        self.sizes = {name: size_distribution(name, spec) for name, spec in self.sizes.items()}
         if not self.sizes:
             raise InputError("needs at least one size distribution", field="sizes")
         if not self.hops or set(self.hops) - set(HOPS):
             raise InputError(f"path lengths must be among {list(HOPS)}", field="hops")
         for name in ("n_flows", "size_mean_bytes", "arrival_sigma", "buffer_kb", "window_kb"):
-            _range(getattr(self, name), name, lo=0, open_=True)
-        _range(self.max_load, "max_load", lo=0, hi=1, open_=True)
-        _range(self.ecn_k_kb, "ecn_k_kb", lo=0, open_=True)
+            check_range(getattr(self, name), name, lo=0, open_=True)
+        check_range(self.max_load, "max_load", lo=0, hi=1, open_=True)
+        check_range(self.ecn_k_kb, "ecn_k_kb", lo=0, open_=True)
         if self.ecn_k_kb[1] * max(self.core_bps) / self.edge_bps >= self.buffer_kb[0]:
             raise InputError("K at the core rate must stay below the buffer", field="ecn_k_kb")
         if not 0 <= self.pfc_probability <= 1:
@@ -312,22 +312,22 @@ class LotFamily:
         traffic = LotTraffic(
             pairs=pairs,
             weights=weights,
-            n_flows=_integer(rng, self.n_flows),
+            n_flows=integer(rng, self.n_flows),
             size_name=size_name,
             size=self.sizes[size_name],
-            size_mean_bytes=round(_log_uniform(rng, self.size_mean_bytes), 1),
+            size_mean_bytes=round(log_uniform(rng, self.size_mean_bytes), 1),
             min_size_bytes=self.min_size_bytes,
-            sigma=round(_uniform(rng, self.arrival_sigma), 4),
-            max_load=round(_uniform(rng, self.max_load), 4),
+            sigma=round(uniform(rng, self.arrival_sigma), 4),
+            max_load=round(uniform(rng, self.max_load), 4),
         )
-        buffer = round(_uniform(rng, self.buffer_kb) * 1000)
-        k = round(_uniform(rng, self.ecn_k_kb) * 1000)
+        buffer = round(uniform(rng, self.buffer_kb) * 1000)
+        k = round(uniform(rng, self.ecn_k_kb) * 1000)
         rdma = RdmaConfig(
             buffer_bytes=buffer,
             pfc=bool(rng.random() < self.pfc_probability),
             pfc_threshold_bytes=buffer // 4,
             ecn_k_bytes=[[self.edge_bps, float(k)], [core, float(k * core / self.edge_bps)]],
-            window_bytes=round(_uniform(rng, self.window_kb) * 1000),
+            window_bytes=round(uniform(rng, self.window_kb) * 1000),
         )
         return LotScenario(
             family=name,

@@ -1,5 +1,5 @@
-"""``python -m m4ray.sweeps +experiment=train``: train m4 with Ray Train, track it in MLflow,
-evaluate it on held-out scenarios against flowSim and export a checkpoint.
+"""Training a model of any kind (m4, m3) with Ray Train, tracked in MLflow and exported: what the
+``train`` and ``train_m3`` experiments (``m4ray.sweeps.train``, ``m4ray.sweeps.train_m3``) share.
 
 The driver creates the MLflow run (params: the flattened config, dataset version, git commit) in
 the tracking store — by default ``sqlite:///<run_dir>/mlflow.db`` — then fits a ``TorchTrainer``
@@ -11,12 +11,16 @@ side by side (table, CDF plot, MLflow metrics) and the exported checkpoint (also
 
 from __future__ import annotations
 
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from m4ray.fingerprint import fingerprint
+from m4ray.models import checkpoint
 from m4ray.runtime.cluster import start_ray
 from m4ray.runtime.provenance import git_commit
 from m4ray.train.loop import TrainConfig
@@ -91,6 +95,89 @@ def fit(loop, loop_config: dict, cfg, ray_cfg, *, name: str, run_dir: Path):
     if result.error is not None:
         raise result.error
     return result, use_gpu, wall
+
+
+@dataclass(kw_only=True, slots=True)
+class Trained:
+    """A finished training run: the model (eval mode) from its last checkpoint, that
+    checkpoint's state, the MLflow run and store, whether GPUs ran, the wall time and the commit
+    the run began at (a long run may export after later commits)."""
+
+    model: Any
+    state: dict
+    run_id: str
+    uri: str
+    use_gpu: bool
+    wall_s: float
+    began_commit: str
+
+    def meta(self, version: str, cfg, metrics: dict[str, float], **more: Any) -> dict[str, Any]:
+        """The checkpoint's ``model.json`` entries every kind records, and ``more``."""
+        meta = {
+            "dataset_version": version,
+            "git_commit": self.began_commit,
+            "epochs": self.state["epoch"] + 1,
+            **more,
+            "train_wall_s": round(self.wall_s, 1),
+            "hardware": f"{cfg.num_workers} x {'GPU' if self.use_gpu else 'CPU'} worker(s)",
+            "metrics": metrics,
+            "command": "python -m m4ray.sweeps " + " ".join(sys.argv[1:]),
+        }
+        if (now := git_commit()) != self.began_commit:
+            meta["exported_at"] = now
+        return meta
+
+
+def train(sweep, raw_config: dict, cfg, loop, build, *, version: str, run_dir: Path, what: str):
+    """Create (or find again) the MLflow run, fit ``loop`` with Ray Train (a re-run resumes from
+    the last epoch) and load the model ``build(cfg.model)`` from the last checkpoint. ``what``
+    starts the progress line (the experiment and its data)."""
+    import mlflow
+    import torch
+
+    uri = tracking_uri(cfg, run_dir)
+    name = f"{sweep.name}-{fingerprint([raw_config.get('train'), version], 8)}"
+    run_id = mlflow_run(uri, cfg.experiment, name, raw_config, version)
+    print(f"{what}; MLflow {uri} run {name}")
+    result, use_gpu, wall = fit(
+        loop,
+        {"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": uri},
+        cfg,
+        sweep.ray,
+        name=name,
+        run_dir=run_dir,
+    )
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
+    model = build(cfg.model)
+    model.load_state_dict(state["model"])
+    mlflow.set_tracking_uri(uri)
+    began = mlflow.get_run(run_id).data.params.get("git_commit") or git_commit()
+    return Trained(
+        model=model.eval(),
+        state=state,
+        run_id=run_id,
+        uri=uri,
+        use_gpu=use_gpu,
+        wall_s=wall,
+        began_commit=began,
+    )
+
+
+def publish(
+    trained: Trained, export_dir: Path, meta: dict, card: str, *, kind, plot: Path | None = None
+) -> Path:
+    """Export the checkpoint with its card and log it, its metrics (and ``plot``) to the run."""
+    import mlflow
+
+    checkpoint.export(trained.model, export_dir, meta, card, kind=kind)
+    mlflow.set_tracking_uri(trained.uri)
+    with mlflow.start_run(run_id=trained.run_id):
+        mlflow.log_metrics(meta["metrics"])
+        mlflow.log_artifacts(str(export_dir), artifact_path="checkpoint")
+        if plot is not None:
+            mlflow.log_artifact(str(plot))
+    return export_dir
 
 
 def dataset_transports(dataset: str) -> list[str]:
@@ -186,4 +273,13 @@ slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.models.checkpoint.
 """
 
 
-__all__ = ["error_table", "error_text", "fit", "mlflow_run", "tracking_uri"]
+__all__ = [
+    "Trained",
+    "error_table",
+    "error_text",
+    "fit",
+    "mlflow_run",
+    "publish",
+    "tracking_uri",
+    "train",
+]
