@@ -28,7 +28,7 @@ import warnings
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.replay import FlowLog, ReplayResult
@@ -43,6 +43,8 @@ COLL_TAG_BASE = 1 << 40
 @dataclass(kw_only=True, slots=True)
 class EmulationConfig:
     """Settings of the emulation backend (``conf/backend/emulation.yaml``)."""
+
+    replay: ClassVar[str] = "emulation"  # m4ray.sim.replays
 
     network: str = "netns"  # netns | loopback | host (a Ray cluster's real network)
     rate_scale: float = 1e-3  # 400 Gbps -> 400 Mbps

@@ -22,7 +22,7 @@ import json
 import math
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -210,6 +210,8 @@ class M4ServedConfig:
     its bearer ``token`` if it has one) or handle (the app named ``app_name`` on this Ray
     cluster); update ``window_us`` as for ``backend=m4`` (default: 10 µs temporal batches, one
     call each); the ns-3 ``network`` the model imitates; the call timeout."""
+
+    replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
     via: str = "http"
     url: str = "http://127.0.0.1:8000/m4"

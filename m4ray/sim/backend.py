@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from m4ray.errors import SimulationError
 from m4ray.sim.flows import Flow
@@ -35,7 +35,11 @@ class NetworkBackend(Protocol):
 
 
 class BackendConfig(Protocol):
-    """A backend's settings; ``build`` makes one backend instance for one simulation."""
+    """A backend's settings; ``build`` makes one backend instance for one simulation.
+    ``replay`` names the replay it runs under (:mod:`m4ray.sim.replays`): ``dag``, or
+    ``emulation`` for a backend that runs whole workloads itself."""
+
+    replay: ClassVar[str]
 
     def build(self, topology: Topology, routing: Routing) -> NetworkBackend: ...
 

@@ -22,6 +22,7 @@ Units: seconds, bits, bits/s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -49,6 +50,8 @@ class FlowSimConfig:
     (no window; m3's and m4's baseline); ``ack_bytes`` the ACK's wire size for its round trip;
     ``ack_load``: ACKs (one per data packet) take their share of the reverse links
     (:func:`ack_capacity`; off: classic flowSim)."""
+
+    replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
     rate_cap_bps: float | None = None
     window_bytes: int | None = None

@@ -16,16 +16,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from m4ray.errors import InputError, M4rayError
+from m4ray.errors import M4rayError
 from m4ray.fingerprint import fingerprint
 from m4ray.sim.collectives import HierarchicalSpec
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.replay import FlowLog, Replay
+from m4ray.sim.replays import REPLAYS, Setting, replay_of
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import RailClusterSpec
-from m4ray.sim.topology import Topology
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,30 +75,21 @@ class Scenario:
 
 
 def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
-    """Run one scenario; a failure becomes a row with ``status='failed'`` and the reason."""
+    """Run one scenario with its replay (:mod:`m4ray.sim.replays`); a failure becomes a row with
+    ``status='failed'`` and the reason, with the flows delivered before it where there are."""
     row = scenario.describe()
     start = time.perf_counter()
-    replay: Replay | None = None
+    kept: list[Replay] = []
     try:
+        replay = REPLAYS[replay_of(scenario)]
         base = scenario.topology.build()
         topo = scenario.failure.apply(base)
         routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
         algorithm = scenario.collective.build(topo)
-        if getattr(scenario.workload, "lockstep", False):
-            return _lockstep(scenario, row, topo, routing, algorithm, start=start)
-        workload = scenario.workload.build(n_hosts=len(base.hosts))
-        if hasattr(scenario.backend_config, "run_workload"):
-            # a backend that runs whole workloads itself (emulation: real processes and bytes)
-            if scenario.failure.onset_s > 0:
-                raise InputError("emulation cannot start a failure mid-run", field="onset_s")
-            result = scenario.backend_config.run_workload(topo, routing, workload, algorithm)
-        else:
-            backend = scenario.backend_config.build(topo, routing)
-            schedule_onset(backend, scenario.failure, base)
-            replay = Replay(
-                workload, backend, routing, algorithm, send_latency_s=scenario.send_latency_s
-            )
-            result = replay.run()
+        setting = Setting(
+            scenario=scenario, base=base, topo=topo, routing=routing, algorithm=algorithm
+        )
+        done = replay(setting, kept.append)
     except Exception as err:  # keep what completed: the flows delivered before the failure
         reason = (
             f"{type(err).__name__}: {err}"
@@ -106,13 +97,15 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
             else "".join(traceback.format_exception(err))  # a bug: keep the traceback
         )
         row = failed_row(row, reason, time.perf_counter() - start)
-        if replay is None:
+        if not kept:
             return row, None
-        partial = flow_table(replay.flows)
+        partial = flow_table(kept[0].flows)
         row["n_flows"] = partial.num_rows
         return row, partial
-    flows = flow_table(result.flows)
-    return _ok(row, result, flows.num_rows, flows.column("slowdown").to_numpy(), start), flows
+    if done.flows is None:
+        return _ok(row, done.result, done.n_flows, np.zeros(0), start), None
+    flows = flow_table(done.flows)
+    return _ok(row, done.result, flows.num_rows, flows.column("slowdown").to_numpy(), start), flows
 
 
 def _ok(row: dict[str, Any], result, n_flows: int, slowdown: np.ndarray, start: float) -> dict:
@@ -128,43 +121,6 @@ def _ok(row: dict[str, Any], result, n_flows: int, slowdown: np.ndarray, start: 
         wall_s=time.perf_counter() - start,
     )
     return row
-
-
-def _lockstep(scenario: Scenario, row, topo, routing, algorithm, *, start: float):
-    """A workload replayed in lockstep (:mod:`m4ray.sim.lockstep`): the row, no flows."""
-    from m4ray.sim.lockstep import LockstepReplay
-
-    if scenario.failure.onset_s > 0:
-        raise InputError("a lockstep replay cannot start a failure mid-run", field="onset_s")
-    if hasattr(scenario.backend_config, "run_workload"):
-        raise InputError("emulation replays every rank: no lockstep", field="workload.lockstep")
-    result = LockstepReplay.of_spec(
-        scenario.workload,
-        topo,
-        routing,
-        scenario.backend_config,
-        algorithm,
-        send_latency_s=scenario.send_latency_s,
-    ).run()
-    return _ok(row, result, result.flows_represented, np.zeros(0), start), None
-
-
-def schedule_onset(backend: Any, failure: GrayFailure, base: Topology) -> None:
-    """Schedule a mid-run gray failure: link rates drop at ``failure.onset_s``."""
-    changes = failure.onset_changes(base)
-    if not changes:
-        return
-    if not hasattr(backend, "set_bandwidth"):
-        raise InputError(
-            f"{type(backend).__name__} cannot change link rates during a run",
-            field="failure.onset_s",
-        )
-
-    def drop() -> None:
-        for link, bandwidth in changes:
-            backend.set_bandwidth(link, bandwidth)
-
-    backend.schedule(failure.onset_s, drop)
 
 
 def failed_row(row: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]:

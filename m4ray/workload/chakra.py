@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from m4ray.errors import InputError
 from m4ray.sim.workload import (
@@ -327,6 +328,8 @@ class ChakraWorkloadSpec:
 
     ``sha256`` pins the files' content into the scenario id (filled in from the files when
     empty, so editing a trace re-runs its scenarios instead of reusing stale rows)."""
+
+    lockstep: ClassVar[bool] = False  # a trace's ranks are not one program
 
     prefix: str
     flops_per_s: float | None = None  # for compute nodes that only carry num_ops

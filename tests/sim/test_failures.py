@@ -92,8 +92,8 @@ def test_loss_and_onset_options():
 def test_mid_run_rate_drop_in_flowsim():
     from m4ray.sim.flows import Flow
     from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.replays import schedule_onset
     from m4ray.sim.routing import Routing
-    from m4ray.sim.scenario import schedule_onset
 
     base = rail_cluster()
     failure = GrayFailure(n_degraded=2, reduction=4, onset_s=100e-6)

@@ -66,6 +66,8 @@ def test_runs_resumes_and_records_failures(ray_local, tmp_path):
 class CrashingBackend:
     """A backend config whose build kills its process, as an ns-3 assertion does."""
 
+    replay = "dag"
+
     def build(self, topology, routing):
         import os
 

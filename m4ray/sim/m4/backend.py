@@ -21,7 +21,7 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
@@ -140,6 +140,8 @@ class M4Config:
     ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a run's id names
     the model that ran, not only its name: a checkpoint retrained in place does not reuse old
     results."""
+
+    replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
     checkpoint: str = "m4-v2"
     window_us: float | None = 0.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -36,6 +37,8 @@ __all__ = ["IMITATED", "PARAMS13", "Ns3Backend", "Ns3Config", "Recording", "para
 class Ns3Config:
     """ns-3 settings: the transport (``rdma`` or ``tcp``) and its settings, and the run guard
     (seconds). Packetisation comes from the wire format."""
+
+    replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
     transport: str = "rdma"
     rdma: RdmaConfig = field(default_factory=RdmaConfig)

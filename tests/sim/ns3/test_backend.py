@@ -174,7 +174,7 @@ def test_failures_become_rows_and_other_scenarios_finish(ray_local, tmp_path):
 
 
 def _lone_gpu_flow(failure, size):
-    from m4ray.sim.scenario import schedule_onset
+    from m4ray.sim.replays import schedule_onset
     from m4ray.sim.topologies import rail_cluster
 
     base = rail_cluster()
