@@ -11,6 +11,7 @@ Packages (``m4ray/<package>/``, or a top-level module for the ground floor):
   fair share, checkpoint I/O: under sim, train and serve alike;
 * ``sim`` — topologies, routing, backends, replay (with ``sim.m4`` and ``sim.ns3``);
 * ``workload``, ``emulation``, ``datagen``, ``train``, ``m3``, ``serve`` above them;
+* ``api`` — the public surface (``m4ray/api.py``), names only;
 * ``sweeps`` — the entry layer, which nothing imports.
 """
 
@@ -37,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "train": {"ground", "runtime", "models"},  # never sim: the models layer is what they share
     "m3": {"ground", "runtime", "models", "sim", "datagen", "train"},
     "serve": {"ground", "runtime", "models", "sim", "m3"},
+    "api": {"ground", "models", "sim", "workload", "emulation", "serve"},  # the public names
 }
 ALLOWED["sweeps"] = set(ALLOWED) - {"sweeps"}  # the entry layer may import every package
 

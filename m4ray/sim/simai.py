@@ -37,13 +37,12 @@ groups, and — as in SimAI — pipeline sends are not injected (SimAI adds the 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import added_field
-from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Workload
+from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Workload, scaled_bytes
 from m4ray.textio import parse_int, read_rows
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -357,7 +356,7 @@ class _Builder:
         if len(group) < 2:
             return None
         size = max(comm.size_bytes, MIN_FWD_COMM) if phase == "fwd" else comm.size_bytes
-        size = max(1, math.ceil(size * self.scale))
+        size = scaled_bytes(size, self.scale)
         self.group_kind[len(self.nodes)] = key[1:]
         return self._add(
             Collective(

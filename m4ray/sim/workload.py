@@ -7,6 +7,7 @@ member rank; the k-th collective a rank issues on a group matches the k-th of ev
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -142,15 +143,22 @@ def _check_acyclic(workload: Workload) -> None:
         raise InputError(f"dependency cycle among nodes {stuck}", field="deps")
 
 
+def scaled_bytes(size_bytes: float, factor: float) -> int:
+    """The one rule of ``workload.scale`` for every workload reader (SimAI, Chakra, synthetic):
+    a message of ``size_bytes`` becomes ``ceil(size_bytes × factor)`` bytes, at least 1 (never
+    rounded below its scaled size, so a scaled job keeps every message it had)."""
+    return max(1, math.ceil(size_bytes * factor))
+
+
 def scale_messages(workload: Workload, factor: float) -> Workload:
-    """A copy with every collective and point-to-point size × ``factor`` (at least 1 byte);
+    """A copy with every collective and point-to-point size scaled (:func:`scaled_bytes`);
     compute is unchanged (the ``scale`` knob of the gray-failure sweep)."""
     if factor == 1.0:
         return workload
     if factor <= 0:
         raise InputError(f"must be > 0, got {factor}", field="workload.scale")
     nodes = [
-        replace(node, size_bytes=max(1, round(node.size_bytes * factor)))
+        replace(node, size_bytes=scaled_bytes(node.size_bytes, factor))
         if isinstance(node, Collective | Send | Recv)
         else node
         for node in workload.nodes
