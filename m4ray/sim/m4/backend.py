@@ -143,7 +143,7 @@ class M4Config:
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
-    checkpoint: str = "m4-v3"
+    checkpoint: str = "m4-v2"
     window_us: float | None = 0.0
     network: Ns3Config = field(default_factory=Ns3Config)  # m4-v2 learned ns-3 rdma
     threads: int = 1
