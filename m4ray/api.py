@@ -88,4 +88,32 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(_HOMES[name]), _RENAMED.get(name, name))
 
 
-__all__ = sorted(_HOMES)
+__all__ = [
+    "ChakraWorkloadSpec",
+    "ClusterTemplateSpec",
+    "EmulationConfig",
+    "FatTreeSpec",
+    "Flow",
+    "FlowSimConfig",
+    "GrayFailure",
+    "HierarchicalSpec",
+    "M4Config",
+    "M4ServedConfig",
+    "Ns3Config",
+    "RailClusterSpec",
+    "RingSpec",
+    "Routing",
+    "Scenario",
+    "SessionClient",
+    "SimAISpec",
+    "SimAIWorkloadSpec",
+    "SyntheticWorkloadSpec",
+    "Topology",
+    "TopologyFileSpec",
+    "WireFormat",
+    "load_checkpoint",
+    "read_topology",
+    "run_trace",
+    "simulate",
+    "write_topology",
+]

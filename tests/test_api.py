@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import m4ray.api as api
+from m4ray import api
 
 
 def test_every_public_name_resolves_and_nothing_else_does():
@@ -16,6 +16,24 @@ def test_every_public_name_resolves_and_nothing_else_does():
         assert getattr(api, name) is not None, name
     with pytest.raises(AttributeError, match="its names"):
         api.NoSuchThing  # noqa: B018
+
+
+def test_the_type_checking_imports_name_the_same_homes():
+    """api.py lists each name twice (its lazy home and a typing-only import, which the layering
+    test reads): the two lists agree."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(api.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If))
+    typed = {
+        alias.asname or alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == api._HOMES
+    assert api.__all__ == sorted(api._HOMES)
 
 
 def test_importing_the_api_loads_no_torch_ray_or_ns3():

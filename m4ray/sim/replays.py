@@ -28,12 +28,13 @@ from m4ray.sim.topology import Topology
 
 @dataclass(kw_only=True, slots=True)
 class Replayed:
-    """What a replay returns: the result (completion time, exposed communication), the flows
-    it logged (None: no per-flow table) and how many flows it stood for."""
+    """What a replay returns: the result (completion time, exposed communication) and the flows
+    it logged; a replay without a per-flow table (``flows`` None) says how many flows it stood
+    for (``represented``)."""
 
     result: Any
     flows: FlowLog | None
-    n_flows: int
+    represented: int = 0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -72,7 +73,7 @@ def replay_dag(s: Setting, keep: Callable[[Replay], None]) -> Replayed:
     )
     keep(replay)
     result = replay.run()
-    return Replayed(result=result, flows=result.flows, n_flows=len(result.flows.start_s))
+    return Replayed(result=result, flows=result.flows)
 
 
 def replay_lockstep(s: Setting, keep: Callable[[Replay], None]) -> Replayed:
@@ -87,14 +88,14 @@ def replay_lockstep(s: Setting, keep: Callable[[Replay], None]) -> Replayed:
         s.algorithm,
         send_latency_s=s.scenario.send_latency_s,
     ).run()
-    return Replayed(result=result, flows=None, n_flows=result.flows_represented)
+    return Replayed(result=result, flows=None, represented=result.flows_represented)
 
 
 def replay_emulated(s: Setting, keep: Callable[[Replay], None]) -> Replayed:
     """The backend runs the workload itself (``run_workload``)."""
     workload = s.scenario.workload.build(n_hosts=len(s.base.hosts))
     result = s.scenario.backend_config.run_workload(s.topo, s.routing, workload, s.algorithm)
-    return Replayed(result=result, flows=result.flows, n_flows=len(result.flows.start_s))
+    return Replayed(result=result, flows=result.flows)
 
 
 def schedule_onset(backend: Any, failure: GrayFailure, base: Topology) -> None:

@@ -103,7 +103,7 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
         row["n_flows"] = partial.num_rows
         return row, partial
     if done.flows is None:
-        return _ok(row, done.result, done.n_flows, np.zeros(0), start), None
+        return _ok(row, done.result, done.represented, np.zeros(0), start), None
     flows = flow_table(done.flows)
     return _ok(row, done.result, flows.num_rows, flows.column("slowdown").to_numpy(), start), flows
 

@@ -377,9 +377,10 @@ def test_the_step_memo_answers_repeated_graphs_as_the_pass_did(model):
 @pytest.mark.parametrize("name", ["m4-v2", "m4-v3"])
 def test_the_rdma_checkpoints_have_cards_the_benches_wrote(name):
     """m4-v2 is the default of backend=m4 (m4-v3 is more accurate on the gray-failure study but
-    3x slower per scenario, which would take `make run` past its 10 minutes); it records the ns-3 transport it learned (the default
-    backend describes that one), and its card's measured section is bench/m4_card.py's: each
-    subsection quotes the command (an existing bench or the sweep) whose output follows."""
+    3x slower per scenario, which would take `make run` past its 10 minutes); each records the
+    ns-3 transport it learned (the default backend describes that one), and its card's measured
+    section is bench/m4_card.py's: each subsection quotes the command (an existing bench or the
+    sweep) whose output follows."""
     import json
     import re
     from pathlib import Path
