@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from m4ray.models.components import Components
 from m4ray.models.fluid import N_FEATURES as N_FLUID
 from m4ray.models.fluid import Fluid
 from m4ray.models.m4 import M4Model
@@ -85,46 +86,19 @@ class EventUpdate:
     fluid: np.ndarray
 
 
-class _Components:
-    """The engine's component bookkeeping over a period's local flow and link rows."""
+class _Replay:
+    """The engine's bookkeeping (:class:`~m4ray.models.components.Components`, times in µs) over
+    a period's local flow and link rows, with the fluid anchor where the model has one."""
 
     def __init__(self, paths: list[list[int]], n_links: int, fluid: tuple | None = None) -> None:
         self.paths = paths
         # (Fluid, link bandwidths [L], ideal FCTs [F] in s, wire bytes [F], window [F, 2] or
         # None) with the anchor
         self.fluid = fluid
-        self.users = [0] * n_links
-        self.owner = [-1] * n_links
-        self.comps: dict[int, tuple[dict[int, None], set[int], list[float]]] = {}
-        self.comp_of: dict[int, int] = {}
-        self.next = 0
-        self.touched: set[int] = set()
+        self.components = Components(n_links)
 
     def arrive(self, f: int, t: float) -> None:
-        """``f`` joins the components owning its links (merged; oldest last-update time kept)
-        or a new one."""
-        owners = sorted({self.owner[link] for link in self.paths[f]} - {-1})
-        if not owners:
-            root, self.next = self.next, self.next + 1
-            self.comps[root] = ({}, set(), [t])
-        else:
-            root = max(owners, key=lambda c: (len(self.comps[c][0]), -c))
-            flows, links, t_last = self.comps[root]
-            for other in owners:
-                if other == root:
-                    continue
-                gone_flows, gone_links, gone_t = self.comps.pop(other)
-                self.touched.discard(other)
-                for g in gone_flows:
-                    self.comp_of[g] = root
-                for link in gone_links:
-                    self.owner[link] = root
-                flows.update(gone_flows)
-                links.update(gone_links)
-                t_last[0] = min(t_last[0], gone_t[0])
-        for link in self.paths[f]:
-            self.owner[link] = root
-            self.users[link] += 1
+        self.components.join(f, self.paths[f], t)
         if self.fluid is not None:
             state, bandwidth, ideal, size, window = self.fluid
             state.add(
@@ -135,34 +109,16 @@ class _Components:
                 t * 1e-6,
                 window=None if window is None else tuple(window[f]),
             )
-        self.comps[root][1].update(self.paths[f])
-        self.comps[root][0][f] = None
-        self.comp_of[f] = root
-        self.touched.add(root)
 
     def depart(self, f: int, t: float) -> list[int]:
         """``f`` leaves at ``t``; returns the links it leaves idle."""
-        c = self.comp_of.pop(f)
-        flows, links, _ = self.comps[c]
         if self.fluid is not None:  # the flows left behind shared with it until now (engine)
             state, bandwidth, *_ = self.fluid
+            flows = self.components.of(f).flows
             members = np.fromiter(flows, np.int64, len(flows))
             state.catch_up(members, [np.asarray(self.paths[g]) for g in flows], bandwidth, t * 1e-6)
             state.release(f, self.paths[f])
-        del flows[f]
-        idle = []
-        for link in self.paths[f]:
-            self.users[link] -= 1
-            if not self.users[link]:
-                self.owner[link] = -1
-                links.discard(link)
-                idle.append(link)
-        if flows:
-            self.touched.add(c)
-        else:
-            del self.comps[c]
-            self.touched.discard(c)
-        return idle
+        return self.components.leave(f, self.paths[f])
 
     def update(self, t: float, idle: list[int]) -> EventUpdate:
         """Advance the touched components to ``t`` (the rows and Δt of this event)."""
@@ -170,15 +126,15 @@ class _Components:
         links_j: list[int] = []
         dtf: list[float] = []
         dtl: list[float] = []
-        for c in sorted(self.touched):
-            flows, links, t_last = self.comps[c]
-            dt = max(t - t_last[0], 0.0)
-            t_last[0] = t
-            flows_j += flows
-            links_j += sorted(links)
-            dtf += [dt] * len(flows)
-            dtl += [dt] * len(links)
-        self.touched = set()
+        comps = self.components.comps
+        for c in self.components.take_touched():
+            comp = comps[c]
+            dt = max(t - comp.t_last, 0.0)
+            comp.t_last = t
+            flows_j += comp.flows
+            links_j += sorted(comp.links)
+            dtf += [dt] * len(comp.flows)
+            dtl += [dt] * len(comp.links)
         flows = np.asarray(flows_j, dtype=np.int64)
         base, fluid = np.zeros(0), np.zeros((0, N_FLUID))
         if self.fluid is not None and len(flows):
@@ -242,7 +198,7 @@ def _schedule(s: PeriodSample, fluid: bool | str | None) -> list[EventUpdate]:
             (s.size_bytes if s.wire_bytes is None else s.wire_bytes).double().cpu().numpy(),
             window,
         )
-    state = _Components(paths, s.n_link_rows, anchor)
+    state = _Replay(paths, s.n_link_rows, anchor)
     out = []
     for j, t in enumerate(t_us.tolist()):
         for f in arrive_at.get(j, ()):

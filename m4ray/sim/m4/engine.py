@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate, chain, pairwise
 
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.models import core
+from m4ray.models.components import Component, Components
 from m4ray.models.config import ModelConfig
 from m4ray.models.fairshare import Window, reverse_links
 from m4ray.models.fluid import N_FEATURES, Fluid, offsets
@@ -45,14 +46,6 @@ Stepper = Callable[[list[StepGraph]], list[StepOut]]
 # that coincide stay together whatever the float rounding of the step (see load_model), so one
 # update covers them however the simulation's steps were batched.
 TICKS_PER_S = 1e12
-
-
-@dataclass(slots=True)
-class _Component:
-    flows: dict[int, None] = field(default_factory=dict)  # ordered set of flow ids
-    links: set[int] = field(default_factory=set)
-    t_last: float = 0.0
-    t_fluid: float = 0.0  # its fluid rows' oldest last update (the anchor's catch-up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,18 +115,12 @@ class M4Engine:
         self._latency = None if link_latency_s is None else np.asarray(link_latency_s, float)
         self._wire = routing.wire if routing is not None else WireFormat()
         n_links = len(bw)
-        # per link, plain lists (paths are a few links: Python indexing beats numpy's here)
-        self._users = [0] * n_links  # active flows on it
-        self._owner = [-1] * n_links  # its component while busy
+        self._components = Components(n_links)  # links' users and owners, the components
         self._slot = np.full(n_links, -1, dtype=np.int64)  # scratch: a link's row in a graph
         self._rows: dict[int, int] = {}  # active flow id -> row
         self._links_of: dict[int, tuple[int, ...]] = {}  # active flow id -> its path
-        self._comp_of: dict[int, int] = {}  # active flow id -> component
         self._fresh: dict[int, tuple[int, int]] = {}  # rows awaiting their initial state
         self._alloc(64, 8)
-        self._comps: dict[int, _Component] = {}
-        self._next_comp = 0
-        self._touched: set[int] = set()
         self.n_updates = 0  # component updates that ran the model
         self.n_stepped_flows = 0  # Σ flows over all of them
 
@@ -160,11 +147,9 @@ class M4Engine:
         if flow_id in self._rows:
             raise InputError(f"flow {flow_id} is already active", field="id")
         links = tuple(int(link) for link in links)
-        if not links or min(links) < 0 or max(links) >= len(self._users):
-            raise InputError(
-                f"flow {flow_id}: links must be ids in [0, {len(self._users)})", field="links"
-            )
-        comp = self._join(links, t)
+        n_links = len(self._capacity)
+        if not links or min(links) < 0 or max(links) >= n_links:
+            raise InputError(f"flow {flow_id}: links must be ids in [0, {n_links})", field="links")
         row = self._row(len(links))
         self._path[row, : len(links)] = links
         self._plen[row] = len(links)
@@ -183,12 +168,7 @@ class M4Engine:
             self._fluid.add(row, work, ideal_s, rates.min(), t, window=window)
         self._rows[flow_id] = row
         self._links_of[flow_id] = links
-        self._comp_of[flow_id] = comp
-        self._comps[comp].flows[flow_id] = None
-        users = self._users
-        for link in links:
-            users[link] += 1
-        self._touched.add(comp)
+        self._components.join(flow_id, links, t)
         return t + ideal_s
 
     def check(self, events: list[tuple[float, Arrival | int]]) -> None:
@@ -221,30 +201,15 @@ class M4Engine:
         """Remove ``flow_id`` at ``t``; returns its last predicted slowdown."""
         if flow_id not in self._rows:
             raise InputError(f"flow {flow_id} is not active", field="id")
-        c = self._comp_of.pop(flow_id)
-        comp = self._comps[c]
         if self._fluid is not None:  # the flows left behind shared with it until now
-            self._fluid_catch_up(comp, t)
+            self._fluid_catch_up(self._components.of(flow_id), t)
             self._fluid.release(self._rows[flow_id], self._links_of[flow_id])
         row = self._rows.pop(flow_id)
-        del comp.flows[flow_id]
         self._fresh.pop(row, None)
         self._free_rows.append(row)
-        users, owner = self._users, self._owner
-        idle = []
-        for link in self._links_of.pop(flow_id):
-            users[link] -= 1
-            if not users[link]:
-                idle.append(link)
-                owner[link] = -1
+        idle = self._components.leave(flow_id, self._links_of.pop(flow_id))
         if idle:
             self._h_link[idle] = self._link_init[idle]
-            comp.links.difference_update(idle)
-        if comp.flows:
-            self._touched.add(c)
-        else:
-            del self._comps[c]
-            self._touched.discard(c)
         return float(self._slow[row])
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
@@ -254,7 +219,7 @@ class M4Engine:
         self._capacity[link] = bandwidth_bps
         row = initial_link_state(self.cfg, np.array([float(bandwidth_bps)]))[0]
         self._link_init[link] = row
-        if self._users[link] == 0:
+        if self._components.users[link] == 0:
             self._h_link[link] = row
 
     def update(self, t: float) -> dict[int, float]:
@@ -283,16 +248,15 @@ class M4Engine:
 
     def prepare(self, t: float) -> Pending | None:
         """The touched components at ``t`` as one graph (None when nothing changed)."""
-        if not self._touched:
+        if not self._components.touched:
             return None
         self._init_fresh()
-        comps = sorted(self._touched)
-        self._touched = set()
+        comps = self._components.take_touched()
         flow_ids: list[int] = []
         link_lists: list[list[int]] = []
         n_flows, n_links, dts = [], [], []
         for c in comps:
-            comp = self._comps[c]
+            comp = self._components.comps[c]
             flow_ids += comp.flows
             link_lists.append(sorted(comp.links))
             n_flows.append(len(comp.flows))
@@ -314,7 +278,7 @@ class M4Engine:
             csr = (offsets(plen), path_links)
             base, fluid = self._fluid.advance(rows, csr, self._capacity, t)
             for c in comps:
-                self._comps[c].t_fluid = t
+                self._components.comps[c].t_fluid = t
         graph = self._graph(rows, links, dt, n_flows, n_links, incidence, plen, base, fluid)
         return Pending(t=t, comps=comps, flow_ids=flow_ids, rows=rows, links=links, graphs=[graph])
 
@@ -363,7 +327,7 @@ class M4Engine:
         rows = pending.rows
         self._slow[rows] = slowdown
         for c in pending.comps:
-            self._comps[c].t_last = pending.t
+            self._components.comps[c].t_last = pending.t
         finish = self._start[rows] + slowdown * self._ideal[rows]
         return np.round(finish * TICKS_PER_S) / TICKS_PER_S  # see TICKS_PER_S
 
@@ -373,7 +337,7 @@ class M4Engine:
 
     @property
     def n_components(self) -> int:
-        return len(self._comps)
+        return len(self._components)
 
     # ------------------------------------------------------------ internals
     def _route(self, flow: Arrival):
@@ -389,35 +353,7 @@ class M4Engine:
         except InputError as err:
             raise InputError(f"flow {flow.id}: {err.message}", field=err.field) from None
 
-    def _join(self, links: tuple[int, ...], t: float) -> int:
-        owner = self._owner
-        owners = sorted({owner[link] for link in links} - {-1})
-        if not owners:
-            root = self._next_comp
-            self._next_comp += 1
-            self._comps[root] = _Component(t_last=t, t_fluid=t)
-        else:
-            root = max(owners, key=lambda c: (len(self._comps[c].flows), -c))
-            keep = self._comps[root]
-            for other in owners:
-                if other == root:
-                    continue
-                gone = self._comps.pop(other)
-                self._touched.discard(other)
-                for f in gone.flows:
-                    self._comp_of[f] = root
-                keep.flows.update(gone.flows)
-                for link in gone.links:
-                    owner[link] = root
-                keep.links |= gone.links
-                keep.t_last = min(keep.t_last, gone.t_last)
-                keep.t_fluid = min(keep.t_fluid, gone.t_fluid)
-        for link in links:
-            owner[link] = root
-        self._comps[root].links.update(links)
-        return root
-
-    def _fluid_catch_up(self, comp: _Component, t: float) -> None:
+    def _fluid_catch_up(self, comp: Component, t: float) -> None:
         if comp.t_fluid >= t:  # every row of it is already at t (or later)
             return
         rows = np.fromiter(map(self._rows.__getitem__, comp.flows), np.int64, len(comp.flows))
