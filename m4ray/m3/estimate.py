@@ -133,8 +133,8 @@ class M3Config:
 
 def load_model(directory: str, cc: str):
     """The m3 checkpoint, refusing a CC it was not trained on."""
-    from m4ray.m3.train import M3
     from m4ray.models import checkpoint
+    from m4ray.models.checkpoint import M3
 
     model, info = checkpoint.load(directory, kind=M3)
     supported = info.get("supported_cc", [])

@@ -4,16 +4,15 @@ and export a checkpoint (``reference/flowsim_m3.md`` B.7).
 
 One sample = one lot: its flowSim tokens, and its ns-3 foreground percentiles per output bucket.
 Lots are split by scenario (seeded). Loss: m3's masked relative L1; AdamW (β 0.9/0.95, weight decay
-on the transformer's matrices only), no schedule, as m3. The m4 training pieces are reused: the
-Train fit and resume (:func:`m4ray.train.job.fit`), the per-epoch MLflow logger and checkpoint
-report (:mod:`m4ray.train.loop`), the checkpoint directory format (:mod:`m4ray.models.checkpoint`).
+on the transformer's matrices only), no schedule, as m3. m3 trains through the same pieces as m4:
+its :class:`M3Task` runs in the generic worker loop (:func:`m4ray.train.loop.train_loop`: shards,
+DDP, resume, MLflow, checkpoints), the run and export are :mod:`m4ray.train.job`'s, the checkpoint
+directory format :mod:`m4ray.models.checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,17 +22,17 @@ import pyarrow.dataset as pads
 import torch
 
 from m4ray.errors import InputError
-from m4ray.models.checkpoint import Kind
+from m4ray.models.checkpoint import M3  # (where m3 cards say to find it)
 from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn
 from m4ray.models.m3_features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
+from m4ray.train.loop import RunSettings
 
-M3 = Kind(format="m4ray-m3-v1", module="m4ray.models.m3", model="M3Model", config="M3ModelConfig")
 PCTS = (50, 90, 99)
 
 
 @dataclass(kw_only=True, slots=True)
-class M3TrainConfig:
-    """The m3 training job (plain data: it crosses the Ray boundary)."""
+class M3TrainConfig(RunSettings):
+    """The m3 training job."""
 
     dataset: str = "outputs/datagen_m3/dataset"
     val_fraction: float = 0.1
@@ -41,37 +40,23 @@ class M3TrainConfig:
     model: M3ModelConfig = field(default_factory=M3ModelConfig)
     epochs: int = 60
     batch_size: int = 20
-    lr: float = 1e-4
     weight_decay: float = 0.02
-    num_workers: int = 2
-    use_gpu: bool | None = None
-    cpus_per_worker: float = 1.0
-    threads_per_worker: int = 1
-    seed: int = 0
-    tracking_uri: str | None = None
     experiment: str = "m3"
-    export_dir: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
             self.model = M3ModelConfig(**self.model)
-        for name in ("epochs", "batch_size", "num_workers", "threads_per_worker"):
-            if getattr(self, name) < 1:
-                raise InputError(f"must be >= 1, got {getattr(self, name)}", field=f"train.{name}")
-        if self.lr <= 0:
-            raise InputError("must be > 0", field="train.lr")
+        RunSettings.__post_init__(self)
         if not 0 <= self.val_fraction + self.test_fraction < 1:
             raise InputError("val + test fractions must be in [0, 1)", field="train.val_fraction")
 
-    def loop(self):
-        """The Ray Train per-worker function for this config."""
-        return train_loop
+    def task(self, device) -> M3Task:
+        return M3Task(self, device)
 
     def dataset_dir(self) -> str:
         return self.dataset
 
     def resolved(self) -> M3TrainConfig:
-        """The config with an absolute dataset path (workers run in other directories)."""
         return dataclasses.replace(self, dataset=str(Path(self.dataset).resolve()))
 
 
@@ -177,72 +162,54 @@ def percentile_errors(pred: np.ndarray, lots: Lots) -> dict[str, dict[str, float
     return table
 
 
-def train_loop(config: dict[str, Any]) -> None:
-    """``train_loop_per_worker`` of the TorchTrainer."""
-    import ray.train
-    import ray.train.torch
+class M3Task:
+    """m3's :class:`~m4ray.train.loop.Task` for :func:`~m4ray.train.loop.train_loop`: lots in
+    batches of ``batch_size``, m3's masked relative L1, AdamW (:func:`optimizer`), no schedule;
+    every rank scores the whole validation split."""
 
-    from m4ray.train.loop import mlflow_logger, report, shard
+    def __init__(self, cfg: M3TrainConfig, device) -> None:
+        self.cfg, self.device = cfg, device
+        self.splits = split(load_lots(cfg.dataset), cfg)
+        self.model = self.module = M3Model(cfg.model)
+        self.ddp_kwargs = None
+        self.n_sums = 2  # loss × lots, lots
 
-    cfg: M3TrainConfig = config["cfg"]
-    torch.set_num_threads(cfg.threads_per_worker)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
-    torch.manual_seed(cfg.seed)
-    splits = split(load_lots(cfg.dataset), cfg)
-    model = M3Model(cfg.model)
-    ddp = ray.train.torch.prepare_model(model)
-    opt = optimizer(model, cfg)
-    start = 0
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"), map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        start = state["epoch"] + 1
-    logger = mlflow_logger(config) if rank == 0 else None
-    train = splits["train"]
-    for epoch in range(start, cfg.epochs):
-        ddp.train()
-        began = time.perf_counter()
-        order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train))
-        chunks = [order[k : k + cfg.batch_size] for k in range(0, len(order), cfg.batch_size)]
-        total, count = 0.0, 0
-        for index in shard(chunks, rank, world):
-            part = train.take(index)
-            target = torch.from_numpy(part.target).to(device)
-            mask = torch.from_numpy(part.mask).to(device)
-            loss = loss_fn(ddp(*part.tensors(device)), target, mask)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            total, count = total + float(loss) * len(index), count + len(index)
-        ddp.eval()
-        sums = torch.tensor([total, count], dtype=torch.float64)
-        if world > 1:
-            torch.distributed.all_reduce(sums)
-        val = splits["val"]
+    def optimizer(self, ddp: torch.nn.Module) -> torch.optim.Optimizer:
+        return optimizer(self.model, self.cfg)
+
+    def scheduler(self, optimizer: torch.optim.Optimizer) -> None:
+        return None
+
+    def batches(self, epoch: int) -> list:
+        cfg = self.cfg
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.splits["train"]))
+        return [order[k : k + cfg.batch_size] for k in range(0, len(order), cfg.batch_size)]
+
+    def step(self, ddp: torch.nn.Module, index) -> tuple[torch.Tensor, list[float]]:
+        part = self.splits["train"].take(index)
+        loss = self._loss(ddp, part)
+        return loss, [float(loss) * len(index), len(index)]
+
+    def _loss(self, module: torch.nn.Module, lots: Lots) -> torch.Tensor:
+        target = torch.from_numpy(lots.target).to(self.device)
+        mask = torch.from_numpy(lots.mask).to(self.device)
+        return loss_fn(module(*lots.tensors(self.device)), target, mask)
+
+    def validate(self, rank: int, world: int) -> list[float]:
+        """The whole split's loss on every rank (counted once per rank: the mean is kept)."""
+        val = self.splits["val"]
+        if not len(val):
+            return [float("nan"), 1.0]
         with torch.no_grad():
-            val_loss = (
-                float(
-                    loss_fn(
-                        model(*val.tensors(device)),
-                        torch.from_numpy(val.target).to(device),
-                        torch.from_numpy(val.mask).to(device),
-                    )
-                )
-                if len(val)
-                else float("nan")
-            )
-        metrics = {
+            return [float(self._loss(self.model, val)), 1.0]
+
+    def metrics(self, epoch: int, train: list[float], val: list[float], epoch_s: float) -> dict:
+        return {
             "epoch": epoch,
-            "train_loss": float(sums[0] / max(float(sums[1]), 1)),
-            "val_loss": val_loss,
-            "epoch_s": time.perf_counter() - began,
+            "train_loss": float(train[0] / max(float(train[1]), 1)),
+            "val_loss": val[0] / val[1],
+            "epoch_s": epoch_s,
         }
-        report(metrics, {"model": model, "optimizer": opt}, epoch=epoch, rank=rank, logger=logger)
 
 
 def error_text(table: dict[str, dict[str, float]], n_lots: int) -> str:
@@ -281,3 +248,18 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
 |---|{"---|" * len(table["m3"])}
 {rows}
 """
+
+
+__all__ = [
+    "M3",  # the checkpoint kind (m4ray.models.checkpoint.M3), where m3 cards name it
+    "Lots",
+    "M3Task",
+    "M3TrainConfig",
+    "error_text",
+    "load_lots",
+    "model_card",
+    "optimizer",
+    "percentile_errors",
+    "predict",
+    "split",
+]

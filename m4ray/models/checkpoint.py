@@ -38,6 +38,7 @@ class Kind:
 
 
 M4 = Kind(format=FORMAT, module="m4ray.models.m4", model="M4Model", config="ModelConfig")
+M3 = Kind(format="m4ray-m3-v1", module="m4ray.models.m3", model="M3Model", config="M3ModelConfig")
 
 
 def export(
@@ -101,4 +102,4 @@ def load(directory: str | Path, device: str | torch.device = "cpu", *, kind: Kin
     return model.eval(), info
 
 
-__all__ = ["FORMAT", "M4", "Kind", "export", "load"]
+__all__ = ["FORMAT", "M3", "M4", "Kind", "export", "load"]

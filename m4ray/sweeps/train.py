@@ -4,7 +4,6 @@ run all model kinds share)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     run_dir = Path(sweep.paths.run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     version = dataset_version(cfg.data.dataset)  # fails early on a missing dataset
-    # workers run in other directories: hand them absolute paths
-    data = dataclasses.replace(cfg.data, dataset=str(Path(cfg.data.dataset).resolve()))
-    cfg = dataclasses.replace(cfg, data=data)
+    cfg = cfg.resolved()  # workers run in other directories: hand them absolute paths
     trained = train(
         sweep, raw_config, cfg, train_loop, M4Model,
         version=version, run_dir=run_dir, what=f"train: dataset {version}",

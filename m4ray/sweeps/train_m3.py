@@ -15,11 +15,11 @@ from m4ray.m3.train import (
     percentile_errors,
     predict,
     split,
-    train_loop,
 )
 from m4ray.models.m3 import M3Model
 from m4ray.train.data import dataset_version
 from m4ray.train.job import publish, train
+from m4ray.train.loop import train_loop
 
 SECTIONS = {"train": M3TrainConfig}  # checked before run
 

@@ -1,10 +1,13 @@
-"""The training loop that runs in every Ray Train worker, and the evaluation metrics.
+"""The training loop every model kind runs in its Ray Train workers, m4's part of it, and the
+evaluation metrics.
 
-Each worker loads the same splits, takes an equal shard of the (epoch-shuffled) training periods,
-and steps DDP (gloo on CPU, NCCL on GPU) on batches of ``batch_size`` periods; validation is
-sharded too and the sums are all-reduced. Rank 0 writes the checkpoint (model, optimizer,
-scheduler, epoch) and logs the epoch's metrics to the MLflow run the driver created; every rank
-calls ``ray.train.report``. A restarted run resumes from the latest checkpoint.
+:func:`train_loop` is generic over the model kind: a config (:class:`RunSettings`) builds its
+:class:`Task` — the data, the model, its optimizer, a training step and the validation sums —
+and the loop does the rest the same for m4 and m3: each worker loads the same splits, takes an
+equal shard of the (epoch-shuffled) training batches and steps DDP (gloo on CPU, NCCL on GPU);
+the sums are all-reduced; rank 0 writes the checkpoint (the task's parts and the epoch) and logs
+the epoch's metrics to the MLflow run the driver created; every rank calls
+``ray.train.report``. A restarted run resumes from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -26,6 +29,71 @@ from m4ray.errors import InputError
 from m4ray.models.m4 import M4Model, ModelConfig
 from m4ray.train.data import DataConfig, Sample, load_splits
 from m4ray.train.periods import PeriodLoss, period_losses
+
+
+class Task(Protocol):
+    """What a model kind brings to :func:`train_loop` (built per worker by its config's
+    ``task(device)``): ``model`` (what is saved and exported), ``module`` (what DDP wraps, with
+    ``ddp_kwargs``), how many sums a training step adds up (``n_sums``), and the methods."""
+
+    model: torch.nn.Module
+    module: torch.nn.Module
+    ddp_kwargs: dict[str, Any] | None
+    n_sums: int
+
+    def optimizer(self, ddp: torch.nn.Module) -> torch.optim.Optimizer:
+        """The optimizer, over the wrapped module's parameters."""
+
+    def scheduler(self, optimizer: torch.optim.Optimizer) -> Any | None:
+        """A learning-rate schedule stepped on each epoch's ``val_loss``, or None."""
+
+    def batches(self, epoch: int) -> list:
+        """The epoch's training batches, shuffled by (seed, epoch); the loop shards them."""
+
+    def step(self, ddp: torch.nn.Module, batch) -> tuple[torch.Tensor, list[float]]:
+        """A batch's loss (to back-propagate) and the sums its epoch metrics add up."""
+
+    def validate(self, rank: int, world: int) -> list[float]:
+        """This rank's validation sums (all-reduced by the loop)."""
+
+    def metrics(self, epoch: int, train: list[float], val: list[float], epoch_s: float) -> dict:
+        """The epoch's metrics from the all-reduced sums (``val_loss`` among them)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSettings:
+    """The settings every training job has (plain data: they cross the Ray boundary). A kind's
+    config adds its data and model and builds its :class:`Task`."""
+
+    epochs: int = 15
+    batch_size: int = 2
+    lr: float = 1e-4
+    num_workers: int = 2
+    use_gpu: bool | None = None  # None: use GPUs when the cluster has them
+    cpus_per_worker: float = 1.0
+    threads_per_worker: int = 1
+    seed: int = 0
+    tracking_uri: str | None = None  # None: sqlite store in the run directory
+    experiment: str = "m4"
+    export_dir: str | None = None  # None: <run_dir>/export
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "num_workers", "threads_per_worker"):
+            if getattr(self, name) < 1:
+                raise InputError(f"must be >= 1, got {getattr(self, name)}", field=f"train.{name}")
+        if self.lr <= 0:
+            raise InputError("must be > 0", field="train.lr")
+
+    def task(self, device) -> Task:
+        raise NotImplementedError
+
+    def dataset_dir(self) -> str:
+        raise NotImplementedError
+
+    def resolved(self) -> RunSettings:
+        """The config with an absolute dataset path (workers run in other directories)."""
+        raise NotImplementedError
+
 
 # loss -> (forward's key, the validation metric it is scored by)
 LOSSES = {
@@ -36,14 +104,11 @@ LOSSES = {
 
 
 @dataclass(kw_only=True, slots=True)
-class TrainConfig:
-    """Everything the training job needs (plain data: it crosses the Ray boundary)."""
+class TrainConfig(RunSettings):
+    """m4's training job."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    epochs: int = 15
-    batch_size: int = 2
-    lr: float = 1e-4
     # "flow": relative L1 over every flow; "period": per period, then mean (m4); "every": over
     # every flow of the slowdown read at each of its updates (what the online engine uses)
     loss: str = "flow"
@@ -55,25 +120,13 @@ class TrainConfig:
     plateau_factor: float = 0.2
     plateau_patience: int = 5
     min_lr: float = 1e-6
-    num_workers: int = 2
-    use_gpu: bool | None = None  # None: use GPUs when the cluster has them
-    cpus_per_worker: float = 1.0
-    threads_per_worker: int = 1
-    seed: int = 0
-    tracking_uri: str | None = None  # None: sqlite store in the run directory
-    experiment: str = "m4"
-    export_dir: str | None = None  # None: <run_dir>/export
 
     def __post_init__(self) -> None:
         if isinstance(self.data, dict):
             self.data = DataConfig(**self.data)
         if isinstance(self.model, dict):
             self.model = ModelConfig(**self.model)
-        for name in ("epochs", "batch_size", "num_workers", "threads_per_worker"):
-            if getattr(self, name) < 1:
-                raise InputError(f"must be >= 1, got {getattr(self, name)}", field=f"train.{name}")
-        if self.lr <= 0:
-            raise InputError("must be > 0", field="train.lr")
+        RunSettings.__post_init__(self)
         if self.correction_l1 < 0 or (self.correction_l1 > 0 and not self.model.fluid):
             raise InputError(
                 "must be >= 0, and > 0 only for a fluid model", field="train.correction_l1"
@@ -88,15 +141,13 @@ class TrainConfig:
         """Whether the loss needs the every-update read-out (it costs: only then)."""
         return self.loss == "every" or self.correction_l1 > 0
 
-    def loop(self):
-        """The Ray Train per-worker function for this config."""
-        return train_loop
+    def task(self, device) -> M4Task:
+        return M4Task(self, device)
 
     def dataset_dir(self) -> str:
         return self.data.dataset
 
     def resolved(self) -> TrainConfig:
-        """The config with an absolute dataset path (workers run in other directories)."""
         data = dataclasses.replace(self.data, dataset=str(Path(self.data.dataset).resolve()))
         return dataclasses.replace(self, data=data)
 
@@ -186,71 +237,105 @@ def flow_errors(
     return {name: np.concatenate(e) if e else np.zeros(0) for name, e in errors.items()}
 
 
+class M4Task:
+    """m4's :class:`Task`: busy periods replayed in lockstep through :class:`PeriodLoss`, Adam
+    with a plateau schedule, validation sharded over the ranks."""
+
+    def __init__(self, cfg: TrainConfig, device) -> None:
+        self.cfg, self.device = cfg, device
+        self.splits = load_splits(cfg.data)
+        self.model = M4Model(cfg.model)
+        self.module = PeriodLoss(self.model)
+        self.ddp_kwargs = {"find_unused_parameters": True}
+        self.n_sums = 4  # main, remain and queue loss × periods, periods
+
+    def optimizer(self, ddp: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(ddp.parameters(), lr=self.cfg.lr)
+
+    def scheduler(self, optimizer: torch.optim.Optimizer):
+        cfg = self.cfg
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer,
+            mode="min",
+            factor=cfg.plateau_factor,
+            patience=cfg.plateau_patience,
+            min_lr=cfg.min_lr,
+        )
+
+    def batches(self, epoch: int) -> list:
+        rng = np.random.default_rng([self.cfg.seed, epoch])
+        return batches(self.splits["train"], self.cfg.batch_size, rng)
+
+    def step(self, ddp: torch.nn.Module, chunk: list[Sample]) -> tuple[torch.Tensor, list[float]]:
+        batch = [s.period.to(self.device) for s in chunk]
+        out = ddp(batch, every=self.cfg.reads_every)
+        n = len(batch)
+        main = out[LOSSES[self.cfg.loss][0]]
+        sums = [float(main) * n, float(out["remain"]) * n, float(out["queue"]) * n, n]
+        return training_loss(out, self.cfg), sums
+
+    def validate(self, rank: int, world: int) -> list[float]:
+        mine = shard(self.splits["val"], rank, world)
+        return evaluate(self.model, mine, self.device, self.cfg.batch_size)
+
+    def metrics(self, epoch: int, train: list[float], val: list[float], epoch_s: float) -> dict:
+        return epoch_metrics(self.cfg, epoch, train, val, epoch_s)
+
+
 def train_loop(config: dict[str, Any]) -> None:
-    """``train_loop_per_worker`` of the TorchTrainer."""
+    """``train_loop_per_worker`` of the TorchTrainer, for a config of any kind
+    (``config["cfg"]``, a :class:`RunSettings`)."""
     import ray.train
     import ray.train.torch
 
-    cfg: TrainConfig = config["cfg"]
+    cfg: RunSettings = config["cfg"]
     torch.set_num_threads(cfg.threads_per_worker)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
     torch.manual_seed(cfg.seed)
-    splits = load_splits(cfg.data)
-    model = M4Model(cfg.model)
-    ddp = ray.train.torch.prepare_model(
-        PeriodLoss(model), parallel_strategy_kwargs={"find_unused_parameters": True}
-    )
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        optimizer,
-        mode="min",
-        factor=cfg.plateau_factor,
-        patience=cfg.plateau_patience,
-        min_lr=cfg.min_lr,
-    )
-    start_epoch = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, "state.pt"), map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        start_epoch = state["epoch"] + 1
+    task = cfg.task(device)
+    ddp = ray.train.torch.prepare_model(task.module, parallel_strategy_kwargs=task.ddp_kwargs)
+    optimizer = task.optimizer(ddp)
+    scheduler = task.scheduler(optimizer)
+    parts = {"model": task.model, "optimizer": optimizer}
+    if scheduler is not None:
+        parts["scheduler"] = scheduler
+    start_epoch = resume(parts, device)
     logger = mlflow_logger(config) if rank == 0 else None
-    val_shard = shard(splits["val"], rank, world)
     for epoch in range(start_epoch, cfg.epochs):
         ddp.train()
         epoch_start = time.perf_counter()
-        rng = np.random.default_rng([cfg.seed, epoch])
-        mine = shard(batches(splits["train"], cfg.batch_size, rng), rank, world)
-        sums = [0.0, 0.0, 0.0, 0.0]
-        for chunk in mine:
-            batch = [s.period.to(device) for s in chunk]
-            out = ddp(batch, every=cfg.reads_every)
-            main = out[LOSSES[cfg.loss][0]]
-            loss = training_loss(out, cfg)
+        sums = [0.0] * task.n_sums
+        for batch in shard(task.batches(epoch), rank, world):
+            loss, more = task.step(ddp, batch)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            n = len(batch)
-            sums = [
-                sums[0] + float(main) * n,
-                sums[1] + float(out["remain"]) * n,
-                sums[2] + float(out["queue"]) * n,
-                sums[3] + n,
-            ]
+            sums = [a + b for a, b in zip(sums, more, strict=True)]
         ddp.eval()
         epoch_s = time.perf_counter() - epoch_start
         train_sums = _all_reduce(sums, world)
-        val_sums = _all_reduce(evaluate(model, val_shard, device, cfg.batch_size), world)
-        metrics = epoch_metrics(cfg, epoch, train_sums, val_sums, epoch_s)
-        scheduler.step(metrics["val_loss"])
-        metrics["lr"] = optimizer.param_groups[0]["lr"]
-        state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
-        report(metrics, state, epoch=epoch, rank=rank, logger=logger)
+        val_sums = _all_reduce(task.validate(rank, world), world)
+        metrics = task.metrics(epoch, train_sums, val_sums, epoch_s)
+        if scheduler is not None:
+            scheduler.step(metrics["val_loss"])
+            metrics["lr"] = optimizer.param_groups[0]["lr"]
+        report(metrics, parts, epoch=epoch, rank=rank, logger=logger)
+
+
+def resume(parts: dict[str, Any], device) -> int:
+    """Load ``parts`` from Ray Train's latest checkpoint, if any; the epoch to start at."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "state.pt"), map_location=device, weights_only=False)
+    for name, part in parts.items():
+        part.load_state_dict(state[name])
+    return state["epoch"] + 1
 
 
 def epoch_metrics(cfg: TrainConfig, epoch, train_sums, val_sums, epoch_s) -> dict[str, float]:
@@ -312,12 +397,16 @@ def mlflow_logger(config: dict[str, Any]):
 
 
 __all__ = [
+    "M4Task",
+    "RunSettings",
+    "Task",
     "TrainConfig",
     "batches",
     "evaluate",
     "flow_errors",
     "mlflow_logger",
     "report",
+    "resume",
     "shard",
     "train_loop",
     "training_loss",

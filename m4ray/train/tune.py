@@ -19,7 +19,7 @@ from typing import Any
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
 from m4ray.train.job import mlflow_run
-from m4ray.train.loop import TrainConfig
+from m4ray.train.loop import TrainConfig, train_loop
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice")
 
@@ -97,7 +97,7 @@ def trial(config: dict[str, Any]) -> None:
     name = f"trial-{fingerprint(values, 8)}"
     run_id = mlflow_run(meta["uri"], meta["experiment"], name, {"train": values}, meta["version"])
     TorchTrainer(
-        cfg.loop(),
+        train_loop,
         train_loop_config={"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": meta["uri"]},
         scaling_config=ScalingConfig(
             num_workers=cfg.num_workers, resources_per_worker={"CPU": meta["worker_cpus"]}
