@@ -59,7 +59,7 @@ def scenario_walls() -> list[tuple[str, float, float]]:
     from m4ray.sim.failures import GrayFailure
     from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
-    from m4ray.sim.simai import SimAIWorkloadSpec
+    from m4ray.workload.simai import SimAIWorkloadSpec
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows = []

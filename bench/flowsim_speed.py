@@ -19,10 +19,10 @@ from m4ray.sim.flows import Flow
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import fat_tree, rail_cluster
 from m4ray.sim.trace import run_trace
 from m4ray.sweeps.report import format_table
+from m4ray.workload.simai import SimAIWorkloadSpec
 
 
 def replay_case(collective):

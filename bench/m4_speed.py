@@ -26,9 +26,9 @@ from m4ray.sim.m4.engine import M4Engine
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import rail_cluster
 from m4ray.sweeps.report import format_table
+from m4ray.workload.simai import SimAIWorkloadSpec
 
 
 class Timed:

@@ -39,8 +39,8 @@ from m4ray.sim.m4 import M4Config  # noqa: E402
 from m4ray.sim.ns3.backend import Ns3Config  # noqa: E402
 from m4ray.sim.routing import WireFormat  # noqa: E402
 from m4ray.sim.scenario import Scenario, simulate  # noqa: E402
-from m4ray.sim.simai import SimAIWorkloadSpec  # noqa: E402
 from m4ray.sweeps.report import format_table  # noqa: E402
+from m4ray.workload.simai import SimAIWorkloadSpec  # noqa: E402
 
 # the hierarchical collective throughout: lockstep refuses collective=simai (no step barrier)
 COMMANDS = {

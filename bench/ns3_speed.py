@@ -62,6 +62,7 @@ def scenario_case(backend: str) -> dict:
     from m4ray.sim.ns3.backend import Ns3Config
     from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
+    from m4ray.workload.simai import SimAIWorkloadSpec
 
     config = {
         "ns3": Ns3Config(),
@@ -69,6 +70,7 @@ def scenario_case(backend: str) -> dict:
         "flowsim": FlowSimConfig(),
     }[backend]
     scenario = Scenario(
+        workload=SimAIWorkloadSpec(path="microAllReduce"),
         failure=GrayFailure(n_degraded=8, reduction=4),
         backend=backend.split("-", maxsplit=1)[0],
         backend_config=config,

@@ -176,9 +176,9 @@ def main() -> None:
 
     from m4ray.sim.nccl import SimAISpec
     from m4ray.sim.scenario import Scenario, simulate
-    from m4ray.sim.simai import SimAIWorkloadSpec
     from m4ray.sim.topologies import TopologyFileSpec
     from m4ray.sweeps.report import format_table
+    from m4ray.workload.simai import SimAIWorkloadSpec
 
     run = args.data / RUN
     simai = {"ns3": read_simai_flows(run / "ns3_fct.txt.gz")}

@@ -132,9 +132,9 @@ def main() -> None:
     from m4ray.sim.nccl import SimAISpec
     from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
-    from m4ray.sim.simai import SimAIWorkloadSpec
     from m4ray.sim.topologies import RailClusterSpec, TopologyFileSpec
     from m4ray.sweeps.report import format_table
+    from m4ray.workload.simai import SimAIWorkloadSpec
 
     simai = args.data / "simai"
     workload = SimAIWorkloadSpec(path=str(simai / "workload" / "microAllReduce.txt@52ed9ea.txt"))

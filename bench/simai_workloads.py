@@ -54,7 +54,7 @@ def setup(n_gpus: int, failure: tuple[int, int]):
 def full(path: Path, n_gpus: int, scale: float, failure: tuple[int, int]) -> dict:
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.replay import Replay
-    from m4ray.sim.simai import SimAIWorkloadSpec
+    from m4ray.workload.simai import SimAIWorkloadSpec
 
     _, topo, routing, algorithm = setup(n_gpus, failure)
     t0 = time.perf_counter()
@@ -73,17 +73,17 @@ def lockstep(path: Path, n_gpus: int, scale: float, failure: tuple[int, int]) ->
 
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.lockstep import LockstepReplay
-    from m4ray.sim.simai import parse_simai
+    from m4ray.workload.simai import SimAIProgram, parse_simai
 
     name, topo, routing, algorithm = setup(n_gpus, failure)
     t0 = time.perf_counter()
+    program = SimAIProgram(parse_simai(path), n_hosts=len(topo.hosts), scale=scale, source=path)
     result = LockstepReplay(
-        parse_simai(path),
+        program,
         topo,
         routing,
         FlowSimConfig(),
         algorithm,
-        scale=scale,
         progress=lambda items: tqdm(items, desc=f"{path.name} collectives", leave=False),
     ).run()
     return {
@@ -126,8 +126,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the parser's warnings are summarised per row
 
-    from m4ray.sim.simai import parse_simai
     from m4ray.sweeps.report import format_table
+    from m4ray.workload.simai import parse_simai
 
     files = sorted((args.data / "simai_workloads").rglob("*.txt"))
     files += sorted((args.data / "simai" / "workload").glob("*.txt"))

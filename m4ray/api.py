@@ -40,7 +40,7 @@ _HOMES = {
     "TopologyFileSpec": "m4ray.sim.topologies",
     "ClusterTemplateSpec": "m4ray.sim.templates",
     "GrayFailure": "m4ray.sim.failures",
-    "SimAIWorkloadSpec": "m4ray.sim.simai",
+    "SimAIWorkloadSpec": "m4ray.workload.simai",
     "ChakraWorkloadSpec": "m4ray.workload.chakra",
     "SyntheticWorkloadSpec": "m4ray.workload.synth",
     "SimAISpec": "m4ray.sim.nccl",
@@ -73,12 +73,12 @@ if TYPE_CHECKING:  # the same names, for type checkers and the layering test
     from m4ray.sim.ns3.backend import Ns3Config
     from m4ray.sim.routing import Routing
     from m4ray.sim.scenario import Scenario, simulate
-    from m4ray.sim.simai import SimAIWorkloadSpec
     from m4ray.sim.templates import ClusterTemplateSpec
     from m4ray.sim.topologies import FatTreeSpec, RailClusterSpec, TopologyFileSpec
     from m4ray.sim.topology import Topology, read_topology, write_topology
     from m4ray.sim.trace import run_trace
     from m4ray.workload.chakra import ChakraWorkloadSpec
+    from m4ray.workload.simai import SimAIWorkloadSpec
     from m4ray.workload.synth import SyntheticWorkloadSpec
 
 

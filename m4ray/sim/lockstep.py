@@ -6,12 +6,14 @@ groups differ. :class:`~m4ray.sim.replay.Replay` unrolls it per rank and decompo
 collective into its flows, which at thousands of GPUs is ~10^8 DAG nodes and flows (the 9,216-GPU
 ``workload_analytical.txt``). Lockstep replay keeps the network model and drops the repetition:
 
-1. **One program.** Rank 0's program is built (:func:`~m4ray.sim.simai.build_workload`'s nodes for
-   one rank) and scheduled by the replay's own issue rules (ascending id; one GPU compute and one
-   collective in flight). Every rank runs it in lockstep: the same line's collective starts at
-   the same time on every group of its kind (TP, DP, EP, DP_EP). A workload DAG (a synthetic
-   job) qualifies when every rank's nodes match rank 0's but for their groups
-   (:func:`symmetric_program`); a collective's groups are then the ranks' groups at its place.
+1. **One program.** Each workload spec builds its own (:class:`LockstepProgram`: rank 0's nodes,
+   each collective's group kind, the groups of each kind): a SimAI file's is
+   :class:`~m4ray.workload.simai.SimAIProgram`, never unrolled; a workload DAG (a synthetic job, a
+   Chakra trace) qualifies when every rank's nodes match rank 0's but for their groups
+   (:class:`SymmetricProgram`); a collective's groups are then the ranks' groups at its place.
+   The program is scheduled by the replay's own issue rules (ascending id; one GPU compute and
+   one collective in flight). Every rank runs it in lockstep: the same line's collective starts
+   at the same time on every group of its kind (TP, DP, EP, DP_EP).
 2. **Rounds.** A collective on one group is decomposed by the configured algorithm
    (:mod:`m4ray.sim.collectives`) and its transfers are levelled: level 0 needs nothing, level k
    waits for level k-1 (a ring's step k). Groups of a kind are translates of one another, so
@@ -56,7 +58,7 @@ import heapq
 import pathlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -67,11 +69,22 @@ from m4ray.sim.collectives import CollectiveAlgorithm, Transfer
 from m4ray.sim.flows import Flow
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.routing import Path, Routing
-from m4ray.sim.simai import SimAIModel, SimAIWorkloadSpec, job_groups, rank_program
 from m4ray.sim.topology import Topology
 from m4ray.sim.workload import Collective, CollectiveKind, Compute, Node, Recv, Send, Workload
 
 GroupKey = tuple[str, str | None]  # ("tp" | "wg", SimAI suffix group), or ("dag", partition #)
+
+
+class LockstepProgram(Protocol):
+    """What lockstep replays of a workload (built by its spec's ``lockstep_program(n_hosts)``):
+    its rank count, rank 0's nodes with each collective's group kind, and each kind's groups
+    (a partition of the ranks)."""
+
+    n_ranks: int
+
+    def program(self) -> tuple[list[Node], dict[int, GroupKey]]: ...
+
+    def partition(self, key: GroupKey) -> list[tuple[int, ...]]: ...
 
 
 def transfer_levels(transfers: Sequence[Transfer]) -> list[int]:
@@ -408,6 +421,21 @@ def symmetric_program(
     return by_rank[0], kinds, partitions
 
 
+class SymmetricProgram:
+    """The :class:`LockstepProgram` of a workload DAG whose ranks all run the same program
+    (:func:`symmetric_program`, which refuses any other by name)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.n_ranks = workload.n_ranks
+        self._nodes, self._kinds, self._partitions = symmetric_program(workload)
+
+    def program(self) -> tuple[list[Node], dict[int, GroupKey]]:
+        return self._nodes, self._kinds
+
+    def partition(self, key: GroupKey) -> list[tuple[int, ...]]:
+        return self._partitions[key]
+
+
 def _signature(nodes: list[Node], rank: int) -> list[tuple]:
     position = {node.id: i for i, node in enumerate(nodes)}
     out = []
@@ -449,46 +477,33 @@ def check_algorithm(algorithm: CollectiveAlgorithm) -> None:
 
 
 class LockstepReplay:
-    """One iteration (or ``iterations``) of a SimAI model, or a symmetric workload DAG
-    (:func:`symmetric_program`), on ``topology`` in lockstep; see the module docstring.
-    ``n_hosts`` sizes SimAI files without ``all_gpus``; ``scale``, ``compute_scale`` and
-    ``iterations`` apply to a SimAI model (a DAG has them built in)."""
+    """A workload's :class:`LockstepProgram` (or a symmetric workload DAG, taken as its
+    :class:`SymmetricProgram`) on ``topology`` in lockstep; see the module docstring."""
 
     def __init__(
         self,
-        model: SimAIModel | Workload,
+        program: LockstepProgram | Workload,
         topology: Topology,
         routing: Routing,
         backend: BackendConfig,
         algorithm: CollectiveAlgorithm,
         *,
-        scale: float = 1.0,
-        compute_scale: float = 1.0,
-        iterations: int = 1,
         send_latency_s: float = 3e-6,
-        source: str | None = None,
         progress: Callable[[Iterable], Iterable] | None = None,
         compiled: bool = True,
         ecmp_draws: int = 4,
     ) -> None:
         check_algorithm(algorithm)
-        self._partitions: dict[GroupKey, list[tuple[int, ...]]] = {}
-        self._dag: tuple[list[Node], dict[int, GroupKey]] | None = None
-        if isinstance(model, Workload):
-            self.groups, self.n_ranks = None, model.n_ranks
-            program, kinds, partitions = symmetric_program(model)
-            self._dag = (program, kinds)
-            self._partitions.update(partitions)
-        else:
-            self.groups = job_groups(model, source=source, n_hosts=len(topology.hosts))
-            self.n_ranks = self.groups.n
+        if isinstance(program, Workload):
+            program = SymmetricProgram(program)
+        self.source = program
+        self.n_ranks = program.n_ranks
         if self.n_ranks > len(topology.hosts):
             raise SimulationError(
                 f"the job has {self.n_ranks} ranks but the topology only {len(topology.hosts)} "
                 "hosts"
             )
-        self.model, self.topology, self.algorithm = model, topology, algorithm
-        self.scale, self.compute_scale, self.iterations = scale, compute_scale, iterations
+        self.topology, self.algorithm = topology, algorithm
         self.timer = RoundTimer(
             topology,
             routing,
@@ -505,7 +520,7 @@ class LockstepReplay:
     @classmethod
     def of_spec(
         cls,
-        spec: Any,
+        spec,
         topology: Topology,
         routing: Routing,
         backend: BackendConfig,
@@ -513,38 +528,14 @@ class LockstepReplay:
         *,
         send_latency_s: float = 3e-6,
     ) -> LockstepReplay:
-        """The lockstep replay of a workload spec: a SimAI file's parsed model (a job of any
-        size, never unrolled), or any other spec's DAG (it must be symmetric:
-        :func:`symmetric_program`)."""
-        if isinstance(spec, SimAIWorkloadSpec):
-            return cls(
-                spec.model(),
-                topology,
-                routing,
-                backend,
-                algorithm,
-                scale=spec.scale,
-                compute_scale=spec.compute_scale,
-                iterations=spec.iterations,
-                send_latency_s=send_latency_s,
-                source=str(spec.resolve()),
-            )
-        job = spec.build(n_hosts=len(topology.hosts))
-        return cls(job, topology, routing, backend, algorithm, send_latency_s=send_latency_s)
+        """The lockstep replay of a workload spec: the program it builds for this topology's
+        hosts (``spec.lockstep_program(n_hosts)``)."""
+        program = spec.lockstep_program(n_hosts=len(topology.hosts))
+        return cls(program, topology, routing, backend, algorithm, send_latency_s=send_latency_s)
 
     def partition(self, key: GroupKey) -> list[tuple[int, ...]]:
         """Every group of one kind: the ranks split by their group of that kind."""
-        if key not in self._partitions:
-            phase = "wg" if key[0] == "wg" else "fwd"
-            seen = np.zeros(self.groups.n, dtype=bool)
-            out = []
-            for rank in range(self.groups.n):
-                if not seen[rank]:
-                    group = self.groups.of(rank, phase, key[1])
-                    seen[list(group)] = True
-                    out.append(group)
-            self._partitions[key] = out
-        return self._partitions[key]
+        return self.source.partition(key)
 
     def _shape(self, group: tuple[int, ...]) -> tuple[int, ...]:
         first: dict[int, int] = {}
@@ -562,16 +553,7 @@ class LockstepReplay:
 
     def program(self) -> tuple[list[Node], dict[int, GroupKey]]:
         """Rank 0's nodes and each collective's group kind."""
-        if self._dag is not None:
-            return self._dag
-        return rank_program(
-            self.groups,
-            self.model.layers,
-            scale=self.scale,
-            compute_scale=self.compute_scale,
-            iterations=self.iterations,
-            rank=0,
-        )
+        return self.source.program()
 
     def run(self) -> LockstepResult:
         program, group_of = self.program()
@@ -642,10 +624,12 @@ def describe(result: LockstepResult) -> list[list[str]]:
 
 __all__ = [
     "CollectiveTiming",
+    "LockstepProgram",
     "LockstepReplay",
     "LockstepResult",
     "Round",
     "RoundTimer",
+    "SymmetricProgram",
     "describe",
     "group_rounds",
     "merge_rounds",

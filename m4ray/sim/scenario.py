@@ -24,7 +24,6 @@ from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.replay import FlowLog, Replay
 from m4ray.sim.replays import REPLAYS, Setting, replay_of
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import RailClusterSpec
 
 
@@ -34,7 +33,7 @@ class Scenario:
 
     topology: Any = field(default_factory=RailClusterSpec)
     failure: GrayFailure = field(default_factory=lambda: GrayFailure(n_degraded=0, reduction=1))
-    workload: Any = field(default_factory=lambda: SimAIWorkloadSpec(path="microAllReduce"))
+    workload: Any  # a workload spec (m4ray.workload: SimAI, Chakra, synthetic)
     collective: Any = field(default_factory=HierarchicalSpec)
     backend: str = "flowsim"
     backend_config: Any = field(default_factory=FlowSimConfig)

@@ -32,7 +32,7 @@ from m4ray.sweeps.runner import (
 def describe_workload(spec: Any, n_hosts: int, algorithm: Any = None) -> str:
     """Name and size, checked: the DAG, or in lockstep only the header (a job of thousands of
     GPUs is never unrolled) and that the collective layer can run in lockstep."""
-    from m4ray.sim.simai import SimAIWorkloadSpec, job_groups
+    from m4ray.workload.simai import SimAIWorkloadSpec, job_groups
 
     if getattr(spec, "lockstep", False) and algorithm is not None:
         from m4ray.sim.lockstep import check_algorithm

@@ -146,7 +146,7 @@ def synthetic_workload(name: str, w: dict[str, Any], gpus: int, scale: float):
 def simai_workload(name: str, w: dict[str, Any], gpus: int, scale: float):
     """A SimAI/AICB file of a ladder entry, checked against the rung: its header parses, its
     layout splits, and its job fits the rung's GPUs."""
-    from m4ray.sim.simai import SimAIWorkloadSpec, job_groups
+    from m4ray.workload.simai import SimAIWorkloadSpec, job_groups
 
     field_name = f"ladder.workloads.{name}"
     unknown = set(w) - {"simai", "lockstep"}

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from m4ray.errors import InputError
+from m4ray.sim.lockstep import SymmetricProgram
 from m4ray.sim.workload import (
     Collective,
     CollectiveKind,
@@ -348,6 +349,10 @@ class ChakraWorkloadSpec:
     def build(self, n_hosts: int | None = None) -> Workload:
         """The DAG (one rank per trace file; ``n_hosts`` is not needed)."""
         return scale_messages(read(self.prefix, self.flops_per_s), self.scale)
+
+    def lockstep_program(self, n_hosts: int | None = None) -> SymmetricProgram:
+        """The lockstep replay's program: the DAG's, when every rank runs the same one."""
+        return SymmetricProgram(self.build(n_hosts))
 
 
 __all__ = [

@@ -390,6 +390,53 @@ class _Builder:
                     wg_pending[i] = comm
 
 
+class SimAIProgram:
+    """A SimAI job's :class:`~m4ray.sim.lockstep.LockstepProgram`: rank 0's program from the
+    parsed file (never unrolled per rank) and SimAI's groups of each kind. ``n_hosts`` sizes
+    files without ``all_gpus``; ``scale``, ``compute_scale`` and ``iterations`` as the spec's."""
+
+    def __init__(
+        self,
+        model: SimAIModel,
+        *,
+        n_hosts: int | None = None,
+        scale: float = 1.0,
+        compute_scale: float = 1.0,
+        iterations: int = 1,
+        source: str | Path | None = None,
+    ) -> None:
+        self.model, self.scale, self.compute_scale = model, scale, compute_scale
+        self.iterations = iterations
+        self.groups = job_groups(model, source=source, n_hosts=n_hosts)
+        self.n_ranks = self.groups.n
+        self._partitions: dict[tuple[str, str | None], list[tuple[int, ...]]] = {}
+
+    def program(self) -> tuple[list[Node], dict[int, tuple[str, str | None]]]:
+        return rank_program(
+            self.groups,
+            self.model.layers,
+            scale=self.scale,
+            compute_scale=self.compute_scale,
+            iterations=self.iterations,
+            rank=0,
+        )
+
+    def partition(self, key: tuple[str, str | None]) -> list[tuple[int, ...]]:
+        """Every group of one kind (``("tp" | "wg", suffix)``): the ranks split by it."""
+        if key not in self._partitions:
+            phase = "wg" if key[0] == "wg" else "fwd"
+            seen = [False] * self.n_ranks
+            out = []
+            for rank in range(self.n_ranks):
+                if not seen[rank]:
+                    group = self.groups.of(rank, phase, key[1])
+                    for member in group:
+                        seen[member] = True
+                    out.append(group)
+            self._partitions[key] = out
+        return self._partitions[key]
+
+
 @dataclass(kw_only=True, slots=True)
 class SimAIWorkloadSpec:
     """A SimAI text workload: ``path`` is a file, or a name shipped in ``m4ray/data``.
@@ -412,6 +459,17 @@ class SimAIWorkloadSpec:
 
     def model(self) -> SimAIModel:
         return parse_simai(self.resolve())
+
+    def lockstep_program(self, n_hosts: int | None = None) -> SimAIProgram:
+        """The lockstep replay's program (a job of any size, never unrolled)."""
+        return SimAIProgram(
+            self.model(),
+            n_hosts=n_hosts,
+            scale=self.scale,
+            compute_scale=self.compute_scale,
+            iterations=self.iterations,
+            source=str(self.resolve()),
+        )
 
     def build(self, n_hosts: int | None = None) -> Workload:
         """The DAG; ``n_hosts`` (the topology's GPUs) sizes old files without ``all_gpus``."""

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from m4ray.fingerprint import added_field
+from m4ray.sim.lockstep import SymmetricProgram
 from m4ray.sim.workload import (
     Collective,
     CollectiveKind,
@@ -453,6 +454,10 @@ class SyntheticWorkloadSpec:
 
         workload = synthesize(self.job(), [make(w) for w in self.wrappers])
         return scale_messages(workload, self.scale)
+
+    def lockstep_program(self, n_hosts: int | None = None) -> SymmetricProgram:
+        """The lockstep replay's program: the DAG's, when every rank runs the same one."""
+        return SymmetricProgram(self.build(n_hosts))
 
 
 def compute_seconds(workload: Workload) -> dict[int, float]:

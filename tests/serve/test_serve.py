@@ -15,9 +15,9 @@ from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import Arrival, M4Config
 from m4ray.sim.routing import Routing
 from m4ray.sim.scenario import Scenario, simulate
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import RailClusterSpec
 from m4ray.sim.trace import run_trace
+from m4ray.workload.simai import SimAIWorkloadSpec
 
 
 def _free_port() -> int:

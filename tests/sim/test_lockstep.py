@@ -14,9 +14,9 @@ from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.lockstep import LockstepReplay, _Step, library, round_finish, schedule
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.sim.simai import SimAIWorkloadSpec, parse_simai, rank_program
 from m4ray.sim.templates import ClusterTemplateSpec
 from m4ray.sim.workload import Collective, CollectiveKind
+from m4ray.workload.simai import SimAIProgram, SimAIWorkloadSpec, parse_simai, rank_program
 from tests.conftest import write
 
 # 32 GPUs: tp 2 x pp 2 stages of 16, ep 4 over each stage's DP of 8: every group kind and suffix
@@ -29,6 +29,10 @@ MOE = (
     "moe -1 4000 ALLTOALL_EP 524288 4000 ALLTOALL_EP 524288 3000 ALLGATHER_DP_EP 786432 100\n"
     "mlp -1 1500 ALLGATHER_EP 131072 1500 REDUCESCATTER 131072 500 ALLREDUCE_DP_EP 393216 100\n"
 )
+
+
+def _program(path, topo) -> SimAIProgram:
+    return SimAIProgram(parse_simai(path), n_hosts=len(topo.hosts), source=path)
 
 
 def _setup(n_degraded=0, reduction=1, algorithm=None):
@@ -45,14 +49,14 @@ def test_rounds_are_every_groups_transfers_step_by_step(tmp_path, spec):
     algorithm makes for all the groups of that kind (src, dst, bytes as a multiset)."""
     path = write(tmp_path / "moe.txt", MOE)
     topo, routing, algorithm = _setup(algorithm=spec)
-    lock = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm)
+    lock = LockstepReplay(_program(path, topo), topo, routing, FlowSimConfig(), algorithm)
     workload = SimAIWorkloadSpec(path=str(path)).build()
     seen = set()
     for node in workload.nodes:
         if not isinstance(node, Collective) or (node.kind, node.group, node.size_bytes) in seen:
             continue
         seen.add((node.kind, node.group, node.size_bytes))
-    nodes, kinds = rank_program(lock.groups, lock.model.layers)
+    nodes, kinds = rank_program(lock.source.groups, lock.source.model.layers)
     distinct = {(n.kind, n.size_bytes, kinds[n.id]) for n in nodes if isinstance(n, Collective)}
     # fwd: broadcast, all-reduce, EP all-to-all, EP all-gather; ig adds a TP reduce-scatter (its
     # all-reduce and all-to-all repeat fwd's); wg: DP all-reduce, reduce-scatter, DP_EP two
@@ -76,7 +80,7 @@ def test_lockstep_equals_the_full_replay_on_a_symmetric_job(tmp_path, failure):
     replay is the full replay's (flowSim both), with a fraction of the flows simulated."""
     path = write(tmp_path / "moe.txt", MOE)
     topo, routing, algorithm = _setup(*failure)
-    lock = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm).run()
+    lock = LockstepReplay(_program(path, topo), topo, routing, FlowSimConfig(), algorithm).run()
     workload = SimAIWorkloadSpec(path=str(path)).build()
     full = Replay(workload, FlowSimConfig().build(topo, routing), routing, algorithm).run()
     assert lock.completion_time_s == pytest.approx(full.completion_time_s, rel=1e-6)
@@ -92,7 +96,7 @@ def test_compiled_rounds_are_flowsim_flow_by_flow(tmp_path):
     replay gives the same iteration either way."""
     path = write(tmp_path / "moe.txt", MOE)
     topo, routing, algorithm = _setup(5, 4)
-    lock = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm)
+    lock = LockstepReplay(_program(path, topo), topo, routing, FlowSimConfig(), algorithm)
     (step,) = lock.rounds(CollectiveKind.ALL_TO_ALL, ("tp", "ep"), 524288)
     hosts = topo.hosts
     flows = [Flow(i, hosts[s], hosts[d], b) for i, (s, d, b) in enumerate(step.flows.tolist())]
@@ -107,7 +111,7 @@ def test_compiled_rounds_are_flowsim_flow_by_flow(tmp_path):
     assert len(np.unique(reference.round(12))) > 3  # the failure spreads the finish times
     results = [
         LockstepReplay(
-            parse_simai(path), topo, routing, FlowSimConfig(), algorithm, compiled=c
+            _program(path, topo), topo, routing, FlowSimConfig(), algorithm, compiled=c
         ).run()
         for c in (True, False)
     ]
@@ -116,13 +120,14 @@ def test_compiled_rounds_are_flowsim_flow_by_flow(tmp_path):
 
 def test_failure_slows_lockstep_and_ranks_must_fit(tmp_path):
     path = write(tmp_path / "moe.txt", MOE)
-    healthy = LockstepReplay(parse_simai(path), *_setup()[:2], FlowSimConfig(), _setup()[2]).run()
+    topo, routing, algorithm = _setup()
+    healthy = LockstepReplay(_program(path, topo), topo, routing, FlowSimConfig(), algorithm).run()
     topo, routing, algorithm = _setup(4, 10)
-    hurt = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm).run()
+    hurt = LockstepReplay(_program(path, topo), topo, routing, FlowSimConfig(), algorithm).run()
     assert hurt.completion_time_s > healthy.completion_time_s * 1.05
     big = write(tmp_path / "big.txt", MOE.replace("all_gpus: 32", "all_gpus: 64"))
     with pytest.raises(SimulationError, match="64 ranks but the topology only 32"):
-        LockstepReplay(parse_simai(big), topo, routing, FlowSimConfig(), algorithm)
+        LockstepReplay(_program(big, topo), topo, routing, FlowSimConfig(), algorithm)
 
 
 def test_schedule_issues_in_id_order_one_compute_one_cpu_op_and_one_collective_at_a_time():
@@ -158,7 +163,7 @@ def test_a_scenario_replays_in_lockstep_on_any_backend():
     assert lock.scenario_id != full.scenario_id
     assert Scenario(
         workload=SimAIWorkloadSpec(path="microAllReduce", lockstep=False)
-    ).scenario_id == (Scenario().scenario_id)
+    ).scenario_id == (Scenario(workload=SimAIWorkloadSpec(path="microAllReduce")).scenario_id)
     (row_full, flows), (row_lock, no_flows) = simulate(full), simulate(lock)
     assert row_lock["status"] == "ok", row_lock["error"]
     assert no_flows is None and row_lock["n_flows"] == flows.num_rows
@@ -201,7 +206,7 @@ def test_a_repeated_step_is_the_mean_of_several_ecmp_draws(tmp_path):
     the spines: lockstep runs the step under up to ``ecmp_draws`` id ranges and takes the mean."""
     path = write(tmp_path / "moe.txt", MOE)
     topo, routing, algorithm = _setup(algorithm=RingSpec())
-    lock = LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm)
+    lock = LockstepReplay(_program(path, topo), topo, routing, FlowSimConfig(), algorithm)
     rounds = lock.rounds(CollectiveKind.ALL_REDUCE, ("wg", None), 1048576)
     step = next(r for r in rounds if r.repeat > 4)
     hosts = topo.hosts
@@ -217,7 +222,9 @@ def test_a_repeated_step_is_the_mean_of_several_ecmp_draws(tmp_path):
     assert lock.timer.rounds_simulated == 4
     assert lock.timer.seconds(step.flows, 1) == pytest.approx(draws[0], rel=1e-12)
     with pytest.raises(InputError, match="ecmp_draws"):
-        LockstepReplay(parse_simai(path), topo, routing, FlowSimConfig(), algorithm, ecmp_draws=0)
+        LockstepReplay(
+            _program(path, topo), topo, routing, FlowSimConfig(), algorithm, ecmp_draws=0
+        )
 
 
 def _synthetic(lockstep=False, layers=1, **parallel):

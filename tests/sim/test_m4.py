@@ -407,11 +407,16 @@ def test_a_run_id_names_the_checkpoints_weights_not_only_its_name(tmp_path):
     import shutil
 
     from m4ray.sim.scenario import Scenario
+    from m4ray.workload.simai import SimAIWorkloadSpec
+
+    def scenario(path):
+        workload = SimAIWorkloadSpec(path="microAllReduce")
+        return Scenario(backend="m4", backend_config=M4Config(checkpoint=path), workload=workload)
 
     ckpt = tmp_path / "mine"
     shutil.copytree(checkpoint_dir("m4-small"), ckpt)
-    first = Scenario(backend="m4", backend_config=M4Config(checkpoint=str(ckpt))).run_id
-    again = Scenario(backend="m4", backend_config=M4Config(checkpoint=str(ckpt))).run_id
+    first = scenario(str(ckpt)).run_id
+    again = scenario(str(ckpt)).run_id
     (ckpt / "model.pt").write_bytes((ckpt / "model.pt").read_bytes() + b"retrained")
-    retrained = Scenario(backend="m4", backend_config=M4Config(checkpoint=str(ckpt))).run_id
+    retrained = scenario(str(ckpt)).run_id
     assert first == again != retrained

@@ -215,7 +215,7 @@ def test_an_m4_scenario_in_process_does_not_import_torch():
         "from m4ray.sim.scenario import Scenario, simulate\n"
         "from m4ray.sim.failures import GrayFailure\n"
         "from m4ray.sim.m4 import M4Config\n"
-        "from m4ray.sim.simai import SimAIWorkloadSpec\n"
+        "from m4ray.workload.simai import SimAIWorkloadSpec\n"
         "s = Scenario(failure=GrayFailure(n_degraded=4, reduction=4),\n"
         "    workload=SimAIWorkloadSpec(path='microAllReduce', scale=0.01),\n"
         "    backend='m4', backend_config=M4Config())\n"

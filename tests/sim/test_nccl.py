@@ -13,10 +13,10 @@ from m4ray.sim.nccl import SimAICollective, SimAISpec
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing
 from m4ray.sim.scenario import Scenario, flow_table, simulate
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import rail_cluster
 from m4ray.sim.workload import Collective, Workload
 from m4ray.sim.workload import CollectiveKind as K
+from m4ray.workload.simai import SimAIWorkloadSpec
 
 MiB = 1 << 20
 

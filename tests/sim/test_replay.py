@@ -8,10 +8,10 @@ from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import rail_cluster
 from m4ray.sim.topology import Cable, Topology
 from m4ray.sim.workload import Collective, CollectiveKind, Compute, Recv, Send, Workload
+from m4ray.workload.simai import SimAIWorkloadSpec
 from tests.conftest import write
 
 # two hosts on one switch, 100 Gbps, 1 us per link: no contention in a 2-rank ring

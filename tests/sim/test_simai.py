@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from m4ray.errors import InputError
-from m4ray.sim.simai import Comm, SimAIWorkloadSpec, parse_simai
 from m4ray.sim.workload import Collective, CollectiveKind, Compute
+from m4ray.workload.simai import Comm, SimAIWorkloadSpec, parse_simai
 from tests.conftest import write
 
 HEADER = (

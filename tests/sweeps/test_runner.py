@@ -11,7 +11,6 @@ from m4ray.runtime.cluster import RayConfig
 from m4ray.runtime.fanout import groups, row_path, run_many
 from m4ray.sim.m4 import M4Config
 from m4ray.sim.scenario import Scenario
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sweeps.grid import GridConfig, expand
 from m4ray.sweeps.runner import (
     flows_path,
@@ -20,6 +19,7 @@ from m4ray.sweeps.runner import (
     run_and_store_together,
     share_group,
 )
+from m4ray.workload.simai import SimAIWorkloadSpec
 
 SMALL = SimAIWorkloadSpec(path="microAllReduce", scale=0.01)
 

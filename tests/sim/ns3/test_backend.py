@@ -18,13 +18,13 @@ from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.replay import Replay
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.scenario import Scenario, flow_table
-from m4ray.sim.simai import SimAIWorkloadSpec
 from m4ray.sim.topologies import fat_tree
 from m4ray.sim.topology import Cable, Topology
 from m4ray.sim.trace import run_trace
 from m4ray.sim.workload import Collective, CollectiveKind, Workload
 from m4ray.sweeps.grid import GridConfig, expand
 from m4ray.sweeps.runner import flows_path, load_done, run_and_store
+from m4ray.workload.simai import SimAIWorkloadSpec
 
 JUMBO = WireFormat(mtu_bytes=8948, header_bytes=54)
 MB = 1_000_000
@@ -248,7 +248,7 @@ def test_lockstep_rounds_run_on_ns3_as_the_full_replay_does():
     from m4ray.sim.failures import GrayFailure
     from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
-    from m4ray.sim.simai import SimAIWorkloadSpec
+    from m4ray.workload.simai import SimAIWorkloadSpec
 
     rows = []
     for lockstep in (False, True):
