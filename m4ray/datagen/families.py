@@ -23,7 +23,14 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from m4ray.datagen.sampling import check_range, integer, log_uniform, size_distribution, uniform
+from m4ray.datagen.sampling import (
+    check_range,
+    integer,
+    log_uniform,
+    open_loop,
+    size_distribution,
+    uniform,
+)
 from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import InputError, choice_error
@@ -269,16 +276,7 @@ class OpenLoopFamily:
 
     def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> DatagenScenario:
         rng = np.random.default_rng(seed)
-        size_name = sorted(self.sizes)[int(rng.integers(len(self.sizes)))]
-        traffic = OpenLoopTraffic(
-            n_flows=integer(rng, self.n_flows),
-            size_name=size_name,
-            size=self.sizes[size_name],
-            size_mean_bytes=round(log_uniform(rng, self.size_mean_bytes), 1),
-            min_size_bytes=self.min_size_bytes,
-            sigma=round(uniform(rng, self.arrival_sigma), 4),
-            max_load=round(uniform(rng, self.max_load), 4),
-        )
+        traffic = OpenLoopTraffic(**open_loop(rng, self))
         return _family_scenario(
             self, name, index, seed, traffic=traffic, rng=rng, wall_limit_s=wall_limit_s
         )

@@ -56,4 +56,20 @@ def size_distribution(name: str, spec: Any) -> SizeDistribution:
         raise InputError(f"size distribution '{name}': {err}", field="sizes") from None
 
 
-__all__ = ["check_range", "integer", "log_uniform", "size_distribution", "uniform"]
+def open_loop(rng: np.random.Generator, family) -> dict[str, Any]:
+    """An open-loop traffic's parameters drawn from a family's ranges (``sizes``, ``n_flows``,
+    ``size_mean_bytes``, ``min_size_bytes``, ``arrival_sigma``, ``max_load``), in this order:
+    the size distribution's name, the flow count, the mean size, the arrival σ, the load."""
+    size_name = sorted(family.sizes)[int(rng.integers(len(family.sizes)))]
+    return {
+        "n_flows": integer(rng, family.n_flows),
+        "size_name": size_name,
+        "size": family.sizes[size_name],
+        "size_mean_bytes": round(log_uniform(rng, family.size_mean_bytes), 1),
+        "min_size_bytes": family.min_size_bytes,
+        "sigma": round(uniform(rng, family.arrival_sigma), 4),
+        "max_load": round(uniform(rng, family.max_load), 4),
+    }
+
+
+__all__ = ["check_range", "integer", "log_uniform", "open_loop", "size_distribution", "uniform"]

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from m4ray.datagen.sampling import check_range, integer, log_uniform, size_distribution, uniform
+from m4ray.datagen.sampling import check_range, open_loop, size_distribution, uniform
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
@@ -308,18 +308,7 @@ class LotFamily:
         core = float(self.core_bps[int(rng.integers(len(self.core_bps)))])
         capacity = (self.edge_bps, *([core] * (n - 2)), self.edge_bps)
         pairs, weights = self._pairs(rng, n)
-        size_name = sorted(self.sizes)[int(rng.integers(len(self.sizes)))]
-        traffic = LotTraffic(
-            pairs=pairs,
-            weights=weights,
-            n_flows=integer(rng, self.n_flows),
-            size_name=size_name,
-            size=self.sizes[size_name],
-            size_mean_bytes=round(log_uniform(rng, self.size_mean_bytes), 1),
-            min_size_bytes=self.min_size_bytes,
-            sigma=round(uniform(rng, self.arrival_sigma), 4),
-            max_load=round(uniform(rng, self.max_load), 4),
-        )
+        traffic = LotTraffic(pairs=pairs, weights=weights, **open_loop(rng, self))
         buffer = round(uniform(rng, self.buffer_kb) * 1000)
         k = round(uniform(rng, self.ecn_k_kb) * 1000)
         rdma = RdmaConfig(
