@@ -9,7 +9,7 @@ nodes typed ``Any`` carry a ``_target_`` and are instantiated by the entry point
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,14 @@ class GridConfig:
     loss_rate: float = 0.0
     onset_s: float = 0.0
     target: str = "gpus"
+
+
+SECTION = {"section": True}  # the metadata of a SweepConfig field that is an experiment's section
+
+
+def sections() -> tuple[str, ...]:
+    """The names of :class:`SweepConfig`'s experiment sections."""
+    return tuple(f.name for f in fields(SweepConfig) if f.metadata.get("section"))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,13 +70,16 @@ class SweepConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     progress: bool = True
-    datagen: Any = None  # the datagen experiment's section (m4ray.datagen.job.DatagenConfig)
-    train: Any = None  # the train experiment's section (m4ray.train.loop.TrainConfig)
-    tune: Any = None  # the tune experiment's section (m4ray.train.tune.TuneSettings)
-    study: Any = None  # the workload experiment's section (m4ray.workload.study.StudyConfig)
-    serve: Any = None  # the serve experiment's section (m4ray.serve.job.ServeSettings)
-    ladder: Any = None  # the scale experiment's section (m4ray.sweeps.scale.LadderConfig)
-    m3: Any = None  # the m3 experiment's section (m4ray.m3.estimate.M3Config)
+    # Experiment sections: each built from its ``_target_`` (its schema, which checks it) and
+    # required by name and type by the experiment module's SECTIONS.
+    datagen: Any = field(default=None, metadata=SECTION)  # m4ray.datagen.job.DatagenConfig
+    # m4ray.train.loop.TrainConfig, m4ray.m3.train.M3TrainConfig
+    train: Any = field(default=None, metadata=SECTION)
+    tune: Any = field(default=None, metadata=SECTION)  # m4ray.train.tune.TuneSettings
+    study: Any = field(default=None, metadata=SECTION)  # m4ray.workload.study.StudyConfig
+    serve: Any = field(default=None, metadata=SECTION)  # m4ray.serve.job.ServeSettings
+    ladder: Any = field(default=None, metadata=SECTION)  # m4ray.sweeps.scale.LadderConfig
+    m3: Any = field(default=None, metadata=SECTION)  # m4ray.m3.estimate.M3Config
 
 
 @dataclass(kw_only=True, slots=True)

@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from m4ray.config import CONF_DIR, SweepConfig, register_configs
-from m4ray.sweeps.__main__ import resolve
+from m4ray.config import CONF_DIR, SweepConfig, register_configs, sections
+from m4ray.sweeps.__main__ import load_experiment, resolve
 
 register_configs()
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -33,6 +33,10 @@ def test_every_experiment_composes_and_resolves(experiment):
     assert all(hasattr(sweep.backend_options[b], "build") for b in sweep.backends)
     assert hasattr(sweep.topology, "build") and hasattr(sweep.workload, "build")
     assert Path(OmegaConf.to_container(cfg, resolve=True)["paths"]["run_dir"]).name == experiment
+    # its module takes the sections it declares, each of the type it declares
+    module = load_experiment(sweep)
+    assert set(module.SECTIONS) <= set(sections())
+    assert all(isinstance(getattr(sweep, n), t) for n, t in module.SECTIONS.items())
 
 
 OPTIONS = [

@@ -16,13 +16,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from m4ray.cli import stops_cleanly, user_errors
-from m4ray.config import CONF_DIR, SweepConfig, register_configs
+from m4ray.config import CONF_DIR, SweepConfig, register_configs, sections
 from m4ray.errors import InputError
 
 register_configs()
-
-# experiment sections (SweepConfig fields) built from their ``_target_`` when present
-SECTIONS = ("datagen", "train", "tune", "study", "serve", "ladder", "m3")
 
 
 def resolve(cfg: DictConfig) -> SweepConfig:
@@ -44,7 +41,7 @@ def resolve(cfg: DictConfig) -> SweepConfig:
         },
         **{
             name: None if cfg[name] is None else instantiate(cfg[name], _convert_="all")
-            for name in SECTIONS
+            for name in sections()
         },
     )
 
