@@ -47,6 +47,21 @@ using namespace ns3;
 
 enum : uint8_t { kData = 0, kAck = 1, kNack = 2, kPause = 3, kResume = 4 };
 enum : uint8_t { kCe = 1 };
+// congestion controls (the reference simulator's CC_MODE 8, 1, 3, 7)
+enum : uint8_t { kDctcp = 0, kDcqcn = 1, kHpcc = 2, kTimely = 3 };
+const uint32_t kNoAux = 0xFFFFFFFFu;
+const uint32_t kMaxHops = 8;
+
+struct IntHop {  // one switch egress's in-band telemetry, written as a packet leaves it
+    int64_t ts = 0;       // ps
+    uint64_t tx = 0;      // bytes the port had sent before this packet
+    uint64_t qlen = 0;    // bytes queued at the port after this packet left
+    double rate = 0;      // the port's line rate, bits/s
+};
+struct IntRecord {
+    uint32_t n = 0;
+    IntHop hop[kMaxHops];
+};
 // node kinds: hosts, fabric switches (shared buffer, ECN, PFC) and NVSwitches (none of those)
 enum : uint8_t { kHost = 0, kFabricSwitch = 1, kNvSwitch = 2 };
 
@@ -57,6 +72,8 @@ class RdmaHeader : public Header {
     uint64_t seq = 0;      // data: first payload byte; ACK/NACK: next byte expected
     uint32_t in_link = 0;  // switch: the link the packet came in on (for buffer accounting)
     uint8_t type = kData, flags = 0, hop = 0;
+    uint32_t aux = kNoAux;  // HPCC: the packet's INT record (data; echoed on its ACK)
+    int64_t ts = 0;         // data: send time, ps (echoed on its ACK: TIMELY's RTT)
 
     static TypeId GetTypeId() {
         static TypeId tid = TypeId("m4ray::RdmaHeader")
@@ -66,7 +83,7 @@ class RdmaHeader : public Header {
         return tid;
     }
     TypeId GetInstanceTypeId() const override { return GetTypeId(); }
-    uint32_t GetSerializedSize() const override { return 20; }
+    uint32_t GetSerializedSize() const override { return 32; }
     void Serialize(Buffer::Iterator it) const override {
         it.WriteU32(flow);
         it.WriteU64(seq);
@@ -75,6 +92,8 @@ class RdmaHeader : public Header {
         it.WriteU8(flags);
         it.WriteU8(hop);
         it.WriteU8(0);
+        it.WriteU32(aux);
+        it.WriteU64(uint64_t(ts));
     }
     uint32_t Deserialize(Buffer::Iterator it) override {
         flow = it.ReadU32();
@@ -84,7 +103,9 @@ class RdmaHeader : public Header {
         flags = it.ReadU8();
         hop = it.ReadU8();
         it.ReadU8();
-        return 20;
+        aux = it.ReadU32();
+        ts = int64_t(it.ReadU64());
+        return 32;
     }
     void Print(std::ostream& os) const override { os << "flow=" << flow << " seq=" << seq; }
 };
@@ -102,6 +123,24 @@ struct RdmaParams {
     uint64_t pfc_threshold = 500000;  // bytes held from one ingress port before PAUSE
     int64_t rto_ps = 1000000000;  // retransmission timeout
     double max_rate = 0;          // bits/s cap on every sender (0: the NIC's line rate)
+    uint8_t cc = kDctcp;
+    double cc_ai = 0, cc_hai = 0;  // DCQCN, HPCC, TIMELY: additive and hyper increase, bits/s
+    // DCQCN
+    double dcqcn_gain = 1.0 / 256;
+    int64_t alpha_ps = 1000000, decrease_ps = 4000000, increase_ps = 300000000;
+    uint32_t fast_recovery = 5;
+    bool clamp = false;
+    double first_cnp = 1.0;
+    // HPCC
+    double eta = 0.95;
+    uint32_t max_stage = 0;
+    bool fast_react = true;
+    int64_t base_rtt_ps = 0;
+    uint32_t int_bytes = 0;       // wire bytes telemetry adds to a data packet (HPCC, TIMELY)
+    uint32_t ack_int_bytes = 0;   // ... and to an ACK (HPCC)
+    bool ack_high = true;         // ACKs in switches' high-priority queue (else with the data)
+    // TIMELY
+    double t_low_ps = 50e6, t_high_ps = 500e6, beta = 0.8, ewma = 0.875, min_rtt_ps = 20e6;
 };
 
 struct Qp {  // sender state of one flow
@@ -118,6 +157,18 @@ struct Qp {  // sender state of one flow
     bool timer = false;
     uint64_t una_at_arm = 0;
     bool active = true;           // still in its port's round-robin list
+    // DCQCN
+    double target = 0, alpha_d = 1;
+    bool alpha_cnp = false, decrease_cnp = false, first_cnp = true;
+    uint32_t stage = 0;
+    EventId ev_alpha, ev_decrease, ev_increase;
+    // HPCC and TIMELY: the last full update's sequence, current rate and increase stage
+    uint64_t last_update = 0;
+    double cur_rate = 0, u = 1;
+    uint32_t inc_stage = 0;
+    IntRecord hops;
+    uint32_t last_wire = 0;      // the last data packet's wire bytes (HPCC's rate change)
+    double last_rtt = 0, rtt_diff = 0;  // TIMELY, ps
 };
 
 struct Rx {  // receiver state of one flow
@@ -131,6 +182,10 @@ struct Port {  // one directed link's sending end
     Ptr<UniformRandomVariable> loss_rng;  // on the receiving end
     double loss = 0, rate = 0;  // receiving-end loss probability; bits/s
     uint64_t ecn_k = 0;
+    uint64_t red_min = 0, red_max = 0;   // DCQCN's RED marking (bytes) and its top probability
+    double red_p = 0;
+    Ptr<UniformRandomVariable> mark_rng;
+    uint64_t tx_bytes = 0;        // bytes sent (switches: HPCC's INT)
     std::deque<Ptr<Packet>> hi, data;
     uint64_t hi_bytes = 0, data_bytes = 0;
     std::vector<uint32_t> qps;    // hosts: flows sending on this port
@@ -145,6 +200,9 @@ class RdmaNetwork : public Fabric {
   public:
     // counters (whole run)
     uint64_t drops = 0, timeouts = 0, pauses = 0, marks = 0, retransmits = 0, nacks = 0;
+    uint64_t max_queue = 0;  // the most data bytes any fabric switch port held at once
+    double queue_sum = 0;    // Σ over data packets entering a fabric switch port: bytes queued
+    uint64_t queue_samples = 0;
 
     RdmaNetwork(uint32_t n_nodes, const std::vector<uint8_t>& is_switch, RdmaParams params)
         : m_p(params), m_switch(is_switch), m_used(n_nodes, 0) {
@@ -186,11 +244,22 @@ class RdmaNetwork : public Fabric {
         }
     }
 
+    // DCQCN's RED marking of a link: none below kmin bytes, all above kmax, linear to p between.
+    void SetRed(uint32_t link, uint64_t kmin, uint64_t kmax, double p) {
+        Port& port = m_ports[link];
+        port.red_min = kmin;
+        port.red_max = kmax;
+        port.red_p = p;
+        port.mark_rng = CreateObject<UniformRandomVariable>();
+        port.mark_rng->SetStream(500000 + link);
+    }
+
     void SetRate(uint32_t link, double rate_bps) {
         m_ports[link].device->SetDataRate(DataRate(uint64_t(rate_bps)));
         m_ports[link].rate = rate_bps;
     }
     void SetLoss(uint32_t link, double rate) { m_ports[link].loss = rate; }
+    uint32_t n_links() const { return m_ports.size(); }
 
     // Start flow `id` now over `path` (data) and `back` (ACKs) with a window of `window` bytes.
     void StartFlow(uint32_t id, uint64_t size, const std::vector<uint32_t>& path,
@@ -206,7 +275,7 @@ class RdmaNetwork : public Fabric {
         q.window = window;
         q.line_rate = m_ports[q.port].rate;
         if (m_p.max_rate > 0) q.line_rate = std::min(q.line_rate, m_p.max_rate);
-        q.rate = q.line_rate;
+        q.rate = q.cur_rate = q.target = q.line_rate;
         m_qp.push_back(q);
         Arrived(slot, path);
         if (size == 0) {  // nothing to send: delivered at once
@@ -237,15 +306,18 @@ class RdmaNetwork : public Fabric {
         return p;
     }
     void Control(uint32_t link, uint8_t type, uint32_t slot, uint64_t seq, uint8_t flags,
-                 uint8_t hop) {
+                 uint8_t hop, uint32_t aux = kNoAux, int64_t ts = 0) {
         RdmaHeader h;
         h.type = type;
         h.flow = slot;
         h.seq = seq;
         h.flags = flags;
         h.hop = hop;
+        h.aux = aux;
+        h.ts = ts;
         Port& port = m_ports[link];
-        Ptr<Packet> p = Make(m_p.ack_bytes, h);
+        bool ack = type == kAck || type == kNack;
+        Ptr<Packet> p = Make(m_p.ack_bytes + (ack ? m_p.ack_int_bytes : 0), h);
         port.hi.push_back(p);
         port.hi_bytes += p->GetSize() + 2;
         Feed(link);
@@ -274,12 +346,25 @@ class RdmaNetwork : public Fabric {
         uint64_t wire = p->GetSize() + 2;
         bool mark = port.data_bytes > port.ecn_k;
         port.data_bytes -= wire;
+        if (port.red_max > 0) mark = Red(port);  // DCQCN: on what stays queued (reference)
         RdmaHeader h;
         p->RemoveHeader(h);
+        if (h.type != kData) mark = false;  // an ACK's CE bit is its echo
         if (mark) {
             h.flags |= kCe;
             ++marks;
         }
+        if (h.type == kData && h.aux != kNoAux) {  // HPCC: this egress's telemetry
+            IntRecord& rec = m_int[h.aux];
+            if (rec.n < kMaxHops) {
+                IntHop& hop = rec.hop[rec.n++];
+                hop.ts = Simulator::Now().GetPicoSeconds();
+                hop.tx = port.tx_bytes;
+                hop.qlen = port.data_bytes + port.hi_bytes;
+                hop.rate = port.rate;
+            }
+        }
+        port.tx_bytes += wire;
         uint32_t in = h.in_link;
         p->AddHeader(h);
         m_used[port.node] -= wire;
@@ -291,6 +376,14 @@ class RdmaNetwork : public Fabric {
             Control(in ^ 1u, kResume, 0, 0, 0, 0);
         }
         return p;
+    }
+
+    bool Red(Port& port) {
+        uint64_t q = port.data_bytes;
+        if (q > port.red_max) return true;
+        if (q <= port.red_min) return false;
+        double p = port.red_p * double(q - port.red_min) / double(port.red_max - port.red_min);
+        return port.mark_rng->GetValue() < p;
     }
 
     // Round-robin over the port's queue pairs: the next one allowed by window and pacing.
@@ -336,10 +429,13 @@ class RdmaNetwork : public Fabric {
         h.type = kData;
         h.flow = slot;
         h.seq = q.snd_nxt;
+        h.ts = now;
+        if (m_p.cc == kHpcc) h.aux = NewRecord();
         if (q.snd_nxt < q.high_tx) ++retransmits;
         q.snd_nxt += payload;
         q.high_tx = std::max(q.high_tx, q.snd_nxt);
-        uint32_t wire = payload + m_p.header;
+        uint32_t wire = payload + m_p.header + m_p.int_bytes;
+        q.last_wire = wire;
         q.next_ps = now + int64_t(wire * 8.0 / q.rate * 1e12);
         if (!q.timer) Arm(slot);
         return Make(wire, h);
@@ -357,7 +453,10 @@ class RdmaNetwork : public Fabric {
             else Feed(link ^ 1u);
             return;
         }
-        if (port.loss > 0 && port.loss_rng->GetValue() < port.loss) return;  // lost on the wire
+        if (port.loss > 0 && port.loss_rng->GetValue() < port.loss) {  // lost on the wire
+            FreeRecord(h.aux);
+            return;
+        }
         const std::vector<uint32_t>& route = h.type == kData ? m_path[h.flow] : m_back[h.flow];
         if (h.hop + 1u == route.size()) {
             if (h.type == kData) OnData(h, in->GetSize() + 2);
@@ -370,7 +469,7 @@ class RdmaNetwork : public Fabric {
         uint32_t out = route[h.hop];
         Port& next = m_ports[out];
         uint64_t wire = p->GetSize() + h.GetSerializedSize() + 2;
-        if (h.type != kData) {
+        if (h.type != kData && m_p.ack_high) {
             p->AddHeader(h);
             next.hi.push_back(p);
             next.hi_bytes += wire;
@@ -381,6 +480,7 @@ class RdmaNetwork : public Fabric {
         bool fabric = m_switch[node] == kFabricSwitch;  // NVSwitches: no buffer limit, no PFC
         if (fabric && m_used[node] + wire > m_p.buffer) {
             ++drops;
+            FreeRecord(h.aux);
             return;
         }
         h.in_link = link;
@@ -393,6 +493,11 @@ class RdmaNetwork : public Fabric {
         }
         next.data.push_back(p);
         next.data_bytes += wire;
+        if (fabric && h.type == kData) {
+            if (next.data_bytes > max_queue) max_queue = next.data_bytes;
+            queue_sum += double(next.data_bytes - wire);  // what the packet found there
+            ++queue_samples;
+        }
         Feed(out);
     }
 
@@ -400,20 +505,24 @@ class RdmaNetwork : public Fabric {
         uint32_t slot = h.flow;
         Rx& r = m_rx[slot];
         uint32_t back = m_back[slot].front();
-        uint64_t payload = wire - m_p.header;
+        uint64_t payload = wire - m_p.header - m_p.int_bytes;
+        // the ACK echoes the data's mark (DCQCN's CNP), send time and telemetry
+        uint8_t ce = h.flags & kCe;
         if (h.seq == r.expected) {
             r.expected += payload;
             r.nacked = false;
-            Control(back, kAck, slot, r.expected, h.flags & kCe, 0);
+            Control(back, kAck, slot, r.expected, ce, 0, h.aux, h.ts);
             if (!r.done && r.expected >= m_qp[slot].size) Deliver(slot);
         } else if (h.seq > r.expected) {
             if (!r.nacked) {
                 r.nacked = true;
                 ++nacks;
-                Control(back, kNack, slot, r.expected, h.flags & kCe, 0);
+                Control(back, kNack, slot, r.expected, ce, 0, h.aux, h.ts);
+            } else {
+                FreeRecord(h.aux);
             }
         } else {
-            Control(back, kAck, slot, r.expected, h.flags & kCe, 0);
+            Control(back, kAck, slot, r.expected, ce, 0, h.aux, h.ts);
         }
     }
     void Deliver(uint32_t slot) {
@@ -427,9 +536,25 @@ class RdmaNetwork : public Fabric {
         if (!q.active) return;
         if (h.seq > q.snd_una) q.snd_una = h.seq;
         if (h.type == kNack && q.snd_nxt > h.seq) q.snd_nxt = std::max(h.seq, q.snd_una);
-        Dctcp(q, h.seq, h.flags & kCe);
+        switch (m_p.cc) {
+            case kDcqcn:
+                if (h.flags & kCe) Cnp(slot);
+                break;
+            case kHpcc:
+                Hpcc(q, h);
+                break;
+            case kTimely:
+                Timely(q, h);
+                break;
+            default:
+                Dctcp(q, h.seq, h.flags & kCe);
+        }
+        FreeRecord(h.aux);
         if (q.snd_una >= q.size) {
             q.active = false;
+            Simulator::Cancel(q.ev_alpha);
+            Simulator::Cancel(q.ev_decrease);
+            Simulator::Cancel(q.ev_increase);
             Port& port = m_ports[q.port];
             auto it = std::find(port.qps.begin(), port.qps.end(), slot);
             size_t at = it - port.qps.begin();
@@ -463,6 +588,159 @@ class RdmaNetwork : public Fabric {
         }
     }
 
+    // ---------------------------------------------------------------- DCQCN (CC_MODE 1)
+    // The receiver echoes every mark on its ACK (a CNP); the sender's α, rate cuts and rate
+    // increases run on their own timers, started by the first CNP.
+    void Cnp(uint32_t slot) {
+        Qp& q = m_qp[slot];
+        q.alpha_cnp = q.decrease_cnp = true;
+        if (!q.first_cnp) return;
+        q.first_cnp = false;
+        q.alpha_d = 1;
+        q.alpha_cnp = false;
+        q.ev_alpha = Simulator::Schedule(PicoSeconds(m_p.alpha_ps), &RdmaNetwork::DcqcnAlpha,
+                                         this, slot);
+        q.ev_decrease = Simulator::Schedule(PicoSeconds(m_p.decrease_ps + 1000),
+                                            &RdmaNetwork::DcqcnDecrease, this, slot);
+        q.target = q.rate = m_p.first_cnp * q.rate;
+    }
+    void DcqcnAlpha(uint32_t slot) {
+        Qp& q = m_qp[slot];
+        q.alpha_d = (1 - m_p.dcqcn_gain) * q.alpha_d + (q.alpha_cnp ? m_p.dcqcn_gain : 0.0);
+        q.alpha_cnp = false;
+        q.ev_alpha = Simulator::Schedule(PicoSeconds(m_p.alpha_ps), &RdmaNetwork::DcqcnAlpha,
+                                         this, slot);
+    }
+    void DcqcnDecrease(uint32_t slot) {
+        Qp& q = m_qp[slot];
+        if (q.decrease_cnp) {
+            if (m_p.clamp || q.stage != 0) q.target = q.rate;
+            q.rate = std::max(m_p.min_rate, q.rate * (1 - q.alpha_d / 2));
+            q.stage = 0;
+            q.decrease_cnp = false;
+            Simulator::Cancel(q.ev_increase);
+            q.ev_increase = Simulator::Schedule(PicoSeconds(m_p.increase_ps),
+                                                &RdmaNetwork::DcqcnIncrease, this, slot);
+        }
+        q.ev_decrease = Simulator::Schedule(PicoSeconds(m_p.decrease_ps),
+                                            &RdmaNetwork::DcqcnDecrease, this, slot);
+    }
+    void DcqcnIncrease(uint32_t slot) {
+        Qp& q = m_qp[slot];
+        q.ev_increase = Simulator::Schedule(PicoSeconds(m_p.increase_ps),
+                                            &RdmaNetwork::DcqcnIncrease, this, slot);
+        if (q.stage == m_p.fast_recovery) q.target = std::min(q.line_rate, q.target + m_p.cc_ai);
+        else if (q.stage > m_p.fast_recovery)
+            q.target = std::min(q.line_rate, q.target + m_p.cc_hai);
+        q.rate = q.rate / 2 + q.target / 2;  // fast recovery, or toward the raised target
+        ++q.stage;
+    }
+
+    // ---------------------------------------------------------------- HPCC (CC_MODE 3)
+    // Per ACK: the path's most-utilised hop from the echoed telemetry against the last (a full
+    // update once per window of data; the others "fast react" from the same reference).
+    void Hpcc(Qp& q, const RdmaHeader& h) {
+        if (h.aux == kNoAux) return;
+        const IntRecord& rec = m_int[h.aux];
+        bool full = h.seq > q.last_update;
+        if (!full && !m_p.fast_react) return;
+        if (q.last_update == 0) {  // the first window: keep the reference
+            q.last_update = q.snd_nxt;
+            q.hops = rec;
+            return;
+        }
+        double U = 0;
+        int64_t dt = 0;
+        bool any = false;
+        for (uint32_t i = 0; i < rec.n && i < q.hops.n; ++i) {
+            const IntHop& now = rec.hop[i];
+            const IntHop& was = q.hops.hop[i];
+            int64_t tau = now.ts - was.ts;
+            if (tau <= 0) continue;
+            any = true;
+            double tx_rate = double(now.tx - was.tx) * 8 / (tau * 1e-12);
+            double u = tx_rate / now.rate + double(std::min(now.qlen, was.qlen)) * q.line_rate /
+                                                 now.rate / double(q.window);
+            if (u > U) {
+                U = u;
+                dt = tau;
+            }
+        }
+        q.hops = rec;  // the reference moves on every ACK it reads (reference: fast react too)
+        if (any) {
+            int64_t T = m_p.base_rtt_ps;
+            dt = std::min(dt, T);
+            double util = (q.u * double(T - dt) + U * double(dt)) / double(T);
+            double max_c = util / m_p.eta;
+            double rate;
+            uint32_t stage;
+            if (max_c >= 1 || q.inc_stage >= m_p.max_stage) {
+                rate = q.cur_rate / max_c + m_p.cc_ai;
+                stage = 0;
+            } else {
+                rate = q.cur_rate + m_p.cc_ai;
+                stage = q.inc_stage + 1;
+            }
+            rate = std::min(q.line_rate, std::max(m_p.min_rate, rate));
+            ChangeRate(q, rate);
+            q.u = util;
+            if (full) {  // the rate the next round starts from: once per window of data
+                q.cur_rate = rate;
+                q.inc_stage = stage;
+            }
+        }
+        if (full && q.snd_nxt > q.last_update) q.last_update = q.snd_nxt;
+    }
+    void ChangeRate(Qp& q, double rate) {  // the next packet's gap follows the new rate
+        if (q.last_wire > 0)
+            q.next_ps += int64_t(q.last_wire * 8.0 * (1 / rate - 1 / q.rate) * 1e12);
+        q.rate = rate;
+    }
+    uint32_t NewRecord() {
+        uint32_t at;
+        if (!m_int_free.empty()) {
+            at = m_int_free.back();
+            m_int_free.pop_back();
+        } else {
+            at = m_int.size();
+            m_int.emplace_back();
+        }
+        m_int[at].n = 0;
+        return at;
+    }
+    void FreeRecord(uint32_t aux) {
+        if (aux != kNoAux) m_int_free.push_back(aux);
+    }
+
+    // ---------------------------------------------------------------- TIMELY (CC_MODE 7)
+    // Once per window of data: the RTT of the ACKed packet and its EWMA gradient set the rate.
+    void Timely(Qp& q, const RdmaHeader& h) {
+        if (h.seq <= q.last_update) return;
+        double rtt = double(Simulator::Now().GetPicoSeconds() - h.ts);
+        if (q.last_update != 0) {
+            double diff = (1 - m_p.ewma) * q.rtt_diff + m_p.ewma * (rtt - q.last_rtt);
+            double gradient = diff / m_p.min_rtt_ps;
+            bool increase = false;
+            double c = 0;
+            if (rtt < m_p.t_low_ps) increase = true;
+            else if (rtt > m_p.t_high_ps) c = 1 - m_p.beta * (1 - m_p.t_high_ps / rtt);
+            else if (gradient <= 0) increase = true;
+            else c = std::max(0.0, 1 - m_p.beta * gradient);
+            if (increase) {
+                double step = q.inc_stage < 5 ? m_p.cc_ai : m_p.cc_hai;
+                q.rate = std::min(q.line_rate, q.cur_rate + step);
+                ++q.inc_stage;
+            } else {
+                q.rate = std::max(m_p.min_rate, q.cur_rate * c);
+                q.inc_stage = 0;
+            }
+            q.cur_rate = q.rate;
+            q.rtt_diff = diff;
+        }
+        q.last_update = q.snd_nxt;
+        q.last_rtt = rtt;
+    }
+
     void Arm(uint32_t slot) {
         Qp& q = m_qp[slot];
         q.timer = true;
@@ -491,6 +769,8 @@ class RdmaNetwork : public Fabric {
     std::vector<std::vector<uint32_t>> m_path, m_back;
     std::vector<Qp> m_qp;
     std::vector<Rx> m_rx;
+    std::vector<IntRecord> m_int;  // HPCC: telemetry of packets in flight (header's aux)
+    std::vector<uint32_t> m_int_free;
 };
 
 }  // namespace m4ray

@@ -16,20 +16,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
-from m4ray.fingerprint import added_field
+from m4ray.fingerprint import SINCE, added_field
 from m4ray.models.fairshare import ACK_BYTES
 from m4ray.sim.flows import Flow
+from m4ray.sim.ns3.cc import CCS, cc_params
 from m4ray.sim.routing import Path, Routing
 from m4ray.sim.topology import Topology
 
 IP_TCP_HEADERS = 52  # IPv4 20 B + TCP 20 B + timestamp option 12 B
 FIRST_PORT, LAST_PORT = 1000, 49151  # TCP sink ports; ns-3's ephemeral ports start at 49152
 NEVER_MARK = 2**63  # an ECN threshold no queue reaches
-RDMA_HEADER_BYTES = 22  # m4ray's RDMA header (20 B) + PPP (2 B): the least a wire header can be
+RDMA_HEADER_BYTES = 34  # m4ray's RDMA header (32 B) + PPP (2 B): the least a wire header can be
 
 
 def to_ps(seconds: float) -> int:
@@ -62,6 +64,14 @@ class RdmaConfig:
     # a sender never exceeds this rate even on a faster NIC (HPCC's MAX_RATE; m3's parking lots
     # pace mid-path senders on fast access links at the edge rate); None = the NIC's line rate
     max_rate_bps: float | None = added_field(None, "m3 parking lots (issue 16)")
+    # the congestion control (``cc.py``): dctcp (the settings above), dcqcn, hpcc or timely, and
+    # its parameters by name (None: its defaults; a name the CC does not have is an error)
+    cc: str = added_field("dctcp", "congestion controls (issue 31)")
+    cc_params: dict[str, Any] | None = field(
+        default=None, metadata={SINCE: "congestion controls (issue 31)"}
+    )
+    # ACKs ride switches' high-priority queue (False: they queue, count and wait with the data)
+    ack_high_priority: bool = added_field(True, "congestion controls (issue 31)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -86,6 +96,17 @@ class RdmaConfig:
         for ok, name, rule in checks:
             if not ok:
                 raise InputError(f"must be {rule}", field=f"ns3.rdma.{name}")
+        params = self.cc_config()  # an unknown CC or parameter fails here
+        if self.cc == "hpcc" and self.window_bytes == 0:
+            raise InputError("HPCC needs a window (window_bytes null or > 0)", field="ns3.rdma.cc")
+        if self.cc == "dcqcn":
+            for name in ("k_min_bytes", "k_max_bytes"):
+                worst = max(p[1] for p in getattr(params, name))
+                if worst >= self.buffer_bytes:
+                    raise InputError(
+                        f"{worst:g} B is not below the buffer ({self.buffer_bytes} B)",
+                        field=f"ns3.rdma.cc_params.{name}",
+                    )
         points = self.ecn_k_bytes
         if not points or any(len(p) != 2 or p[0] <= 0 or p[1] <= 0 for p in points):
             raise InputError(
@@ -98,6 +119,10 @@ class RdmaConfig:
                 f"({self.buffer_bytes} B): nothing would ever be marked",
                 field="ns3.rdma.ecn_k_bytes",
             )
+
+    def cc_config(self):
+        """The congestion control's parameters (:mod:`~m4ray.sim.ns3.cc`; None for DCTCP)."""
+        return cc_params(self.cc, self.cc_params)
 
     def ecn_k(self, rate_bps: float) -> int:
         """Marking threshold (bytes) of a port sending at ``rate_bps``."""
@@ -115,12 +140,25 @@ class RdmaConfig:
         )
 
     def params13(self, routing: Routing) -> list[float]:
-        """m4's vector: DCTCP one-hot, buffer in 10 KB, window in KB, K (KB) at the lowest rate."""
+        """m4's vector (reference/m4.md §3.1): buffer in 10 KB, window in KB, the CC one-hot
+        and its parameters — DCTCP's K and DCQCN's K_min, K_max in KB at the lowest rate,
+        HPCC's η in % and AI in 10 Mbit/s, TIMELY's thresholds in µs."""
         vec = [0.0] * len(PARAMS13)
         vec[0] = self.buffer_bytes / 1000 / 10
         vec[1] = self.window(routing) / 1000
-        vec[2] = 1.0
-        vec[6] = min(self.ecn_k_bytes)[1] / 1000
+        vec[2 + CCS[self.cc][0]] = 1.0
+        params = self.cc_config()
+        if self.cc == "dctcp":
+            vec[6] = min(self.ecn_k_bytes)[1] / 1000
+        elif self.cc == "dcqcn":
+            vec[7] = min(params.k_min_bytes)[1] / 1000
+            vec[8] = min(params.k_max_bytes)[1] / 1000
+        elif self.cc == "hpcc":
+            vec[9] = params.target_utilization / 0.01
+            vec[10] = params.rate_ai_bps / 1e6 / 10
+        else:
+            vec[11] = params.t_low_s * 1e6
+            vec[12] = params.t_high_s * 1e6
         return vec
 
     def fabric(self, ns, topology: Topology, routing: Routing) -> RdmaFabric:
@@ -133,6 +171,17 @@ def max_bdp_bytes(routing: Routing, ack_bytes: int) -> float:
     small topologies, the symmetric classes of large regular ones. Routed at once
     (:meth:`~m4ray.sim.routing.Routing.links_many`, the paths :meth:`Routing.path` takes) and
     kept on ``routing`` (the m4 backend asks twice per scenario: its params13 and its window)."""
+    return _host_pair_extremes(routing, ack_bytes)[0]
+
+
+def max_base_rtt_s(routing: Routing, ack_bytes: int) -> float:
+    """HPCC's T with one T for all pairs (the reference's ``GLOBAL_T``): the largest base RTT
+    over the pairs of :func:`max_bdp_bytes`, as the reference counts it (twice the one-way
+    propagation plus one payload's serialisation on each forward link)."""
+    return _host_pair_extremes(routing, ack_bytes)[1]
+
+
+def _host_pair_extremes(routing: Routing, ack_bytes: int) -> tuple[float, float]:
     memo = routing.memo.get(("max_bdp_bytes", ack_bytes))
     if memo is not None:
         return memo
@@ -140,7 +189,7 @@ def max_bdp_bytes(routing: Routing, ack_bytes: int) -> float:
     step = max(1, len(hosts) // 16)
     pairs = [(src, dst) for src in hosts[::step] for dst in hosts if dst != src]
     if not pairs:
-        return 0.0
+        return 0.0, 0.0
     src, dst = np.array(pairs, dtype=np.int64).T
     table = routing.links_many(src, dst, np.zeros(len(pairs), dtype=np.int64))
     on = table >= 0
@@ -152,7 +201,8 @@ def max_bdp_bytes(routing: Routing, ack_bytes: int) -> float:
     bottleneck = np.where(on, topo.bandwidth_bps[link], np.inf).min(axis=1)
     packet = routing.wire.mtu_bytes + routing.wire.header_bytes
     rtt = 2 * latency + (packet + ack_bytes) * 8 * inverse
-    best = float((bottleneck * rtt / 8).max())
+    base_rtt = 2 * latency + routing.wire.mtu_bytes * 8 * inverse
+    best = float((bottleneck * rtt / 8).max()), float(base_rtt.max())
     routing.memo[("max_bdp_bytes", ack_bytes)] = best
     return best
 
@@ -176,6 +226,39 @@ class RdmaFabric:
         p.var_window, p.buffer, p.pfc = cfg.var_window, cfg.buffer_bytes, cfg.pfc
         p.pfc_threshold, p.rto_ps = cfg.pfc_threshold_bytes, to_ps(cfg.rto_s)
         p.max_rate = cfg.max_rate_bps or 0.0
+        params = cfg.cc_config()
+        p.cc = CCS[cfg.cc][0]
+        if cfg.cc == "dcqcn":
+            p.cc_ai, p.cc_hai, p.dcqcn_gain = params.rate_ai_bps, params.rate_hai_bps, params.gain
+            p.alpha_ps, p.decrease_ps = (
+                to_ps(params.alpha_interval_s),
+                to_ps(params.decrease_interval_s),
+            )
+            p.increase_ps, p.fast_recovery = (
+                to_ps(params.increase_interval_s),
+                params.fast_recovery_steps,
+            )
+            p.clamp, p.first_cnp = params.clamp_target_rate, params.rate_on_first_cnp
+        elif cfg.cc == "hpcc":
+            p.cc_ai, p.eta, p.max_stage = (
+                params.rate_ai_bps,
+                params.target_utilization,
+                params.max_stage,
+            )
+            p.fast_react, p.int_bytes = params.fast_react, params.int_bytes
+            p.ack_int_bytes = params.ack_int_bytes
+            rtt = params.base_rtt_s or max_base_rtt_s(routing, cfg.ack_bytes)
+            p.base_rtt_ps = max(1, to_ps(rtt))
+        elif cfg.cc == "timely":
+            p.cc_ai, p.cc_hai, p.beta, p.ewma = (
+                params.rate_ai_bps,
+                params.rate_hai_bps,
+                params.beta,
+                params.ewma,
+            )
+            p.t_low_ps, p.t_high_ps = params.t_low_s * 1e12, params.t_high_s * 1e12
+            p.min_rtt_ps, p.int_bytes = params.min_rtt_s * 1e12, params.int_bytes
+        p.ack_high = cfg.ack_high_priority
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)
@@ -195,6 +278,11 @@ class RdmaFabric:
                 NEVER_MARK if on_nvswitch else cfg.ecn_k(cable.bandwidth_bps),
                 cable.error_rate,
             )
+            if cfg.cc == "dcqcn" and not on_nvswitch:  # RED in place of the step (both ways)
+                kmin, kmax = params.red(cable.bandwidth_bps)
+                link = self.net.n_links() - 2
+                self.net.SetRed(link, kmin, kmax, params.p_max)
+                self.net.SetRed(link + 1, kmin, kmax, params.p_max)
         self._window = cfg.window(routing)
         self._vector = ns.cppyy.gbl.std.vector["unsigned int"]
 
@@ -208,7 +296,9 @@ class RdmaFabric:
         )
 
     def counters(self) -> dict[str, int]:
-        """Drops, retransmission timeouts, PFC pauses, ECN marks and retransmitted packets."""
+        """Drops, retransmission timeouts, PFC pauses, ECN marks, retransmitted packets, NACKs
+        the longest data queue of any fabric switch port and the mean queue a data packet found
+        at one on arrival (bytes)."""
         net = self.net
         return {
             "drops": int(net.drops),
@@ -217,6 +307,8 @@ class RdmaFabric:
             "marks": int(net.marks),
             "retransmits": int(net.retransmits),
             "nacks": int(net.nacks),
+            "max_queue_bytes": int(net.max_queue),
+            "mean_queue_bytes": round(net.queue_sum / max(1, int(net.queue_samples))),
         }
 
 

@@ -1,0 +1,278 @@
+"""Our ns-3 RDMA transport under each congestion control against the reference simulator (HPCC's
+ns-3), flow by flow, on the shared per-flow results (``ns3_cc/``; its README says what each is).
+
+    .venv/bin/python bench/ns3_cc.py ../shared/data/ns3_cc                  # both sets
+    .venv/bin/python bench/ns3_cc.py ../shared/data/ns3_cc --only m3         # m3's 2-hop shards
+    .venv/bin/python bench/ns3_cc.py ../shared/data/ns3_cc --fat-flows 3000  # a longer prefix
+
+* ``m3_pl3/``: eight 300-flow scenarios on one 2-hop path (two per CC: DCQCN, HPCC, TIMELY, DCTCP),
+  each with its own sampled CC parameters, buffer, window and PFC setting, mapped onto ours
+  (:func:`m3_network`). Their FCT ends when the receiver has every byte (one way, as ours) and is
+  clipped below at their ideal; ours is clipped the same way. Each is also run with DCTCP in place
+  of its own CC (K at its K_max, or 30 KB; DCTCP_RATE_AI), to show where the CC matters.
+* ``hpcc_fat_websearch/``: HPCC and three TIMELY window modes on the HPCC paper's 320-host fat
+  tree with WebSearch flows at 30 % load. A prefix of the 70,001 flows in start order
+  (``--fat-flows``, default 2,000: ~2 ms of traffic, what 2 cores replay in minutes; the prefix
+  keeps every flow's neighbours that started before it, and flows started later cannot delay
+  it much at this load). Their FCT ends at the sender's last ACK: ours (one way) gets the ACK's
+  way back added (its path's propagation plus one ACK's serialisation per hop).
+
+Prints, per scenario and CC, the median and p90 of |FCT ratio − 1| to the reference overall and
+per size bucket (<10 KB, 10 KB–1 MB, ≥1 MB), flowSim's beside it, and wall times. Paths are our own
+ECMP (same lengths as the reference's, not the same hash). ACKs queue with the data at switches
+where the reference's do (upstream always; the m3 fork with ACK_HIGH_PRIO 0). Differences we know
+of and keep: the PFC threshold is static (a quarter of the buffer for the m3 fork's runs, an
+eighth for upstream's; theirs is dynamic); NACKs are not throttled by time; in the m3 fork a
+sender on a link faster than MAX_RATE keeps its CC's reference rate at the link's rate (ours at
+MAX_RATE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import time
+from pathlib import Path
+
+import numpy as np
+from m4_example import rate, read_config  # the reference's config format (bench/ beside us)
+
+BUCKETS = (("all", 0, None), ("<10KB", 0, 10_000), ("10KB-1MB", 10_000, 1_000_000))
+BUCKETS += ((">=1MB", 1_000_000, None),)
+M3_CC = {"dctcp": "dctcp", "dcqcn_paper_vwin": "dcqcn", "hp": "hpcc", "timely_vwin": "timely"}
+
+
+def rate_map(cfg: dict[str, list[str]], key: str, scale: float = 1000.0) -> list[list[float]]:
+    """``KMIN_MAP n rate1 v1 ...`` as ``[[rate, v·scale], ...]`` (KB → bytes by default)."""
+    m = cfg[key]
+    return [[float(m[1 + 2 * i]), float(m[2 + 2 * i]) * scale] for i in range(int(m[0]))]
+
+
+def cc_settings(cfg: dict[str, list[str]], cc: str) -> dict:
+    """Our ``rdma`` fields for the reference config's CC (``cc.py`` names the keys)."""
+    from m4ray.sim.ns3.cc import interpolate
+
+    if cc == "dctcp":
+        return {
+            "ecn_k_bytes": rate_map(cfg, "KMAX_MAP"),
+            "dctcp_gain": float(cfg["EWMA_GAIN"][0]),
+            "rate_ai_bps": rate(cfg["DCTCP_RATE_AI"][0]),
+        }
+    params: dict = {}
+    if cc == "dcqcn":
+        pmax = rate_map(cfg, "PMAX_MAP", 1.0)
+        params = {
+            "k_min_bytes": rate_map(cfg, "KMIN_MAP"),
+            "k_max_bytes": rate_map(cfg, "KMAX_MAP"),
+            "p_max": interpolate(pmax, pmax[0][0]),
+            "gain": float(cfg["EWMA_GAIN"][0]),
+            "alpha_interval_s": float(cfg["ALPHA_RESUME_INTERVAL"][0]) * 1e-6,
+            "decrease_interval_s": float(cfg["RATE_DECREASE_INTERVAL"][0]) * 1e-6,
+            "increase_interval_s": float(cfg["RP_TIMER"][0]) * 1e-6,
+            "fast_recovery_steps": int(cfg["FAST_RECOVERY_TIMES"][0]),
+            "rate_ai_bps": rate(cfg["RATE_AI"][0]),
+            "rate_hai_bps": rate(cfg["RATE_HAI"][0]),
+            "clamp_target_rate": cfg["CLAMP_TARGET_RATE"][0] == "1",
+        }
+    elif cc == "hpcc":
+        params = {
+            "target_utilization": float(cfg["U_TARGET"][0]),
+            "rate_ai_bps": rate(cfg["RATE_AI"][0]),
+            "max_stage": int(cfg["MI_THRESH"][0]),
+            "fast_react": cfg["FAST_REACT"][0] == "1",
+        }
+        if "BASE_RTT" in cfg:  # the m3 fork's T; upstream's is the largest base RTT
+            params["base_rtt_s"] = float(cfg["BASE_RTT"][0]) * 1e-9
+    elif cc == "timely":
+        params = {"rate_ai_bps": rate(cfg["RATE_AI"][0]), "rate_hai_bps": rate(cfg["RATE_HAI"][0])}
+        if "TIMELY_T_LOW" in cfg:  # the m3 fork's; upstream's are built in (our defaults)
+            params["t_low_s"] = float(cfg["TIMELY_T_LOW"][0]) * 1e-9
+            params["t_high_s"] = float(cfg["TIMELY_T_HIGH"][0]) * 1e-9
+            params["beta"] = float(cfg["TIMELY_BETA"][0])
+    return {"cc": cc, "cc_params": params}
+
+
+def network(
+    cfg: dict[str, list[str]], cc: str, *, buffer_bytes: int, window: int | None, fork: bool
+):
+    """Our ns-3 settings for a reference config; ``fork``: the m3 fork's (its ACK priority and
+    PFC threshold rules), else upstream's (ACKs always queue with the data at switches)."""
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    settings = cc_settings(cfg, cc)
+    if cc != "dctcp":  # DCTCP's K must sit below the buffer even when another CC runs
+        settings["ecn_k_bytes"] = [[10e9, min(30_000.0, buffer_bytes / 4)]]
+    return Ns3Config(
+        rdma=RdmaConfig(
+            window_bytes=window if cfg["HAS_WIN"][0] == "1" else 0,
+            var_window=cfg["VAR_WIN"][0] == "1",
+            min_rate_bps=rate(cfg["MIN_RATE"][0]),
+            max_rate_bps=rate(cfg["MAX_RATE"][0]) if "MAX_RATE" in cfg else None,
+            buffer_bytes=buffer_bytes,
+            pfc=cfg.get("ENABLE_PFC", ["1"])[0] == "1",
+            pfc_threshold_bytes=buffer_bytes // (4 if fork else 8),
+            ack_high_priority=fork and cfg["ACK_HIGH_PRIO"][0] == "1",
+            **settings,
+        )
+    )
+
+
+def errors(ratio: np.ndarray, size: np.ndarray) -> list[str]:
+    cells = []
+    for _, lo, hi in BUCKETS:
+        sel = (size >= lo) & (size < hi if hi else True)
+        err = np.abs(ratio[sel] - 1)
+        cells.append(f"{np.median(err):6.1%} / {np.quantile(err, 0.9):6.1%}" if sel.any() else "-")
+    return cells
+
+
+def run(topo, flows, backend_cfg, routing) -> tuple[dict[int, float], float]:
+    from m4ray.sim.trace import run_trace
+
+    t0 = time.perf_counter()
+    table = run_trace(topo, flows, backend_cfg, routing)
+    ids, fcts = table.column("flow_id").to_pylist(), table.column("fct_s").to_pylist()
+    return dict(zip(ids, fcts, strict=True)), time.perf_counter() - t0
+
+
+def m3_shards(folder: Path, rows: list, notes: list) -> None:
+    from m4ray.sim.flows import Flow
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.routing import Routing, WireFormat
+    from m4ray.sim.topology import read_topology
+
+    base = folder / "m3_pl3"
+    topo = read_topology(base / "topo-pl-3.txt")
+    for shard in sorted(p for p in base.iterdir() if p.is_dir()):
+        cfg = read_config(next(shard.glob("config_*.txt")))
+        param = (next(shard.glob("param_*.txt")).read_text().splitlines()[1]).split()
+        cc = next(ours for prefix, ours in M3_CC.items() if param[4].startswith(prefix))
+        size = np.load(shard / "fsize.npy")
+        start = np.load(shard / "fat.npy") * 1e-9
+        pairs = np.load(shard / "fsd.npy")
+        flows = [
+            Flow(i, int(pairs[i, 0]), int(pairs[i, 1]), int(size[i]), float(start[i] - start[0]))
+            for i in range(len(size))
+        ]
+        fid = np.load(next(shard.glob("fid_*.npy")))
+        theirs = np.empty(len(size))
+        theirs[fid] = np.load(next(shard.glob("fct_topo*.npy"))) * 1e-9
+        their_ideal = np.empty(len(size))
+        their_ideal[fid] = np.load(next(shard.glob("fct_i_*.npy"))) * 1e-9
+        buffer = int(cfg["BUFFER_SIZE"][0]) * 1024  # KB in the m3 fork
+        window = int(cfg["FIXED_WIN"][0])
+        wire = WireFormat(mtu_bytes=int(cfg["PACKET_PAYLOAD_SIZE"][0]), header_bytes=48)
+        routing = Routing(topo, wire=wire)
+        name = shard.name.split("_")[0]
+        backends = {
+            cc: network(cfg, cc, buffer_bytes=buffer, window=window, fork=True),
+            "flowSim": FlowSimConfig(),
+        }
+        if cc != "dctcp":
+            dctcp = dict(cfg)
+            dctcp.setdefault("EWMA_GAIN", ["0.0625"])
+            dctcp["EWMA_GAIN"] = ["0.0625"]
+            backends["dctcp instead"] = network(
+                dctcp, "dctcp", buffer_bytes=buffer, window=window, fork=True
+            )
+        for who, backend in backends.items():
+            fct, wall = run(topo, flows, backend, routing)
+            ours = np.maximum(np.array([fct[i] for i in range(len(size))]), their_ideal)
+            rows.append([f"m3 {name} ({param[4]})", who, *errors(ours / theirs, size)])
+            notes.append(f"m3 {name} {who}: wall {wall:.1f} s, {len(size)} flows")
+
+
+def fat_tree(folder: Path, n_flows: int, rows: list, notes: list) -> None:
+    from m4ray.sim.flows import Flow
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.routing import Routing, WireFormat
+    from m4ray.sim.topology import read_topology
+
+    base = folder / "hpcc_fat_websearch"
+    topo = read_topology(base / "fat.txt")
+    with gzip.open(base / "tmp_traffic.txt.gz", "rt") as fh:
+        lines = fh.read().splitlines()[1:]
+    records, seen = [], {}
+    for line in lines:
+        f = line.split()
+        if len(f) < 6:
+            continue
+        src, dst = int(f[0]), int(f[1])
+        k = seen.get((src, dst), 0)
+        seen[(src, dst)] = k + 1
+        records.append((src, dst, 10000 + k, int(f[4]), float(f[5])))
+    records.sort(key=lambda r: r[4])
+    records = records[:n_flows]
+    t0 = records[0][4]
+    flows = [Flow(i, r[0], r[1], r[3], r[4] - t0) for i, r in enumerate(records)]
+    key = {(r[0], r[1], r[2]): i for i, r in enumerate(records)}
+    size = np.array([r[3] for r in records])
+    wire = WireFormat(mtu_bytes=1000, header_bytes=48)
+    routing = Routing(topo, wire=wire)
+    runs = {
+        "hpcc": ("config_topology_flow_hp95ai50.txt", "fct_topology_flow_hp95ai50.txt.gz"),
+        "timely": ("config_fat_flow_timely.txt", "fct_fat_flow_timely.txt.gz"),
+        "timely fixwin": ("config_fat_flow_timely_fixwin.txt", "fct_fat_flow_timely_fixwin.txt.gz"),
+        "timely nowin": ("config_fat_flow_timely_nowin.txt", "fct_fat_flow_timely_nowin.txt.gz"),
+    }
+    flowsim_fct = None
+    for label, (config, result) in runs.items():
+        cfg = read_config(base / config)
+        theirs = np.full(len(flows), np.nan)
+        with gzip.open(base / result, "rt") as fh:
+            for line in fh:
+                f = line.split()
+                sip, dip = (int(f[0], 16) >> 8) & 0xFFFF, (int(f[1], 16) >> 8) & 0xFFFF
+                i = key.get((sip, dip, int(f[2])))
+                if i is not None:
+                    theirs[i] = int(f[6]) * 1e-9
+        cc = label.split()[0]
+        buffer = int(cfg["BUFFER_SIZE"][0]) * 1024 * 1024  # MB upstream
+        backend = network(cfg, cc, buffer_bytes=buffer, window=None, fork=False)
+        fct, wall = run(topo, flows, backend, routing)
+        back = np.array([ack_way_back(routing, f, backend.rdma.ack_bytes) for f in flows])
+        ours = np.array([fct[f.id] for f in flows]) + back
+        rows.append([f"fat-tree {len(flows)} flows", label, *errors(ours / theirs, size)])
+        notes.append(f"fat-tree {label}: wall {wall:.1f} s")
+        if flowsim_fct is None:
+            flowsim_fct, wall = run(topo, flows, FlowSimConfig(), routing)
+            notes.append(f"fat-tree flowSim: wall {wall:.1f} s")
+        fs = np.array([flowsim_fct[f.id] for f in flows]) + back
+        rows.append(
+            [f"fat-tree {len(flows)} flows", f"flowSim vs {label}", *errors(fs / theirs, size)]
+        )
+
+
+def ack_way_back(routing, flow, ack_bytes: int) -> float:
+    """An ACK's way from the receiver to the sender: propagation plus one serialisation a hop."""
+    path = routing.path(flow.dst, flow.src, flow.id)
+    topo = routing.topo
+    return float(
+        sum(topo.latency_s[link] + ack_bytes * 8 / topo.bandwidth_bps[link] for link in path.links)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="the ns3_cc folder (shared/data)")
+    parser.add_argument("--only", choices=["m3", "fat"], help="run one set only")
+    parser.add_argument("--fat-flows", type=int, default=2000, help="fat-tree prefix (flows)")
+    args = parser.parse_args()
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    if args.only in (None, "m3"):
+        m3_shards(args.folder, rows, notes)
+    if args.only in (None, "fat"):
+        fat_tree(args.folder, args.fat_flows, rows, notes)
+    head = ["scenario", "ours", *(f"{b[0]} p50 / p90" for b in BUCKETS)]
+    print("\n|FCT ratio - 1| to the reference ns-3 (median / p90), by flow size:\n")
+    widths = [max(len(r[c]) for r in [head, *rows]) for c in range(len(head))]
+    for row in [head, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    print()
+    print("\n".join(notes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The RDMA transport's congestion controls (DCQCN, HPCC, TIMELY beside DCTCP) on real ns-3, in Ray
+worker processes: a lone flow runs at its ideal, two flows share a receiver, an incast with PFC
+loses nothing, HPCC holds the queue below DCTCP's, and bad settings name their field."""
+
+from __future__ import annotations
+
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.sim.flows import Flow
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.ns3.cc import HpccParams, TimelyParams
+from m4ray.sim.ns3.transports import PARAMS13, RdmaConfig
+from m4ray.sim.routing import Routing, WireFormat
+
+from .test_rdma import DEFAULT, JUMBO, _simulate, chain, star
+
+CCS = ["dctcp", "dcqcn", "hpcc", "timely"]
+
+
+@pytest.fixture(scope="module")
+def simulate(ray_local):
+    remote = ray_local.remote(_simulate)
+    return lambda *args: ray_local.get(remote.remote(*args))
+
+
+def _rdma(cc: str, **settings) -> Ns3Config:
+    return Ns3Config(rdma=RdmaConfig(cc=cc, **settings))
+
+
+@pytest.mark.parametrize("cc", CCS)
+def test_a_lone_flow_runs_at_its_ideal(simulate, cc):
+    """Five hops at 10 Gbit/s: 1 KB, 64 KB and 10 MB alone within 1 % of the ideal FCT of the
+    CC's wire format (HPCC's 42 B of telemetry and TIMELY's 8 B timestamp counted as header).
+    HPCC settles at η (+ AI) of the line by design: its 10 MB flow is held to that ideal at
+    η · line rate, and its 64 KB flow (which leaves line rate within its first RTT) is
+    between the two."""
+    extra = {"hpcc": HpccParams().int_bytes, "timely": TimelyParams().int_bytes}.get(cc, 0)
+    wire = WireFormat(header_bytes=DEFAULT.header_bytes + extra)
+    cfg = _rdma(cc, cc_params={"int_bytes": 0} if extra else None)
+    flows = [Flow(i, 0, 1, size, i * 20e-3) for i, size in enumerate((1000, 64_000, 10_000_000))]
+    result, counters = simulate(chain(10e9), flows, wire, cfg)
+    hp = HpccParams()
+    settled = 1 / (hp.target_utilization + hp.rate_ai_bps / 10e9)
+    for flow in flows:
+        finish, ideal = result[flow.id]
+        slowdown = (finish - flow.start_s) / ideal
+        if cc == "hpcc" and flow.size_bytes == 64_000:
+            assert 1.0 < slowdown < settled
+        else:
+            big = cc == "hpcc" and flow.size_bytes > 1e6
+            assert slowdown == pytest.approx(settled if big else 1.0, rel=0.01), flow
+    assert counters["drops"] == counters["timeouts"] == counters["pauses"] == 0
+
+
+@pytest.mark.parametrize("cc", CCS)
+def test_two_flows_into_one_receiver_share_it(simulate, cc):
+    """Two 10 MB flows from t = 0 into one 10 Gbit/s receiver: each ends within ±10 % of twice
+    its time alone (the same CC, the same wire)."""
+    flows = [Flow(i, i, 2, 10_000_000, 0.0) for i in range(2)]
+    alone, _ = simulate(star(3, 10e9), flows[:1], DEFAULT, _rdma(cc))
+    both, _ = simulate(star(3, 10e9), flows, DEFAULT, _rdma(cc))
+    single = alone[0][0]
+    for finish, _ in both.values():
+        assert finish / single == pytest.approx(2.0, rel=0.1)
+
+
+@pytest.mark.parametrize("cc", CCS)
+def test_an_incast_with_pfc_loses_nothing(simulate, cc):
+    """8:1 incast at 100 Gbit/s with no window (HPCC: its window) and a small PFC threshold:
+    every byte arrives, nothing is dropped, retransmitted or timed out."""
+    window = None if cc == "hpcc" else 0
+    params = None
+    if cc == "dcqcn":  # RED below the buffer
+        params = {"k_min_bytes": [[100e9, 20_000]], "k_max_bytes": [[100e9, 80_000]]}
+    cfg = _rdma(
+        cc,
+        window_bytes=window,
+        buffer_bytes=1_000_000,
+        pfc_threshold_bytes=40_000,
+        cc_params=params,
+    )
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    result, counters = simulate(star(9, 100e9), flows, JUMBO, cfg)
+    assert all(finish is not None for finish, _ in result.values())
+    assert counters["drops"] == counters["timeouts"] == 0
+    assert counters["retransmits"] == counters["nacks"] == 0
+    assert max(finish / ideal for finish, ideal in result.values()) >= 8 * 0.98
+
+
+def test_hpcc_holds_the_incast_queue_well_below_dctcps(simulate):
+    """The same 8:1 incast at 100 Gbit/s, every flow with the default window. Both see the first
+    round trip's burst (eight windows at once: ~576 KB at the receiver's port, before any
+    feedback); after it DCTCP holds the queue near its K while HPCC's telemetry drains it. The
+    mean queue a data packet finds there, measured: DCTCP 103 KB, HPCC 17 KB; asserted: HPCC's
+    below a quarter of DCTCP's."""
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    queue = {}
+    for cc in ("dctcp", "hpcc"):
+        _, counters = simulate(star(9, 100e9), flows, JUMBO, _rdma(cc))
+        queue[cc] = counters["mean_queue_bytes"]
+    assert 0 < queue["hpcc"] < 0.25 * queue["dctcp"], queue
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"cc": "bbr"}, "ns3.rdma.cc"),
+        ({"cc": "hpcc", "cc_params": {"k_min_bytes": 1}}, "ns3.rdma.cc_params.k_min_bytes"),
+        ({"cc": "dctcp", "cc_params": {"eta": 0.9}}, "ns3.rdma.cc_params.eta"),
+        ({"cc": "hpcc", "cc_params": {"target_utilization": 1.5}}, None),
+        ({"cc": "timely", "cc_params": {"t_low_s": 1e-3}}, "ns3.rdma.cc_params.t_low_s"),
+        ({"cc": "dcqcn", "cc_params": {"p_max": 0}}, "ns3.rdma.cc_params.p_max"),
+        ({"cc": "dcqcn", "cc_params": {"k_max_bytes": [[10e9, 9e6]]}}, None),
+        ({"cc": "hpcc", "window_bytes": 0}, "ns3.rdma.cc"),
+    ],
+)
+def test_a_cc_refuses_a_parameter_it_lacks_or_an_impossible_value(settings, field):
+    with pytest.raises(InputError) as err:
+        RdmaConfig(**settings)
+    expected = field or f"ns3.rdma.cc_params.{next(iter(settings['cc_params']))}"
+    assert err.value.field == expected
+
+
+@pytest.mark.parametrize("cc", CCS)
+def test_the_network_vector_names_the_cc_and_its_parameters(cc):
+    """m4's params13: the CC's one-hot and only its own parameters."""
+    routing = Routing(chain(10e9), wire=WireFormat())
+    vec = dict(zip(PARAMS13, RdmaConfig(cc=cc).params13(routing), strict=True))
+    assert [vec[name] for name in CCS] == [float(name == cc) for name in CCS]
+    own = {
+        "dctcp": {"dctcp_k"},
+        "dcqcn": {"dcqcn_k_min", "dcqcn_k_max"},
+        "hpcc": {"hpcc_u_tgt", "hpcc_ai"},
+        "timely": {"timely_t_low", "timely_t_high"},
+    }
+    for name in set().union(*own.values()):
+        assert (vec[name] != 0) == (name in own[cc]), name
+    if cc == "hpcc":
+        assert vec["hpcc_u_tgt"] == pytest.approx(95) and vec["hpcc_ai"] == pytest.approx(5)
