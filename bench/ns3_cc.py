@@ -22,9 +22,9 @@ per size bucket (<10 KB, 10 KB–1 MB, ≥1 MB), flowSim's beside it, and wall t
 ECMP (same lengths as the reference's, not the same hash). ACKs queue with the data at switches
 where the reference's do (upstream always; the m3 fork with ACK_HIGH_PRIO 0). Differences we know
 of and keep: the PFC threshold is static (a quarter of the buffer for the m3 fork's runs, an
-eighth for upstream's; theirs is dynamic); NACKs are not throttled by time; in the m3 fork a
-sender on a link faster than MAX_RATE keeps its CC's reference rate at the link's rate (ours at
-MAX_RATE).
+eighth for upstream's; theirs is dynamic); NACKs are not throttled by time. The m3 fork's CC
+reference rates start at the NIC's rate even where MAX_RATE caps the sender (its 100 Tbit/s
+cross-traffic host): ``cc_nic_rate`` does the same for its shards.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def network(
             pfc=cfg.get("ENABLE_PFC", ["1"])[0] == "1",
             pfc_threshold_bytes=buffer_bytes // (4 if fork else 8),
             ack_high_priority=fork and cfg["ACK_HIGH_PRIO"][0] == "1",
+            cc_nic_rate=fork,
             **settings,
         )
     )

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from m4ray.datagen.sampling import (
+    CcRanges,
     check_range,
     integer,
     log_uniform,
@@ -64,6 +65,7 @@ class NetworkRanges:
     ecn_k_kb: list[float] = field(default_factory=lambda: [10.0, 30.0])
     window_kb: list[float] | None = field(default_factory=lambda: [5.0, 15.0])
     dctcp_gain: list[float] = field(default_factory=lambda: [0.0625, 0.0625])
+    cc: CcRanges = field(default_factory=CcRanges)  # the congestion controls drawn
 
     def __post_init__(self) -> None:
         check_range(self.buffer_kb, "network.buffer_kb", lo=0, open_=True)
@@ -76,17 +78,25 @@ class NetworkRanges:
                 "the marking threshold must stay below the PFC threshold (buffer / 8)",
                 field="network.ecn_k_kb",
             )
+        if isinstance(self.cc, dict):
+            self.cc = CcRanges(**self.cc)
+        self.cc.check("network.cc")
 
     def sample(self, rng: np.random.Generator, wall_limit_s: float) -> Ns3Config:
         buffer = round(uniform(rng, self.buffer_kb) * 1000)
         window = None if self.window_kb is None else round(uniform(rng, self.window_kb) * 1000)
+        k = float(round(uniform(rng, self.ecn_k_kb) * 1000))
+        gain = uniform(rng, self.dctcp_gain)
+        cc, params = self.cc.draw(rng)
         return Ns3Config(
             rdma=RdmaConfig(
                 buffer_bytes=buffer,
                 pfc_threshold_bytes=buffer // 8,
-                ecn_k_bytes=[[10e9, float(round(uniform(rng, self.ecn_k_kb) * 1000))]],
+                ecn_k_bytes=[[10e9, k]],
                 window_bytes=window,
-                dctcp_gain=uniform(rng, self.dctcp_gain),
+                dctcp_gain=gain,
+                cc=cc,
+                cc_params=params,
             ),
             wall_limit_s=wall_limit_s,
         )
@@ -210,6 +220,7 @@ class DatagenScenario:
             "ecn_k_bytes": min(rdma.ecn_k_bytes)[1],
             "window_bytes": round(vector[PARAMS13.index("fwin")] * 1000),
             "dctcp_gain": rdma.dctcp_gain,
+            **({"cc": rdma.cc, "cc_params": rdma.cc_params} if rdma.cc != "dctcp" else {}),
             "n_degraded": len(self.degraded),
             "reduction": self.reduction,
             "traffic": self.traffic.kind,

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from m4ray.datagen.sampling import check_range, open_loop, size_distribution, uniform
+from m4ray.datagen.sampling import CcRanges, check_range, open_loop, size_distribution, uniform
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
@@ -153,6 +153,7 @@ class LotScenario:
             window_bytes=rdma.window_bytes or 0,
             ecn_k_bytes=min(rdma.ecn_k_bytes)[1],
             pfc=rdma.pfc,
+            cc=rdma.cc,
         )
 
     def config_vector(self) -> np.ndarray:
@@ -286,6 +287,7 @@ class LotFamily:
     ecn_k_kb: list[float] = field(default_factory=lambda: [5.0, 20.0])
     pfc_probability: float = 0.5
     wire: WireFormat = field(default_factory=WireFormat)
+    cc: CcRanges = field(default_factory=CcRanges)  # the congestion controls drawn
 
     def __post_init__(self) -> None:
         self.sizes = {name: size_distribution(name, spec) for name, spec in self.sizes.items()}
@@ -301,6 +303,9 @@ class LotFamily:
             raise InputError("K at the core rate must stay below the buffer", field="ecn_k_kb")
         if not 0 <= self.pfc_probability <= 1:
             raise InputError("must be in [0, 1]", field="pfc_probability")
+        if isinstance(self.cc, dict):
+            self.cc = CcRanges(**self.cc)
+        self.cc.check("cc")
 
     def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> LotScenario:
         rng = np.random.default_rng(seed)
@@ -317,6 +322,7 @@ class LotFamily:
             pfc_threshold_bytes=buffer // 4,
             ecn_k_bytes=[[self.edge_bps, float(k)], [core, float(k * core / self.edge_bps)]],
             window_bytes=round(uniform(rng, self.window_kb) * 1000),
+            **dict(zip(("cc", "cc_params"), self.cc.draw(rng), strict=True)),
         )
         return LotScenario(
             family=name,

@@ -29,7 +29,7 @@ N_BUCKETS_IN = len(IN_EDGES) + 1
 N_BUCKETS_OUT = len(OUT_EDGES) + 1
 N_PCT = 100
 HOPS = (2, 4, 6)
-CCS = ("dctcp", "dcqcn", "hpcc", "timely")  # m3's; this project's ns-3 runs DCTCP
+CCS = ("dctcp", "dcqcn", "hpcc", "timely")  # m3's one-hot (m4ray.sim.ns3.cc runs all four)
 CONFIG_FIELDS = (
     *(f"hops{h}" for h in HOPS),
     "bdp_pkts_10",

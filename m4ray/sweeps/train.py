@@ -12,6 +12,7 @@ from m4ray.models.checkpoint import M4
 from m4ray.models.m4 import M4Model
 from m4ray.train.data import dataset_version, load_splits
 from m4ray.train.job import (
+    dataset_ccs,
     dataset_transports,
     error_cdf,
     error_table,
@@ -55,6 +56,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     transports = dataset_transports(cfg.data.dataset)
     if len(transports) == 1:  # what the m4 backend should describe to it (check_transport)
         meta["transport"] = transports[0]
+    meta["supported_cc"] = dataset_ccs(cfg.data.dataset)  # what the m4 backend accepts
     export_dir = Path(cfg.export_dir or run_dir / "export")
     publish(trained, export_dir, meta, model_card(meta, table, cfg), kind=M4, plot=plot)
     print()

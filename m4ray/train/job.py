@@ -190,6 +190,16 @@ def dataset_transports(dataset: str) -> list[str]:
     return sorted({json.loads(p).get("transport", "tcp") for p in params.to_pylist()})
 
 
+def dataset_ccs(dataset: str) -> list[str]:
+    """The congestion controls of a dataset's RDMA scenarios (DCTCP where none is recorded)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    params = pq.read_table(Path(dataset) / "scenarios.parquet", columns=["params"]).column(0)
+    return sorted({json.loads(p).get("cc", "dctcp") for p in params.to_pylist()})
+
+
 def error_table(errors: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
     table = {}
     for who, err in errors.items():
@@ -275,6 +285,7 @@ slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.models.checkpoint.
 
 __all__ = [
     "Trained",
+    "dataset_ccs",
     "error_table",
     "error_text",
     "fit",

@@ -271,3 +271,29 @@ def test_an_incast_family_wider_than_its_topology_fails_before_any_task():
     with pytest.raises(InputError, match=r"32:1 incast needs 33 hosts, the topology has 32"):
         IncastFamily(k=[2, 32])
     assert IncastFamily().k == [2, 31]  # the default fits m4's 32-host fabric
+
+
+def test_networks_draw_every_listed_congestion_control_with_its_own_parameters():
+    """``network.cc.ccs`` lists the CCs drawn; each scenario's RDMA config carries its CC and
+    parameters from their ranges (a one-CC list draws nothing, so DCTCP data keep their ids)."""
+    ranges = NetworkRanges(cc={"ccs": ["dctcp", "dcqcn", "hpcc", "timely"]})
+    seen = {}
+    for seed in range(40):
+        rdma = ranges.sample(np.random.default_rng(seed), 60.0).rdma
+        seen.setdefault(rdma.cc, rdma)
+    assert set(seen) == {"dctcp", "dcqcn", "hpcc", "timely"}
+    assert seen["dctcp"].cc_params is None
+    hpcc = seen["hpcc"].cc_config()
+    assert 0.70 <= hpcc.target_utilization <= 0.95 and 50e6 <= hpcc.rate_ai_bps <= 100e6
+    timely = seen["timely"].cc_config()
+    assert 40e-6 <= timely.t_low_s <= 60e-6 and 100e-6 <= timely.t_high_s <= 150e-6
+    kmin, kmax = seen["dcqcn"].cc_config().red(25e9)
+    assert 10_000 <= kmin <= 30_000 and 30_000 <= kmax <= 50_000
+    one = NetworkRanges()
+    assert [one.sample(np.random.default_rng(s), 60.0).rdma for s in range(3)] == [
+        NetworkRanges(cc={"ccs": ["dctcp"]}).sample(np.random.default_rng(s), 60.0).rdma
+        for s in range(3)
+    ]
+    with pytest.raises(InputError) as err:
+        NetworkRanges(cc={"ccs": ["reno"]})
+    assert err.value.field == "network.cc.ccs"

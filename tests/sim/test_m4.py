@@ -235,6 +235,17 @@ def test_contention_slows_flows_down():
     assert shared.column("fct_s").to_numpy().mean() > 1.1 * alone.column("fct_s")[0].as_py()
 
 
+def test_m4_refuses_a_congestion_control_its_checkpoint_never_saw():
+    """The shipped checkpoints learned DCTCP: asked to imitate HPCC, m4 says so by name."""
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    topo = RailClusterSpec(servers=2).build()
+    network = Ns3Config(rdma=RdmaConfig(cc="hpcc"))
+    with pytest.raises(InputError, match="learned dctcp only; it cannot imitate hpcc") as err:
+        M4Config(checkpoint="m4-v2", network=network).build(topo, Routing(topo))
+    assert err.value.field == "m4.network.rdma.cc"
+
+
 def test_engine_rejects_bad_events(model):
     topo, routing, hosts = _rail()
     engine = M4Engine(

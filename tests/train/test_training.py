@@ -70,6 +70,8 @@ def test_one_epoch_with_two_workers_writes_checkpoint_and_mlflow_run(trained):
     assert {"checkpoint/model.pt", "checkpoint/model.json", "checkpoint/model_card.md"} <= artifacts
     card = (run_dir / "export" / "model_card.md").read_text()
     assert version in card and "flowsim" in card
+    meta = json.loads((run_dir / "export" / "model.json").read_text())
+    assert meta["supported_cc"] == ["dctcp"]  # what the m4 backend will accept (check_cc)
     assert (run_dir / "plots" / "slowdown_error_cdf.png").stat().st_size > 10_000
 
 

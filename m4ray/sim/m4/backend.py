@@ -93,6 +93,19 @@ def check_transport(name: str, transport: str) -> None:
         )
 
 
+def check_cc(name: str, network: Ns3Config) -> None:
+    """Refuse a network whose congestion control the checkpoint never saw (its ``model.json``
+    ``supported_cc``; checkpoints before it learned DCTCP only): m4 would extrapolate silently."""
+    cc = network.rdma.cc if network.transport == "rdma" else "dctcp"
+    info = json.loads((checkpoint_dir(name) / "model.json").read_text())
+    supported = info.get("supported_cc", ["dctcp"])
+    if cc not in supported:
+        raise InputError(
+            f"m4 checkpoint '{name}' learned {', '.join(supported)} only; it cannot imitate {cc}",
+            field="m4.network.rdma.cc",
+        )
+
+
 @functools.lru_cache(maxsize=4)
 def load_model(name: str):
     """The checkpoint's model for inference (eval mode, CPU, float64), loaded once per process.
@@ -190,6 +203,7 @@ class M4Config:
         from m4ray.sim.m4.shared import CURRENT, SharedStepper
 
         check_transport(self.checkpoint, self.network.transport)
+        check_cc(self.checkpoint, self.network)
         own = self._stepper()
         model = own.model
         stepper = CURRENT.get()  # set when this simulation runs in a group (shared.py)

@@ -139,6 +139,7 @@ struct RdmaParams {
     uint32_t int_bytes = 0;       // wire bytes telemetry adds to a data packet (HPCC, TIMELY)
     uint32_t ack_int_bytes = 0;   // ... and to an ACK (HPCC)
     bool ack_high = true;         // ACKs in switches' high-priority queue (else with the data)
+    bool cc_nic_rate = false;     // the m3 fork: CC reference rates at the NIC's rate, not max
     // TIMELY
     double t_low_ps = 50e6, t_high_ps = 500e6, beta = 0.8, ewma = 0.875, min_rtt_ps = 20e6;
 };
@@ -147,6 +148,7 @@ struct Qp {  // sender state of one flow
     uint64_t size = 0, snd_nxt = 0, snd_una = 0, high_tx = 0, window = 0;
     uint32_t port = 0;
     double line_rate = 0, rate = 0;
+    double nic_rate = 0;          // the rate the CC's reference rates start at and cap to
     int64_t next_ps = 0;          // pacing: earliest time of the next packet
     // DCTCP
     double alpha = 1.0;
@@ -275,7 +277,9 @@ class RdmaNetwork : public Fabric {
         q.window = window;
         q.line_rate = m_ports[q.port].rate;
         if (m_p.max_rate > 0) q.line_rate = std::min(q.line_rate, m_p.max_rate);
-        q.rate = q.cur_rate = q.target = q.line_rate;
+        q.nic_rate = m_p.cc_nic_rate ? m_ports[q.port].rate : q.line_rate;
+        q.rate = q.line_rate;
+        q.cur_rate = q.target = q.nic_rate;  // the CC's reference rates
         m_qp.push_back(q);
         Arrived(slot, path);
         if (size == 0) {  // nothing to send: delivered at once
@@ -629,9 +633,9 @@ class RdmaNetwork : public Fabric {
         Qp& q = m_qp[slot];
         q.ev_increase = Simulator::Schedule(PicoSeconds(m_p.increase_ps),
                                             &RdmaNetwork::DcqcnIncrease, this, slot);
-        if (q.stage == m_p.fast_recovery) q.target = std::min(q.line_rate, q.target + m_p.cc_ai);
+        if (q.stage == m_p.fast_recovery) q.target = std::min(q.nic_rate, q.target + m_p.cc_ai);
         else if (q.stage > m_p.fast_recovery)
-            q.target = std::min(q.line_rate, q.target + m_p.cc_hai);
+            q.target = std::min(q.nic_rate, q.target + m_p.cc_hai);
         q.rate = q.rate / 2 + q.target / 2;  // fast recovery, or toward the raised target
         ++q.stage;
     }

@@ -72,6 +72,10 @@ class RdmaConfig:
     )
     # ACKs ride switches' high-priority queue (False: they queue, count and wait with the data)
     ack_high_priority: bool = added_field(True, "congestion controls (issue 31)")
+    # where max_rate_bps caps a faster NIC: the CC's reference rates (DCQCN's target, HPCC's and
+    # TIMELY's current rate) start at, and DCQCN's target may rise to, the NIC's own rate, as in
+    # the m3 fork of the reference (its parking lots' 100 Tbit/s cross-traffic host)
+    cc_nic_rate: bool = added_field(False, "congestion controls (issue 31)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,17 +100,9 @@ class RdmaConfig:
         for ok, name, rule in checks:
             if not ok:
                 raise InputError(f"must be {rule}", field=f"ns3.rdma.{name}")
-        params = self.cc_config()  # an unknown CC or parameter fails here
+        self.cc_config()  # an unknown CC or parameter fails here
         if self.cc == "hpcc" and self.window_bytes == 0:
             raise InputError("HPCC needs a window (window_bytes null or > 0)", field="ns3.rdma.cc")
-        if self.cc == "dcqcn":
-            for name in ("k_min_bytes", "k_max_bytes"):
-                worst = max(p[1] for p in getattr(params, name))
-                if worst >= self.buffer_bytes:
-                    raise InputError(
-                        f"{worst:g} B is not below the buffer ({self.buffer_bytes} B)",
-                        field=f"ns3.rdma.cc_params.{name}",
-                    )
         points = self.ecn_k_bytes
         if not points or any(len(p) != 2 or p[0] <= 0 or p[1] <= 0 for p in points):
             raise InputError(
@@ -258,7 +254,7 @@ class RdmaFabric:
             )
             p.t_low_ps, p.t_high_ps = params.t_low_s * 1e12, params.t_high_s * 1e12
             p.min_rtt_ps, p.int_bytes = params.min_rtt_s * 1e12, params.int_bytes
-        p.ack_high = cfg.ack_high_priority
+        p.ack_high, p.cc_nic_rate = cfg.ack_high_priority, cfg.cc_nic_rate
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)
@@ -280,6 +276,12 @@ class RdmaFabric:
             )
             if cfg.cc == "dcqcn" and not on_nvswitch:  # RED in place of the step (both ways)
                 kmin, kmax = params.red(cable.bandwidth_bps)
+                if kmax >= cfg.buffer_bytes:
+                    raise InputError(
+                        f"K_max {kmax} B at {cable.bandwidth_bps:g} bit/s is not below the "
+                        f"buffer ({cfg.buffer_bytes} B): RED would never mark",
+                        field="ns3.rdma.cc_params.k_max_bytes",
+                    )
                 link = self.net.n_links() - 2
                 self.net.SetRed(link, kmin, kmax, params.p_max)
                 self.net.SetRed(link + 1, kmin, kmax, params.p_max)

@@ -111,7 +111,6 @@ def test_hpcc_holds_the_incast_queue_well_below_dctcps(simulate):
         ({"cc": "hpcc", "cc_params": {"target_utilization": 1.5}}, None),
         ({"cc": "timely", "cc_params": {"t_low_s": 1e-3}}, "ns3.rdma.cc_params.t_low_s"),
         ({"cc": "dcqcn", "cc_params": {"p_max": 0}}, "ns3.rdma.cc_params.p_max"),
-        ({"cc": "dcqcn", "cc_params": {"k_max_bytes": [[10e9, 9e6]]}}, None),
         ({"cc": "hpcc", "window_bytes": 0}, "ns3.rdma.cc"),
     ],
 )
@@ -120,6 +119,14 @@ def test_a_cc_refuses_a_parameter_it_lacks_or_an_impossible_value(settings, fiel
         RdmaConfig(**settings)
     expected = field or f"ns3.rdma.cc_params.{next(iter(settings['cc_params']))}"
     assert err.value.field == expected
+
+
+def test_red_thresholds_above_the_buffer_are_refused_at_the_link_they_hit(simulate):
+    """DCQCN's K_max per link rate is checked where the rates are known: building the fabric."""
+    cfg = _rdma("dcqcn", cc_params={"k_max_bytes": [[10e9, 9e6]]})
+    with pytest.raises(InputError) as err:
+        simulate(star(3, 10e9), [Flow(0, 0, 2, 1000, 0.0)], DEFAULT, cfg)
+    assert err.value.field == "ns3.rdma.cc_params.k_max_bytes"
 
 
 @pytest.mark.parametrize("cc", CCS)
