@@ -121,6 +121,7 @@ struct RdmaParams {
     uint64_t buffer = 4000000;    // shared buffer per switch, bytes
     bool pfc = true;
     uint64_t pfc_threshold = 500000;  // bytes held from one ingress port before PAUSE
+    uint32_t pfc_shift = 0;       // >0: dynamic threshold, (buffer − used) >> shift (reference)
     int64_t rto_ps = 1000000000;  // retransmission timeout
     double max_rate = 0;          // bits/s cap on every sender (0: the NIC's line rate)
     uint8_t cc = kDctcp;
@@ -374,12 +375,22 @@ class RdmaNetwork : public Fabric {
         m_used[port.node] -= wire;
         Port& ingress = m_ports[in];
         ingress.ingress -= wire;
-        uint64_t resume_below = m_p.pfc_threshold - 2 * (m_p.mtu + m_p.header);
+        uint64_t margin = 2 * (m_p.mtu + m_p.header);
+        uint64_t threshold = PfcThreshold(port.node);
+        uint64_t resume_below = threshold > margin ? threshold - margin : 0;
         if (ingress.pause_sent && ingress.ingress <= resume_below) {
             ingress.pause_sent = false;
             Control(in ^ 1u, kResume, 0, 0, 0, 0);
         }
         return p;
+    }
+
+    // What one ingress port may hold before the switch pauses its upstream: a fixed share, or
+    // (the reference's dynamic threshold) a share of the buffer still free.
+    uint64_t PfcThreshold(uint32_t node) const {
+        if (m_p.pfc_shift == 0) return m_p.pfc_threshold;
+        uint64_t used = std::min(m_used[node], m_p.buffer);
+        return (m_p.buffer - used) >> m_p.pfc_shift;
     }
 
     bool Red(Port& port) {
@@ -491,7 +502,7 @@ class RdmaNetwork : public Fabric {
         p->AddHeader(h);
         m_used[node] += wire;
         port.ingress += wire;
-        if (fabric && m_p.pfc && !port.pause_sent && port.ingress > m_p.pfc_threshold) {
+        if (fabric && m_p.pfc && !port.pause_sent && port.ingress > PfcThreshold(node)) {
             port.pause_sent = true;
             Control(link ^ 1u, kPause, 0, 0, 0, 0);
         }

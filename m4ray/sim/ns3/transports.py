@@ -76,6 +76,9 @@ class RdmaConfig:
     # TIMELY's current rate) start at, and DCQCN's target may rise to, the NIC's own rate, as in
     # the m3 fork of the reference (its parking lots' 100 Tbit/s cross-traffic host)
     cc_nic_rate: bool = added_field(False, "congestion controls (issue 31)")
+    # > 0: the reference's dynamic PFC threshold, (buffer − bytes in use) / 2^shift per ingress
+    # port (its upstream: 3, the m3 fork: 2), in place of pfc_threshold_bytes
+    pfc_dynamic_shift: int = added_field(0, "congestion controls (issue 31)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -91,6 +94,7 @@ class RdmaConfig:
             (self.ack_bytes >= RDMA_HEADER_BYTES, "ack_bytes", f">= {RDMA_HEADER_BYTES}"),
             (self.rto_s > 0, "rto_s", "> 0"),
             (self.max_rate_bps is None or self.max_rate_bps > 0, "max_rate_bps", "> 0 or null"),
+            (0 <= self.pfc_dynamic_shift <= 16, "pfc_dynamic_shift", "in [0, 16]"),
             (
                 0 < self.pfc_threshold_bytes < self.buffer_bytes,
                 "pfc_threshold_bytes",
@@ -255,6 +259,7 @@ class RdmaFabric:
             p.t_low_ps, p.t_high_ps = params.t_low_s * 1e12, params.t_high_s * 1e12
             p.min_rtt_ps, p.int_bytes = params.min_rtt_s * 1e12, params.int_bytes
         p.ack_high, p.cc_nic_rate = cfg.ack_high_priority, cfg.cc_nic_rate
+        p.pfc_shift = cfg.pfc_dynamic_shift
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)

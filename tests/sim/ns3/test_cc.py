@@ -88,6 +88,27 @@ def test_an_incast_with_pfc_loses_nothing(simulate, cc):
     assert max(finish / ideal for finish, ideal in result.values()) >= 8 * 0.98
 
 
+def test_a_dynamic_pfc_threshold_keeps_lossless_what_the_same_fixed_share_drops(simulate):
+    """PFC on a share of the free buffer (the reference's rule, ``pfc_dynamic_shift``): a fixed
+    eighth of a 1 MB buffer per ingress port lets the eight ports of a windowless 8:1 incast
+    overfill it (drops); an eighth of what is still free falls as the buffer fills, and the
+    same incast stays lossless."""
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    counters = {}
+    for shift in (0, 3):
+        cfg = _rdma(
+            "dctcp",
+            window_bytes=0,
+            buffer_bytes=1_000_000,
+            pfc_threshold_bytes=125_000,
+            pfc_dynamic_shift=shift,
+        )
+        result, counters[shift] = simulate(star(9, 100e9), flows, JUMBO, cfg)
+        assert all(finish is not None for finish, _ in result.values())
+    assert counters[0]["drops"] > 0
+    assert counters[3]["drops"] == counters[3]["timeouts"] == 0 and counters[3]["pauses"] > 0
+
+
 def test_hpcc_holds_the_incast_queue_well_below_dctcps(simulate):
     """The same 8:1 incast at 100 Gbit/s, every flow with the default window. Both see the first
     round trip's burst (eight windows at once: ~576 KB at the receiver's port, before any
