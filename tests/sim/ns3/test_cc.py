@@ -12,6 +12,7 @@ from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.ns3.cc import HpccParams, TimelyParams
 from m4ray.sim.ns3.transports import PARAMS13, RdmaConfig
 from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.topology import Topology
 
 from .test_rdma import DEFAULT, JUMBO, _simulate, chain, star
 
@@ -107,6 +108,22 @@ def test_a_dynamic_pfc_threshold_keeps_lossless_what_the_same_fixed_share_drops(
         assert all(finish is not None for finish, _ in result.values())
     assert counters[0]["drops"] > 0
     assert counters[3]["drops"] == counters[3]["timeouts"] == 0 and counters[3]["pauses"] > 0
+
+
+@pytest.mark.parametrize("cc", CCS)
+def test_an_nvswitch_marks_pauses_and_drops_nothing_under_any_cc(simulate, cc):
+    """The windowless incast through an NVSwitch (SimAI's intra-server switch): whatever the CC,
+    no ECN mark (DCQCN's RED included), no PAUSE, no drop, and every byte arrives."""
+    window = None if cc == "hpcc" else 0
+    cfg = _rdma(cc, window_bytes=window, buffer_bytes=1_000_000, pfc_threshold_bytes=40_000)
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    fabric = star(9, 100e9)
+    nvswitch = Topology(
+        n_nodes=fabric.n_nodes, switches=(9,), nvswitches=(9,), cables=fabric.cables
+    )
+    result, counters = simulate(nvswitch, flows, JUMBO, cfg)
+    assert all(finish is not None for finish, _ in result.values())
+    assert counters["marks"] == counters["pauses"] == counters["drops"] == 0
 
 
 def test_hpcc_holds_the_incast_queue_well_below_dctcps(simulate):
