@@ -121,9 +121,11 @@ class Ns3Backend:
         if self._error is not None:
             raise self._error
         if self.net.Expired():
+            stalled = getattr(self.net, "Stalled", None)
+            detail = f" (still:{stalled()})" if stalled is not None else ""
             raise SimulationError(
                 f"ns-3 wall-clock limit of {self.cfg.wall_limit_s:g} s reached at simulated "
-                f"t = {self.now() * 1e6:.1f} us with {len(self._done)} flows in flight"
+                f"t = {self.now() * 1e6:.1f} us with {len(self._done)} flows in flight{detail}"
             )
 
     def record(self) -> None:

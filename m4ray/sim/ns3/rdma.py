@@ -38,6 +38,7 @@ from m4ray.sim.ns3 import fabric
 SOURCE = r"""
 #include <algorithm>
 #include <deque>
+#include <string>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -263,6 +264,37 @@ class RdmaNetwork : public Fabric {
     }
     void SetLoss(uint32_t link, double rate) { m_ports[link].loss = rate; }
     uint32_t n_links() const { return m_ports.size(); }
+
+    // What holds a stalled run: paused links (with the bytes their ingress holds at the far
+    // end) and the flows still unacknowledged, for the wall-clock guard's error.
+    std::string Stalled() const {
+        std::string out;
+        uint32_t shown = 0;
+        for (uint32_t l = 0; l < m_ports.size(); ++l) {
+            const Port& p = m_ports[l];
+            if (!p.paused) continue;
+            if (shown++ < 12)
+                out += " link " + std::to_string(l) + " (" + std::to_string(p.node) + "->" +
+                       std::to_string(p.peer) + ", " + std::to_string(p.data_bytes) +
+                       " B queued, far end holds " + std::to_string(p.ingress) + " B) paused;";
+        }
+        if (shown > 12) out += " ... " + std::to_string(shown) + " paused links;";
+        uint32_t flows = 0;
+        for (uint32_t q = 0; q < m_qp.size(); ++q) {
+            if (!m_qp[q].active || m_qp[q].snd_una >= m_qp[q].size) continue;
+            const Qp& f = m_qp[q];
+            if (flows++ < 4)
+                out += " flow " + std::to_string(m_ids[q]) + " acked " +
+                       std::to_string(f.snd_una) + ", sent " + std::to_string(f.snd_nxt) + " of " +
+                       std::to_string(f.size) + " B, window " + std::to_string(Window(f)) +
+                       " B, rate " + std::to_string(f.rate / 1e9) + " Gb/s, received " +
+                       std::to_string(m_rx[q].expected) + " B;";
+        }
+        out += " drops " + std::to_string(drops) + ", timeouts " + std::to_string(timeouts) +
+               ", retransmits " + std::to_string(retransmits) + ", pauses " +
+               std::to_string(pauses);
+        return out;
+    }
 
     // Start flow `id` now over `path` (data) and `back` (ACKs) with a window of `window` bytes.
     void StartFlow(uint32_t id, uint64_t size, const std::vector<uint32_t>& path,
@@ -551,6 +583,9 @@ class RdmaNetwork : public Fabric {
         if (!q.active) return;
         if (h.seq > q.snd_una) q.snd_una = h.seq;
         if (h.type == kNack && q.snd_nxt > h.seq) q.snd_nxt = std::max(h.seq, q.snd_una);
+        // an ACK can overtake a go-back (bytes of an earlier round arrive after a timeout
+        // rewound): never send below what is acknowledged (the window arithmetic needs it)
+        if (q.snd_nxt < q.snd_una) q.snd_nxt = q.snd_una;
         switch (m_p.cc) {
             case kDcqcn:
                 if (h.flags & kCe) Cnp(slot);

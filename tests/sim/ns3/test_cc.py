@@ -183,3 +183,28 @@ def test_the_network_vector_names_the_cc_and_its_parameters(cc):
         assert (vec[name] != 0) == (name in own[cc]), name
     if cc == "hpcc":
         assert vec["hpcc_u_tgt"] == pytest.approx(95) and vec["hpcc_ai"] == pytest.approx(5)
+
+
+def _record_rail_scenario(seed: int, index: int) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from m4ray.config import CONF_DIR, register_configs
+    from m4ray.sweeps.__main__ import resolve
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("sweep", overrides=["+experiment=datagen_cc"])
+    family = resolve(cfg).datagen.families["rail"]
+    scenario = family.sample("rail", index, seed, 120.0)
+    return {"cc": scenario.ns3.rdma.cc, "flows": scenario.record()["flows"].num_rows}
+
+
+def test_a_go_back_overtaken_by_late_acks_does_not_stall_a_flow(ray_local):
+    """Data cc's rail scenario #76 (TIMELY, SimAI's collectives, four GPUs at 1/10, a 9.4 MB
+    buffer that PFC at an eighth per port cannot keep from overflowing): go-back-N after drops,
+    then a timeout rewinding the sender while ACKs of the earlier round are still on their way
+    back left four flows sending below their acknowledged byte, stalled for good (the window
+    arithmetic wrapped), until the wall-clock guard stopped the run. It completes."""
+    remote = ray_local.remote(_record_rail_scenario)
+    row = ray_local.get(remote.remote(2465215527, 76))
+    assert row == {"cc": "timely", "flows": 16864}
