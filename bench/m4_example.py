@@ -82,6 +82,13 @@ def run(topo, flows, backend_cfg, routing):
     return fct, wall
 
 
+def print_table(head: list[str], rows: list[list[str]]) -> None:
+    """Left-aligned columns, as wide as their widest cell."""
+    widths = [max(len(r[c]) for r in [head, *rows]) for c in range(len(head))]
+    for row in [head, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
 def describe(name: str, ratio: np.ndarray, size: np.ndarray) -> list[str]:
     cells = [name]
     for _, lo, hi in (("all", 0, None), *BUCKETS):
@@ -152,9 +159,7 @@ def main() -> None:
             f"{np.quantile(ratio, 0.1):.2f}/{np.median(ratio):.2f}/{np.quantile(ratio, 0.9):.2f}"
         )
     print("\nmean / median / p90 of |FCT ratio - 1| against the HPCC ns-3, by flow size:\n")
-    widths = [max(len(r[c]) for r in [head, *rows]) for c in range(len(head))]
-    for row in [head, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    print_table(head, rows)
     print()
     print("\n".join(extra))
     dev = np.abs(ideal / standalone - 1)

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from m4_example import rate, read_config  # the reference's config format (bench/ beside us)
+from m4_example import print_table, rate, read_config  # bench/ beside us: the reference's format
 
 BUCKETS = (("all", 0, None), ("<10KB", 0, 10_000), ("10KB-1MB", 10_000, 1_000_000))
 BUCKETS += ((">=1MB", 1_000_000, None),)
@@ -184,7 +184,6 @@ def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) 
         }
         if cc != "dctcp":
             dctcp = dict(cfg)
-            dctcp.setdefault("EWMA_GAIN", ["0.0625"])
             dctcp["EWMA_GAIN"] = ["0.0625"]
             backends["dctcp instead"] = network(
                 dctcp,
@@ -319,9 +318,7 @@ def main() -> None:
         )
     head = ["scenario", "ours", *(f"{b[0]} p50 / p90" for b in BUCKETS)]
     print("\n|FCT ratio - 1| to the reference ns-3 (median / p90), by flow size:\n")
-    widths = [max(len(r[c]) for r in [head, *rows]) for c in range(len(head))]
-    for row in [head, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    print_table(head, rows)
     print()
     print("\n".join(notes))
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.errors import InputError
+from m4ray.sim.ns3.cc import CCS
 
 
 def check_range(
@@ -89,8 +90,6 @@ class CcRanges:
     timely_t_high_us: list[float] = field(default_factory=lambda: [100.0, 150.0])
 
     def check(self, at: str) -> None:
-        from m4ray.sim.ns3.cc import CCS
-
         if not self.ccs or set(self.ccs) - set(CCS):
             raise InputError(f"name congestion controls among {', '.join(CCS)}", field=f"{at}.ccs")
         for name in ("dcqcn_k_min_kb", "dcqcn_k_max_kb", "timely_t_low_us", "timely_t_high_us"):

@@ -96,7 +96,12 @@ def check_transport(name: str, transport: str) -> None:
 def check_cc(name: str, network: Ns3Config) -> None:
     """Refuse a network whose congestion control the checkpoint never saw (its ``model.json``
     ``supported_cc``; checkpoints before it learned DCTCP only): m4 would extrapolate silently."""
-    cc = network.rdma.cc if network.transport == "rdma" else "dctcp"
+    _check_cc(name, network.rdma.cc if network.transport == "rdma" else "dctcp")
+
+
+@functools.lru_cache(maxsize=16)
+def _check_cc(name: str, cc: str) -> None:
+    """:func:`check_cc` once per checkpoint and CC (a sweep builds a backend per scenario)."""
     info = json.loads((checkpoint_dir(name) / "model.json").read_text())
     supported = info.get("supported_cc", ["dctcp"])
     if cc not in supported:

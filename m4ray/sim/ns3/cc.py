@@ -189,4 +189,12 @@ def cc_params(cc: str, given: dict[str, Any] | None, at: str = "ns3.rdma"):
     return params
 
 
-__all__ = ["CCS", "DcqcnParams", "HpccParams", "TimelyParams", "cc_params", "interpolate"]
+__all__ = [
+    "CCS",
+    "DcqcnParams",
+    "HpccParams",
+    "TimelyParams",
+    "cc_params",
+    "check_points",
+    "interpolate",
+]

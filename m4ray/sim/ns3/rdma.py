@@ -381,12 +381,13 @@ class RdmaNetwork : public Fabric {
         Ptr<Packet> p = port.data.front();
         port.data.pop_front();
         uint64_t wire = p->GetSize() + 2;
-        bool mark = port.data_bytes > port.ecn_k;
+        uint64_t queued = port.data_bytes;
         port.data_bytes -= wire;
-        if (port.red_max > 0) mark = Red(port);  // DCQCN: on what stays queued (reference)
         RdmaHeader h;
         p->RemoveHeader(h);
-        if (h.type != kData) mark = false;  // an ACK's CE bit is its echo
+        // data only (an ACK's CE bit is its echo): DCQCN's RED on what stays queued, as the
+        // reference judges it; DCTCP's step on the queue the packet leaves
+        bool mark = h.type == kData && (port.red_max > 0 ? Red(port) : queued > port.ecn_k);
         if (mark) {
             h.flags |= kCe;
             ++marks;
@@ -580,7 +581,10 @@ class RdmaNetwork : public Fabric {
     void OnAck(const RdmaHeader& h) {
         uint32_t slot = h.flow;
         Qp& q = m_qp[slot];
-        if (!q.active) return;
+        if (!q.active) {  // a late ACK of a finished flow: only its telemetry to give back
+            FreeRecord(h.aux);
+            return;
+        }
         if (h.seq > q.snd_una) q.snd_una = h.seq;
         if (h.type == kNack && q.snd_nxt > h.seq) q.snd_nxt = std::max(h.seq, q.snd_una);
         // an ACK can overtake a go-back (bytes of an earlier round arrive after a timeout

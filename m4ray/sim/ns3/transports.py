@@ -24,7 +24,7 @@ from m4ray.errors import InputError, SimulationError
 from m4ray.fingerprint import SINCE, added_field
 from m4ray.models.fairshare import ACK_BYTES
 from m4ray.sim.flows import Flow
-from m4ray.sim.ns3.cc import CCS, cc_params
+from m4ray.sim.ns3.cc import CCS, cc_params, check_points, interpolate
 from m4ray.sim.routing import Path, Routing
 from m4ray.sim.topology import Topology
 
@@ -108,11 +108,7 @@ class RdmaConfig:
         if self.cc == "hpcc" and self.window_bytes == 0:
             raise InputError("HPCC needs a window (window_bytes null or > 0)", field="ns3.rdma.cc")
         points = self.ecn_k_bytes
-        if not points or any(len(p) != 2 or p[0] <= 0 or p[1] <= 0 for p in points):
-            raise InputError(
-                "expected [[rate_bps, K_bytes], ...] with positive values",
-                field="ns3.rdma.ecn_k_bytes",
-            )
+        check_points(points, "ns3.rdma.ecn_k_bytes")
         if max(p[1] for p in points) >= self.buffer_bytes:
             raise InputError(
                 f"K {max(p[1] for p in points):g} B is not below the buffer "
@@ -126,9 +122,7 @@ class RdmaConfig:
 
     def ecn_k(self, rate_bps: float) -> int:
         """Marking threshold (bytes) of a port sending at ``rate_bps``."""
-        points = sorted(self.ecn_k_bytes)
-        rates = [p[0] for p in points]
-        return round(float(np.interp(rate_bps, rates, [p[1] for p in points])))
+        return round(interpolate(self.ecn_k_bytes, rate_bps))
 
     def window(self, routing: Routing) -> int:
         """The window every flow gets (bytes; 0 = none)."""

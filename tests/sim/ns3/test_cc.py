@@ -12,9 +12,8 @@ from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.ns3.cc import HpccParams, TimelyParams
 from m4ray.sim.ns3.transports import PARAMS13, RdmaConfig
 from m4ray.sim.routing import Routing, WireFormat
-from m4ray.sim.topology import Topology
 
-from .test_rdma import DEFAULT, JUMBO, _simulate, chain, star
+from .test_rdma import DEFAULT, JUMBO, _simulate, chain, nvswitch_star, star
 
 CCS = ["dctcp", "dcqcn", "hpcc", "timely"]
 
@@ -117,11 +116,7 @@ def test_an_nvswitch_marks_pauses_and_drops_nothing_under_any_cc(simulate, cc):
     window = None if cc == "hpcc" else 0
     cfg = _rdma(cc, window_bytes=window, buffer_bytes=1_000_000, pfc_threshold_bytes=40_000)
     flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
-    fabric = star(9, 100e9)
-    nvswitch = Topology(
-        n_nodes=fabric.n_nodes, switches=(9,), nvswitches=(9,), cables=fabric.cables
-    )
-    result, counters = simulate(nvswitch, flows, JUMBO, cfg)
+    result, counters = simulate(nvswitch_star(9, 100e9), flows, JUMBO, cfg)
     assert all(finish is not None for finish, _ in result.values())
     assert counters["marks"] == counters["pauses"] == counters["drops"] == 0
 

@@ -33,6 +33,14 @@ def star(n_hosts: int, bw: float, delay: float = 1e-6) -> Topology:
     return Topology(n_nodes=n_hosts + 1, switches=(n_hosts,), cables=cables)
 
 
+def nvswitch_star(n_hosts: int, bw: float) -> Topology:
+    """:func:`star` with its switch declared an NVSwitch (SimAI's node type 2)."""
+    fabric = star(n_hosts, bw)
+    return Topology(
+        n_nodes=fabric.n_nodes, switches=(n_hosts,), nvswitches=(n_hosts,), cables=fabric.cables
+    )
+
+
 def _simulate(topo, flows, wire, cfg):
     """Trace table columns and the transport's counters, in a worker process."""
     routing = Routing(topo, wire=wire)
@@ -120,10 +128,7 @@ def test_an_nvswitch_marks_no_ecn_sends_no_pfc_and_drops_nothing(simulate):
     )
     flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
     fabric = star(9, 100e9)
-    nvswitch = Topology(
-        n_nodes=fabric.n_nodes, switches=(9,), nvswitches=(9,), cables=fabric.cables
-    )
-    result, counters = simulate(nvswitch, flows, JUMBO, cfg)
+    result, counters = simulate(nvswitch_star(9, 100e9), flows, JUMBO, cfg)
     assert all(finish is not None for finish, _ in result.values())
     assert counters["marks"] == counters["pauses"] == counters["drops"] == 0
     assert max(finish / ideal for finish, ideal in result.values()) >= 8 * 0.98
