@@ -345,6 +345,9 @@ def train(args) -> None:
         "metrics": {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()},
         "command": "python bench/train_device.py " + " ".join(sys.argv[1:]),
     }
+    for key in ("transport", "supported_cc"):  # the data's (the export's checkpoint says them)
+        if key in data["checkpoint"]:
+            meta[key] = data["checkpoint"][key]
     checkpoint.export(model, args.out, meta, model_card(meta, table, cfg))
     print(f"{tag} wrote {args.out}")
 

@@ -31,15 +31,19 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
     flow_off = [0, *accumulate(n_flow)]
     link_off = [0, *accumulate(n_link)]
     dtype = model.gru_time.weight_hh.dtype  # float64 from load_model; states follow it
-    t = torch.as_tensor  # graphs carry numpy arrays (the engine's) or tensors
+    device = model.gru_time.weight_hh.device  # inputs go where the model is, outputs to the CPU
+
+    def t(x):  # graphs carry numpy arrays (the engine's) or tensors
+        return torch.as_tensor(x, device=device)
+
     h_flow = torch.cat([t(g.h_flow) for g in graphs]).to(dtype)
     h_link = torch.cat([t(g.h_link) for g in graphs]).to(dtype)
     dt_flow = torch.cat([t(g.dt_flow_us) for g in graphs]).to(dtype)
     dt_link = torch.cat([t(g.dt_link_us) for g in graphs]).to(dtype)
     incidence = torch.cat([t(g.incidence) for g in graphs], dim=1)
     if len(graphs) > 1:  # each graph's local rows, shifted to its place in the union
-        n_edges = torch.tensor([g.incidence.shape[1] for g in graphs])
-        shift = torch.tensor([flow_off[:-1], link_off[:-1]]).repeat_interleave(n_edges, dim=1)
+        n_edges = t([g.incidence.shape[1] for g in graphs])
+        shift = t([flow_off[:-1], link_off[:-1]]).repeat_interleave(n_edges, dim=1)
         incidence = incidence + shift
     params = torch.cat([t(g.params) for g in graphs]).to(dtype)
     n_links = torch.cat([t(g.n_links) for g in graphs])
@@ -53,6 +57,8 @@ def step(model: M4Model, graphs: list[StepGraph]) -> list[StepOut]:
         h_flow, h_link = model.time_step(h_flow, h_link, dt_flow, dt_link)
         h_flow, h_link = model.spatial_step(h_flow, h_link, incidence, params, fluid)
         slowdown = model.slowdown(h_flow, n_links, params, fluid, base).clamp(min=1.0)
+    if device.type != "cpu":  # one copy back each, not one per graph
+        h_flow, h_link, slowdown = h_flow.cpu(), h_link.cpu(), slowdown.cpu()
     return split(h_flow, h_link, slowdown, flow_off, link_off)
 
 

@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from m4ray.errors import InputError
 from m4ray.models.step import StepGraph, StepOut, chunks, step
 from m4ray.runtime.memory import rss_mb
-from m4ray.sim.m4.backend import engine_for, load_model
+from m4ray.sim.m4.backend import engine_for, load_model, resolve_device
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing, WireFormat
@@ -157,6 +157,11 @@ class AppArgs(BaseModel):
     batch_wait_s: float = Field(0.002, ge=0)
     max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")
     threads: int = Field(1, ge=1, description="torch threads of the model replica")
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        description="the model replica's device: cpu, cuda[:N] or auto (cuda where Ray has a GPU)",
+    )
     session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")
     max_request_bytes: int = Field(8 << 20, ge=1, description="larger bodies get 413")
     max_events_per_request: int = Field(100_000, ge=1, description="more events get 413")
@@ -188,7 +193,7 @@ class M4Model:
         import torch
 
         torch.set_num_threads(args.threads)
-        self.model = load_model(args.checkpoint)
+        self.model = load_model(args.checkpoint, resolve_device(args.device))
         self.checkpoint = args.checkpoint
         self.max_batch_flows = args.max_batch_flows
         self.step_batch.set_max_batch_size(args.max_batch_requests)
@@ -493,9 +498,19 @@ class M4Sessions:
         return session
 
 
+def _cluster_gpus() -> float:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0.0) if ray.is_initialized() else 0.0
+
+
 def build(args: AppArgs):
     """The Serve application: the model deployment behind the session ingress."""
-    return M4Sessions.bind(M4Model.bind(args), args)
+    model = M4Model
+    if args.device != "cpu" and (args.device != "auto" or _cluster_gpus() > 0):
+        # a replica that uses the GPU asks Ray for one (auto: only where the cluster has one)
+        model = M4Model.options(ray_actor_options={"num_cpus": 1, "num_gpus": 1})
+    return M4Sessions.bind(model.bind(args), args)
 
 
 app = build(AppArgs())

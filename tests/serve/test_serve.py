@@ -356,3 +356,18 @@ def test_serving_beyond_loopback_needs_a_token():
 
     with pytest.raises(InputError, match=r"serve\.app\.token"):
         start(ServeSettings(host="0.0.0.0"), RayConfig())  # fails before Ray or Serve start
+
+
+def test_the_app_takes_a_device_and_refuses_an_unknown_one():
+    """``device=cuda`` asks Ray for a GPU for the model replica (``auto``: only where the
+    cluster has one); an unknown device fails at the argument, before any replica starts."""
+    from pydantic import ValidationError
+
+    from m4ray.serve.app import AppArgs, build
+
+    assert AppArgs(device="cuda:1").device == "cuda:1"
+    with pytest.raises(ValidationError, match="device"):
+        AppArgs(device="tpu")
+    gpu_app = build(AppArgs(device="cuda"))
+    model = gpu_app._bound_deployment.init_args[0]  # the ingress is bound to the model
+    assert model._bound_deployment.ray_actor_options["num_gpus"] == 1

@@ -224,6 +224,32 @@ def test_the_float32_step_runs_a_trace_near_float64():
         M4Config(precision="half")
 
 
+def test_the_device_option_runs_the_torch_step_and_refuses_a_missing_gpu(monkeypatch):
+    """``device``: the torch step (what a GPU runs) gives the numpy step's trace to float64
+    rounding; ``auto`` settles on the CPU here; a GPU asked for by name and absent, or an unknown
+    device, is a clear error; cpu keeps the run id."""
+    from m4ray.fingerprint import fingerprint
+    from m4ray.sim.m4 import backend
+
+    topo, routing, hosts = _rail()
+    flows = [Flow(i, hosts[i], hosts[(i + 9) % 32], 100_000 * (i + 1), 0.0) for i in range(8)]
+    numpy_run = run_trace(topo, flows, M4Config(), routing).column("fct_s").to_numpy()
+    monkeypatch.setattr(backend, "resolve_device", lambda device: "cpu-torch")
+    monkeypatch.setattr(backend, "load_model", lambda name, device, precision: load_model(name))
+    torch_run = run_trace(topo, flows, M4Config(device="cuda"), routing).column("fct_s").to_numpy()
+    np.testing.assert_allclose(torch_run, numpy_run, rtol=1e-12)
+    monkeypatch.undo()
+    assert backend.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert fingerprint(M4Config(device="cpu")) == fingerprint(M4Config())
+    assert fingerprint(M4Config(device="cuda")) != fingerprint(M4Config())
+    with pytest.raises(InputError, match="unknown device 'tpu'"):
+        M4Config(device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="cuda asked for, but torch sees no GPU") as err:
+            M4Config(device="cuda").build(topo, routing)
+        assert err.value.field == "m4.device"
+
+
 def test_contention_slows_flows_down():
     topo, routing, hosts = _rail()
     size = 1_000_000

@@ -112,17 +112,20 @@ def _check_cc(name: str, cc: str) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def load_model(name: str):
-    """The checkpoint's model for inference (eval mode, CPU, float64), loaded once per process.
+def load_model(name: str, device: str = "cpu", precision: str = "float64"):
+    """The checkpoint's model for inference (eval mode, on ``device``, float64 unless
+    ``precision`` says float32), loaded once per process (and device and precision).
 
     Float64: how a step's matrix products round depends on what else is in the batch (one
     simulation or many, :mod:`m4ray.sim.m4.shared`); in float32 that moved predicted times by
     ~100 ps and changed which completions coincide, so a flow's answer depended on its company.
     In float64 the rounding is far below the picosecond the engine rounds times to."""
+    import torch
+
     from m4ray.models.checkpoint import load
 
-    model, _ = load(checkpoint_dir(name))
-    return model.double().eval()
+    model, _ = load(checkpoint_dir(name), device)
+    return model.to(getattr(torch, precision)).eval()
 
 
 class Engine(Protocol):
@@ -154,7 +157,10 @@ class M4Config:
     forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone;
     ``precision``: the numpy step's float type (float64; float32's forward passes are ~1.7x
     faster on the large components of MoE jobs at scale, its answers not the same to the bit:
-    :mod:`~m4ray.models.numpy_step` says by how much).
+    :mod:`~m4ray.models.numpy_step` says by how much); ``device``: ``cpu`` steps in numpy,
+    ``cuda`` (or ``cuda:N``) runs the torch step on that GPU (:func:`~m4ray.models.step.step`,
+    in ``precision``; the same answers to float rounding), ``auto`` picks ``cuda`` where torch
+    sees one.
     ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a run's id names
     the model that ran, not only its name: a checkpoint retrained in place does not reuse old
     results."""
@@ -169,6 +175,7 @@ class M4Config:
     share_steps: int = 64
     weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
     precision: str = added_field("float64", "the numpy step's float type (2026-11-26)")
+    device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
 
     def __post_init__(self) -> None:
         from m4ray.models.numpy_step import float_type
@@ -179,6 +186,10 @@ class M4Config:
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
         if self.share_steps < 1:
             raise InputError(f"must be >= 1, got {self.share_steps}", field="share_steps")
+        if not (self.device in ("cpu", "auto", "cuda") or self.device.startswith("cuda:")):
+            raise InputError(
+                f"unknown device {self.device!r} (cpu, cuda, cuda:N or auto)", field="device"
+            )
 
     def group(self) -> tuple[tuple, int] | None:
         """How sweep tasks may group m4 scenarios: those with the same key share one process
@@ -186,13 +197,20 @@ class M4Config:
         if self.share_steps <= 1:
             return None
         key = ("m4", self.checkpoint, self.max_flows_per_step, self.threads, self.precision)
-        return key, self.share_steps
+        return (*key, self.device), self.share_steps
 
     def _stepper(self):
-        """A stepper of its own over the checkpoint's model: the numpy step
-        (:mod:`m4ray.models.numpy_step`; this process never imports torch for it)."""
+        """A stepper of its own over the checkpoint's model: on the CPU the numpy step
+        (:mod:`m4ray.models.numpy_step`; this process never imports torch for it), on a GPU the
+        torch step."""
         from m4ray.models.numpy_step import NumpyStepper, load_numpy_model
 
+        device = resolve_device(self.device)
+        if device != "cpu":
+            from m4ray.models.step import LocalStepper
+
+            model = load_model(self.checkpoint, device, self.precision)
+            return LocalStepper(model, max_flows=self.max_flows_per_step)
         model = load_numpy_model(str(checkpoint_dir(self.checkpoint)), self.precision)
         return NumpyStepper(model, max_flows=self.max_flows_per_step, threads=self.threads)
 
@@ -218,6 +236,20 @@ class M4Config:
             raise SimulationError(f"the shared stepper runs another model than '{self.checkpoint}'")
         engine = engine_for(topology, model.cfg, self.network, routing, stepper)
         return M4Backend(engine, window_us=self.window_us)
+
+
+def resolve_device(device: str) -> str:
+    """``device`` with ``auto`` settled (``cuda`` where torch sees a GPU, else ``cpu``); a GPU
+    asked for by name and absent is an error, not a silent CPU run."""
+    if device == "cpu":
+        return device
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise InputError(f"{device} asked for, but torch sees no GPU here", field="m4.device")
+    return device
 
 
 def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routing, stepper=None):
