@@ -80,6 +80,7 @@ class SweepConfig:
     serve: Any = field(default=None, metadata=SECTION)  # m4ray.serve.job.ServeSettings
     ladder: Any = field(default=None, metadata=SECTION)  # m4ray.sweeps.scale.LadderConfig
     m3: Any = field(default=None, metadata=SECTION)  # m4ray.m3.estimate.M3Config
+    tenants: Any = field(default=None, metadata=SECTION)  # m4ray.sweeps.multi_tenant.TenantsConfig
 
 
 @dataclass(kw_only=True, slots=True)

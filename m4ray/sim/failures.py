@@ -10,7 +10,13 @@ are the cables from the switches the GPUs' NICs attach to (ASW, rail or ToR swit
 to the tier above (PSW / spine: tier 2); ``spine_uplinks`` the cables from tier 2 to a tier 3,
 where the fabric has one. Tiers are read from the topology's structure (NVSwitches apart), so
 any topology file or template works; the first N uplinks in (lower switch, upper switch) order
-are degraded, both directions of each cable.
+are degraded, both directions of each cable. ``spines`` degrades whole tier-2 switches (every
+cable of each).
+
+``at`` names the elements instead of the first-N rules: GPU indices (``gpus``), positions in the
+uplink order (``asw_uplinks``, ``spine_uplinks``) or tier-2 switches in id order (``spines``);
+``n_degraded`` then counts them. A multi-job run asks "which job does a fault *here* hurt?"
+(:mod:`m4ray.sweeps.multi_tenant`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from m4ray.errors import InputError
+from m4ray.fingerprint import added_field
 from m4ray.sim.topology import Cable, Topology
 
 
@@ -79,7 +86,7 @@ def _reduced(bandwidth_bps: float, reduction: int) -> float:
     return bandwidth_bps / reduction  # sub-Gbps or fractional rates: plain division
 
 
-TARGETS = ("gpus", "asw_uplinks", "spine_uplinks")
+TARGETS = ("gpus", "asw_uplinks", "spine_uplinks", "spines")
 
 
 def switch_tiers(topo: Topology) -> dict[int, int]:
@@ -120,6 +127,30 @@ def uplink_cables(topo: Topology, tier: int) -> list[int]:
     return [i for _, _, i in sorted(found)]
 
 
+def located_cables(topo: Topology, target: str, at: tuple[int, ...]) -> list[int]:
+    """The cables of the elements ``at`` of ``target`` (:class:`GrayFailure`'s ``at``), each
+    index checked against what the topology has."""
+    if target == "gpus":
+        hosts = topo.hosts
+        _check_at(at, len(hosts), "GPUs")
+        return host_cables(topo, {hosts[g] for g in at})
+    if target == "spines":
+        tier2 = sorted(s for s, tier in switch_tiers(topo).items() if tier == 2)
+        _check_at(at, len(tier2), "tier-2 (spine) switches")
+        hit = {tier2[i] for i in at}
+        return [i for i, c in enumerate(topo.cables) if c.a in hit or c.b in hit]
+    uplinks = uplink_cables(topo, 1 if target == "asw_uplinks" else 2)
+    _check_at(at, len(uplinks), target.replace("_", " "))
+    return [uplinks[i] for i in at]
+
+
+def _check_at(at: tuple[int, ...], n: int, what: str) -> None:
+    bad = [i for i in at if not 0 <= i < n]
+    if bad or len(set(at)) != len(at):
+        problem = f"{bad} outside 0..{n - 1}" if bad else f"{list(at)} repeats an element"
+        raise InputError(f"the topology has {n} {what}: {problem}", field="at")
+
+
 @dataclass(kw_only=True, slots=True)
 class GrayFailure:
     """N degraded GPUs (server-aligned rule) at 1/R of their link rates — or, with ``target``
@@ -136,12 +167,20 @@ class GrayFailure:
     loss_rate: float = 0.0
     onset_s: float = 0.0
     target: str = "gpus"
+    at: tuple[int, ...] = added_field((), "faults at named GPUs, uplinks or spines (2026-11-27)")
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise InputError(
                 f"must be one of {', '.join(TARGETS)}, got '{self.target}'", field="target"
             )
+        self.at = tuple(int(i) for i in self.at)
+        if self.at and self.n_degraded != len(self.at):
+            raise InputError(
+                f"names {len(self.at)} elements, but n_degraded is {self.n_degraded}", field="at"
+            )
+        if self.target == "spines" and self.n_degraded and not self.at:
+            raise InputError("a spine fault names its spines (at: [...])", field="at")
         if not 0 <= self.loss_rate < 1:
             raise InputError(f"must be in [0, 1), got {self.loss_rate}", field="loss_rate")
         if self.onset_s < 0:
@@ -151,7 +190,9 @@ class GrayFailure:
         """The topology with the failure in full effect."""
         if self.n_degraded == 0:
             return topo
-        if self.target == "gpus":
+        if self.at:
+            hit = located_cables(topo, self.target, self.at)
+        elif self.target == "gpus":
             servers = len(topo.hosts) // topo.gpus_per_server
             gpus = gray_failure_gpus(self.n_degraded, topo.gpus_per_server, servers)
             hit = host_cables(topo, {topo.hosts[g] for g in gpus})

@@ -88,6 +88,7 @@ class Replay:
         algorithm: CollectiveAlgorithm,
         *,
         send_latency_s: float = 3e-6,
+        pair_keys: bool = False,
     ) -> None:
         hosts = routing.topo.hosts
         if workload.n_ranks > len(hosts):
@@ -113,6 +114,9 @@ class Replay:
         self.end_s: dict[int, float] = {}
         self.flows = FlowLog()
         self._flow_ids = itertools.count()
+        # pair_keys: a flow's ECMP key is (src, dst, its number among that pair's flows), not
+        # its id, so it does not depend on flows elsewhere (several jobs: m4ray.workload.multi)
+        self._pairs: dict[tuple[int, int], int] | None = {} if pair_keys else None
         self._coll_seq: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
         self._colls: dict[tuple[tuple[int, ...], int], _CollectiveRun] = {}
         self._arrived: dict[tuple[int, int, int], deque[float]] = defaultdict(deque)
@@ -231,6 +235,10 @@ class Replay:
         log.finish_s.append(float("nan"))
         log.done_s.append(float("nan"))
         log.parent_id.append(parent)
+        if self._pairs is not None:
+            nth = self._pairs.get((src, dst), 0)
+            self._pairs[src, dst] = nth + 1
+            self.routing.set_key(flow_id, (nth << 40) | (src << 20) | dst)
         path = self.routing.path(flow.src, flow.dst, flow_id)
         log.ideal_fct_s.append(self.routing.ideal_fct(size, path))
         ack_s = self._ack_delay(flow) if ack else 0.0

@@ -69,7 +69,12 @@ def replay_dag(s: Setting, keep: Callable[[Replay], None]) -> Replayed:
     backend = s.scenario.backend_config.build(s.topo, s.routing)
     schedule_onset(backend, s.scenario.failure, s.base)
     replay = Replay(
-        workload, backend, s.routing, s.algorithm, send_latency_s=s.scenario.send_latency_s
+        workload,
+        backend,
+        s.routing,
+        s.algorithm,
+        send_latency_s=s.scenario.send_latency_s,
+        pair_keys=getattr(s.scenario.workload, "pair_keys", False),
     )
     keep(replay)
     result = replay.run()

@@ -81,6 +81,8 @@ class Routing:
         self.wire = wire or WireFormat()
         self._dist: dict[int, np.ndarray] = {}
         self._last: tuple[tuple[int, int, int], Path] | None = None  # see path()
+        # flow id -> the key its ECMP choice hashes instead (set_key; empty: the flow id)
+        self._keys: dict[int, int] = {}
         # kept: each (switch, dst)'s next-hop links toward dst (hosts have a port or two: not
         # worth their memory), and the descriptions of the first _MAX_PATHS paths (a
         # collective's flows take the same few again and again)
@@ -137,9 +139,17 @@ class Routing:
                     frontier.append(prev)
         return dist
 
+    def set_key(self, flow_id: int, key: int) -> None:
+        """Let flow ``flow_id``'s ECMP choice hash ``key`` instead of its id, wherever its path
+        is asked for (the replay of several jobs keys a flow by its own job's traffic, so a
+        job's paths do not depend on how many flows its neighbours started)."""
+        self._keys[flow_id] = key
+
     def path(self, src: int, dst: int, flow_key: int = 0) -> Path:
         """The path of flow ``flow_key`` from host ``src`` to host ``dst`` (the last answer is
         kept: the replay and then the backend ask for each new flow's path in turn)."""
+        if self._keys:
+            flow_key = self._keys.get(flow_key, flow_key)
         key = (src, dst, flow_key)
         if self._last is not None and self._last[0] == key:
             return self._last[1]

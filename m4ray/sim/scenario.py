@@ -8,6 +8,7 @@ the per-flow table.
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -104,6 +105,8 @@ def simulate(scenario: Scenario) -> tuple[dict[str, Any], pa.Table | None]:
     if done.flows is None:
         return _ok(row, done.result, done.represented, np.zeros(0), start), None
     flows = flow_table(done.flows)
+    if hasattr(scenario.workload, "job_times"):  # several jobs: who each row and flow belongs to
+        row, flows = _label_jobs(scenario.workload, row, flows, done.result, base)
     return _ok(row, done.result, flows.num_rows, flows.column("slowdown").to_numpy(), start), flows
 
 
@@ -120,6 +123,20 @@ def _ok(row: dict[str, Any], result, n_flows: int, slowdown: np.ndarray, start: 
         wall_s=time.perf_counter() - start,
     )
     return row
+
+
+def _label_jobs(spec, row: dict[str, Any], flows: pa.Table, result, base):
+    """A multi-job run (:mod:`m4ray.workload.multi`): each job's mean iteration time in the row
+    (``job_iteration_s``, JSON by job name) and each flow's job in the per-flow table (``job``)."""
+    n = len(base.hosts)
+    times = spec.job_times(result.rank_finish_s, n)
+    row["job_iteration_s"] = json.dumps({name: t["iteration_s"] for name, t in times.items()})
+    index_of = np.full(base.n_nodes, -1, dtype=np.int64)
+    index_of[list(base.hosts)] = np.arange(n)
+    owner = spec.job_of_host(n)
+    names = np.array([j.name for j in spec.jobs], dtype=object)
+    src = index_of[flows.column("src").to_numpy()]
+    return row, flows.append_column("job", pa.array(names[owner[src]].tolist(), pa.string()))
 
 
 def failed_row(row: dict[str, Any], error: str, wall_s: float) -> dict[str, Any]:

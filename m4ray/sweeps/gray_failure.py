@@ -13,20 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from m4ray.config import SweepConfig
-from m4ray.runtime.fanout import run_many
 from m4ray.runtime.rundir import write_manifest, write_results
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.scenario import Scenario
 from m4ray.sim.topology import Topology, write_topology
 from m4ray.sweeps import plots, report
 from m4ray.sweeps.grid import expand
-from m4ray.sweeps.runner import (
-    crashed_scenario,
-    load_done,
-    run_and_store,
-    run_and_store_together,
-    share_group,
-)
+from m4ray.sweeps.runner import run_scenarios
 
 
 def describe_workload(spec: Any, n_hosts: int, algorithm: Any = None) -> str:
@@ -76,17 +69,7 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
         f"seed(s) x {len(cfg.backends)} backend(s) = {len(scenarios)} runs of "
         f"{describe_workload(cfg.workload, len(base.hosts), cfg.collective.build(base))}"
     )
-    rows = run_many(
-        scenarios,
-        run_dir,
-        cfg.ray,
-        progress=cfg.progress,
-        task=run_and_store,
-        load=load_done,
-        group=share_group,
-        task_group=run_and_store_together,
-        crashed=crashed_scenario,
-    )
+    rows = run_scenarios(scenarios, run_dir, cfg)
     frame = report.results_frame(rows)
     files.append(write_results(frame, run_dir))
     reference = cfg.reference_backend

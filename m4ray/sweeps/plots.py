@@ -85,6 +85,73 @@ def error_cdf(errors: pd.DataFrame, reference: str, path: Path) -> Path:
     return _save(fig, path)
 
 
+def blast_radius(table: pd.DataFrame, path: Path) -> Path:
+    """Heat map failure × job → slowdown (%) due to the failure, one panel per placement policy
+    (the reference backend's where there are several: ns-3 if it ran every policy, else the
+    first)."""
+    failures = [c for c in table.columns if c not in SLOWDOWN_KEYS]
+    policies = list(dict.fromkeys(table.policy))
+    backend = _panel_backend(table, policies)
+    n_jobs = table.job.nunique()
+    fig, axes = plt.subplots(
+        1,
+        len(policies),
+        figsize=(2.5 + 1.2 * n_jobs * len(policies), 1.5 + 0.45 * len(failures)),
+        squeeze=False,
+        layout="constrained",
+    )
+    rows = ["neighbours", *failures]
+    vmax = max(1.0, float(np.nanmax(table[rows].to_numpy(dtype=float)) * 100))
+    for k, (ax, policy) in enumerate(zip(axes[0], policies, strict=True)):
+        part = table[(table.backend == backend) & (table.policy == policy)]
+        grid = part[rows].to_numpy(dtype=float).T * 100
+        image = ax.imshow(grid, cmap="Reds", vmin=0, vmax=vmax, aspect="auto")
+        ax.set_xticks(range(len(part)), part.job, rotation=30, ha="right")
+        ax.set_yticks(range(len(rows)), ["neighbours (healthy)", *failures] if k == 0 else [])
+        for (i, j), v in np.ndenumerate(grid):
+            ax.text(j, i, f"{v:.0f}%", ha="center", va="center", fontsize=8)
+        ax.set_title(f"{policy} placement ({backend})", fontsize=10)
+    fig.colorbar(image, ax=axes[0].tolist(), label="iteration slowdown (%)")
+    return _save(fig, path)
+
+
+def placement_effect(table: pd.DataFrame, path: Path) -> Path:
+    """Per job, bars by placement policy: slowdown due to neighbours and due to the worst
+    failure (the reference backend's, as :func:`blast_radius`)."""
+    failures = [c for c in table.columns if c not in SLOWDOWN_KEYS]
+    policies = list(dict.fromkeys(table.policy))
+    part = table[table.backend == _panel_backend(table, policies)]
+    jobs = list(dict.fromkeys(part.job))
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(jobs) * len(policies), 4), sharey=True)
+    width = 0.8 / max(1, len(policies))
+    for k, policy in enumerate(policies):
+        rows = part[part.policy == policy].set_index("job").reindex(jobs)
+        worst = rows[failures].max(axis=1) if failures else rows.neighbours * np.nan
+        x = np.arange(len(jobs)) + k * width
+        axes[0].bar(x, rows.neighbours * 100, width, label=policy)
+        axes[1].bar(x, worst * 100, width, label=policy)
+    for ax, title in zip(axes, ("due to neighbours", "due to the worst failure"), strict=True):
+        ax.set_xticks(np.arange(len(jobs)) + width * (len(policies) - 1) / 2, jobs)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("iteration slowdown (%)")
+    axes[1].legend(title="placement")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+SLOWDOWN_KEYS = ("backend", "policy", "job", "alone_ms", "shared_ms", "neighbours")
+
+
+def _panel_backend(table: pd.DataFrame, policies: list[str]) -> str:
+    full = [
+        b
+        for b, part in table.groupby("backend", sort=False)
+        if part.policy.nunique() == len(policies)
+    ]
+    return "ns3" if "ns3" in full else (full[0] if full else table.backend.iloc[0])
+
+
 def error_by(errors: pd.DataFrame, column: str, reference: str, path: Path) -> Path:
     """Mean |relative error| against ``column`` (n_degraded or reduction), one line per backend."""
     label = {"n_degraded": "degraded GPUs N", "reduction": "reduction factor R"}.get(column, column)

@@ -30,6 +30,12 @@ RESULT_COLUMNS = (
     "p99_slowdown",
     "error",
     "node_id",
+    # multi-job runs (m4ray.sweeps.multi_tenant)
+    "policy",
+    "kind",
+    "failure",
+    "r",
+    "job_iteration_s",
 )
 
 

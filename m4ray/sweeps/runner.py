@@ -75,6 +75,25 @@ def run_and_store_together(scenarios: list[Scenario], run_dir: str) -> list[dict
     return rows
 
 
+def run_scenarios(scenarios: list[Scenario], run_dir: Path, cfg) -> list[dict[str, Any]]:
+    """Scenarios through the runtime's fan-out as the sweeps run them: stored as they end,
+    loaded where they succeeded before, m4 scenarios in groups (``cfg``: the sweep's ``ray``
+    and ``progress``)."""
+    from m4ray.runtime.fanout import run_many
+
+    return run_many(
+        scenarios,
+        run_dir,
+        cfg.ray,
+        progress=cfg.progress,
+        task=run_and_store,
+        load=load_done,
+        group=share_group,
+        task_group=run_and_store_together,
+        crashed=crashed_scenario,
+    )
+
+
 def crashed_scenario(scenario: Scenario, err: BaseException) -> dict[str, Any]:
     """The failed row of a scenario whose worker died (NaN results, the reason)."""
     return failed_row(scenario.describe(), crash_reason(err), float("nan"))
@@ -87,5 +106,6 @@ __all__ = [
     "row_path",
     "run_and_store",
     "run_and_store_together",
+    "run_scenarios",
     "share_group",
 ]
