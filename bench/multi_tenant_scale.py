@@ -6,7 +6,8 @@ scale point: >= 1,024 GPUs, >= 8 jobs, flowSim on one machine).
 
 A Spectrum-X cluster of ``--gpus`` GPUs (64 spines) shared by eight jobs of an eighth of it each:
 four GPT-13B-shaped (TP 8, 2 of its layers), two Mixtral-like MoE (TP 4, EP 8, 1 layer), two
-data-parallel GPTs, through SimAI's collectives; one table row per policy × backend: flows, wall
+data-parallel GPTs, through SimAI's collectives (``--collective hierarchical``: rail-aligned);
+one table row per policy × backend: flows, wall
 seconds, peak resident memory (MiB), and the slowest and fastest job's iteration (ms).
 """
 
@@ -22,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from m4ray.runtime.memory import PeakRss  # noqa: E402
+from m4ray.sim.collectives import HierarchicalSpec  # noqa: E402
 from m4ray.sim.flowsim import FlowSimConfig  # noqa: E402
 from m4ray.sim.nccl import SimAISpec  # noqa: E402
 from m4ray.sim.routing import WireFormat  # noqa: E402
@@ -60,6 +62,9 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1024)
     parser.add_argument("--backends", nargs="+", default=["flowsim"])
     parser.add_argument("--policies", nargs="+", default=["packed", "spread"])
+    parser.add_argument(
+        "--collective", choices=["simai", "hierarchical"], default="simai", help="the layer"
+    )
     args = parser.parse_args()
     topo = ClusterTemplateSpec(template="spectrum_x", gpus=args.gpus, spines=64)
     spec = MultiJobSpec(jobs=jobs(args.gpus // 8), gpus_per_server=8)
@@ -68,6 +73,7 @@ def main() -> None:
         from m4ray.sim.m4 import M4Config
 
         configs["m4"] = M4Config()
+    collective = SimAISpec() if args.collective == "simai" else HierarchicalSpec()
     rows = []
     for policy in args.policies:
         placed = with_policy(spec, policy)
@@ -75,7 +81,7 @@ def main() -> None:
             scenario = Scenario(
                 topology=topo,
                 workload=placed,
-                collective=SimAISpec(),
+                collective=collective,
                 wire=WireFormat(mtu_bytes=8948, header_bytes=54),
                 backend=backend,
                 backend_config=configs[backend],
@@ -100,7 +106,7 @@ def main() -> None:
                 ]
             )
             print(f"  {policy} {backend}: {wall:.1f} s", flush=True)
-    print(f"\n{len(spec.jobs)} jobs on Spectrum-X {args.gpus} GPUs, SimAI collectives, full replay")
+    print(f"\n{len(spec.jobs)} jobs on Spectrum-X {args.gpus} GPUs, {args.collective}, full replay")
     header = ["policy", "backend", "flows", "wall s", "peak MiB", "slowest ms", "fastest ms"]
     print(format_table(header, rows))
 

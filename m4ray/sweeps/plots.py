@@ -86,9 +86,9 @@ def error_cdf(errors: pd.DataFrame, reference: str, path: Path) -> Path:
 
 
 def blast_radius(table: pd.DataFrame, path: Path) -> Path:
-    """Heat map failure × job → slowdown (%) due to the failure, one panel per placement policy
-    (the reference backend's where there are several: ns-3 if it ran every policy, else the
-    first)."""
+    """Heat map failure × job → slowdown (%) due to the failure (and, first row, due to the
+    neighbours), one panel per placement policy: ns-3's where it ran that policy, else the
+    backend :func:`placement_effect` draws."""
     failures = [c for c in table.columns if c not in SLOWDOWN_KEYS]
     policies = list(dict.fromkeys(table.policy))
     backend = _panel_backend(table, policies)
@@ -103,14 +103,17 @@ def blast_radius(table: pd.DataFrame, path: Path) -> Path:
     rows = ["neighbours", *failures]
     vmax = max(1.0, float(np.nanmax(table[rows].to_numpy(dtype=float)) * 100))
     for k, (ax, policy) in enumerate(zip(axes[0], policies, strict=True)):
-        part = table[(table.backend == backend) & (table.policy == policy)]
+        ran = set(table[table.policy == policy].backend)
+        panel = "ns3" if "ns3" in ran else backend  # ns-3 wherever it ran that policy
+        part = table[(table.backend == panel) & (table.policy == policy)]
         grid = part[rows].to_numpy(dtype=float).T * 100
         image = ax.imshow(grid, cmap="Reds", vmin=0, vmax=vmax, aspect="auto")
         ax.set_xticks(range(len(part)), part.job, rotation=30, ha="right")
         ax.set_yticks(range(len(rows)), ["neighbours (healthy)", *failures] if k == 0 else [])
         for (i, j), v in np.ndenumerate(grid):
-            ax.text(j, i, f"{v:.0f}%", ha="center", va="center", fontsize=8)
-        ax.set_title(f"{policy} placement ({backend})", fontsize=10)
+            dark = v > 0.6 * vmax
+            ax.text(j, i, f"{v:.0f}%", ha="center", va="center", fontsize=8, color="wk"[not dark])
+        ax.set_title(f"{policy} placement ({panel})", fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), label="iteration slowdown (%)")
     return _save(fig, path)
 

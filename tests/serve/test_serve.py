@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 
@@ -371,3 +372,33 @@ def test_the_app_takes_a_device_and_refuses_an_unknown_one():
     gpu_app = build(AppArgs(device="cuda"))
     model = gpu_app._bound_deployment.init_args[0]  # the ingress is bound to the model
     assert model._bound_deployment.ray_actor_options["num_gpus"] == 1
+
+
+def test_several_jobs_replay_on_the_served_backend(url):
+    """A multi-job workload (two jobs that share a rail uplink) on m4 over HTTP gives each job
+    the iteration the in-process m4 gives (the served step is torch, the local one numpy)."""
+    from m4ray.sim.nccl import SimAISpec
+    from m4ray.sim.templates import ClusterTemplateSpec
+    from m4ray.workload.multi import MultiJobSpec
+    from tests.workload.test_multi import dp_job
+
+    topo = ClusterTemplateSpec(template="spectrum_x", gpus=16, gpus_per_server=4, spines=1)
+    spec = MultiJobSpec(jobs=[dp_job("a", 2, [0, 5]), dp_job("b", 2, [8, 13])], gpus_per_server=4)
+    times = {}
+    for name, config in [
+        ("m4_served", M4ServedConfig(url=url, window_us=0.0)),
+        ("m4", M4Config(window_us=0.0)),
+    ]:
+        scenario = Scenario(
+            topology=topo,
+            workload=spec,
+            collective=SimAISpec(),
+            backend=name,
+            backend_config=config,
+        )
+        row, flows = simulate(scenario)
+        assert row["status"] == "ok", row["error"]
+        assert set(flows.column("job").to_pylist()) == {"a", "b"}
+        times[name] = json.loads(row["job_iteration_s"])
+    for job in ("a", "b"):
+        assert times["m4_served"][job] == pytest.approx(times["m4"][job], rel=1e-6)
