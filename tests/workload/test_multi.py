@@ -172,3 +172,31 @@ def test_jobs_sharing_a_rail_uplink_slow_each_other_as_ns3_says():
         assert factor["ns3", name] > 1.3  # they do contend
         for backend in ("flowsim", "m4"):
             assert factor[backend, name] == pytest.approx(factor["ns3", name], rel=0.05)
+
+
+def test_jobs_of_every_kind_share_a_cluster(tmp_path):
+    """A SimAI file (32 GPUs) beside a Chakra trace (8 GPUs, offset, two iterations) on flowSim
+    through SimAI's collectives: both run, and each flow says whose it is."""
+    from m4ray.workload import chakra
+    from m4ray.workload.chakra import ChakraWorkloadSpec
+    from m4ray.workload.simai import SimAIWorkloadSpec
+    from m4ray.workload.synth import synthesize
+
+    chakra.write(synthesize(dp_job("x", 8).workload.job()), tmp_path / "job")
+    simai = SimAIWorkloadSpec(path="microAllReduce", scale=0.01)
+    traced = ChakraWorkloadSpec(prefix=str(tmp_path / "job"))
+    spec = MultiJobSpec(
+        jobs=[
+            JobEntry(name="simai", workload=simai, gpus=32),
+            JobEntry(name="chakra", workload=traced, gpus=8, start_s=1e-4, iterations=2),
+        ]
+    )
+    topo = ClusterTemplateSpec(template="spectrum_x", gpus=64, spines=2, gpu_type="A100")
+    row, flows = simulate(Scenario(topology=topo, workload=spec, collective=SimAISpec()))
+    assert row["status"] == "ok", row["error"]
+    times = json.loads(row["job_iteration_s"])
+    assert set(times) == {"simai", "chakra"} and all(t > 0 for t in times.values())
+    jobs = flows.column("job").to_numpy(zero_copy_only=False)
+    srcs = flows.column("src").to_numpy()
+    assert set(jobs) == {"simai", "chakra"}
+    assert (srcs[jobs == "simai"] < 32).all() and (srcs[jobs == "chakra"] >= 32).all()
