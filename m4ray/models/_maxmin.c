@@ -16,12 +16,15 @@
 
 int m4ray_max_min(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_links,
                   const double *capacity, const double *caps, double *rate) {
+    /* Each level scans only the flows still open and the links still loaded (both kept in
+     * their first order), so a computation costs the levels times what is left, not times
+     * everything: the same arithmetic in the same order as scanning all of them. */
     double *remaining = malloc(n_links * sizeof(double));
     double *used = malloc(n_links * sizeof(double));
     int64_t *load = calloc(n_links, sizeof(int64_t));
     int64_t *frozen = calloc(n_links, sizeof(int64_t));
-    int64_t *links = malloc((off[n] + 1) * sizeof(int64_t)); /* distinct links used */
-    char *open = malloc(n + 1);
+    int64_t *links = malloc((off[n] + 1) * sizeof(int64_t)); /* loaded links, first-use order */
+    int64_t *open = malloc((n + 1) * sizeof(int64_t));       /* open flows, ascending */
     char *hit = malloc(n + 1);
     int status = 0;
     if (!remaining || !used || !load || !frozen || !links || !open || !hit) {
@@ -37,25 +40,23 @@ int m4ray_max_min(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_l
         }
     }
     int64_t n_open = n;
-    for (int64_t i = 0; i < n; ++i) open[i] = 1;
+    for (int64_t i = 0; i < n; ++i) open[i] = i;
     while (n_open > 0) {
         double level = INFINITY;
         for (int64_t k = 0; k < n_used; ++k) {
             int64_t l = links[k];
-            if (load[l] > 0) {
-                double share = remaining[l] / (double)load[l];
-                if (share < level) level = share;
-            }
+            double share = remaining[l] / (double)load[l];
+            if (share < level) level = share;
         }
         double capped = INFINITY;
         if (caps)
-            for (int64_t i = 0; i < n; ++i)
-                if (open[i] && caps[i] < capped) capped = caps[i];
+            for (int64_t j = 0; j < n_open; ++j)
+                if (caps[open[j]] < capped) capped = caps[open[j]];
         int by_cap = caps && capped < level;
         double at = level > 0.0 ? level : 0.0;
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n_open; ++j) {
+            int64_t i = open[j];
             hit[i] = 0;
-            if (!open[i]) continue;
             if (by_cap) {
                 hit[i] = caps[i] <= capped * (1 + REL_TIE);
             } else {
@@ -72,22 +73,30 @@ int m4ray_max_min(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_l
             frozen[links[k]] = 0;
             used[links[k]] = 0.0;
         }
-        for (int64_t i = 0; i < n; ++i) {
-            if (!hit[i]) continue;
+        int64_t still = 0;
+        for (int64_t j = 0; j < n_open; ++j) {
+            int64_t i = open[j];
+            if (!hit[i]) {
+                open[still++] = i;
+                continue;
+            }
             rate[i] = by_cap ? caps[i] : at;
-            open[i] = 0;
-            --n_open;
             for (int64_t e = off[i]; e < off[i + 1]; ++e) {
                 frozen[idx[e]] += 1;
                 used[idx[e]] += rate[i];
             }
         }
+        n_open = still;
+        int64_t loaded = 0;
         for (int64_t k = 0; k < n_used; ++k) {
             int64_t l = links[k];
-            if (!frozen[l]) continue;
-            load[l] -= frozen[l];
-            remaining[l] -= by_cap ? used[l] : (double)frozen[l] * at;
+            if (frozen[l]) {
+                load[l] -= frozen[l];
+                remaining[l] -= by_cap ? used[l] : (double)frozen[l] * at;
+            }
+            if (load[l] > 0) links[loaded++] = l;
         }
+        n_used = loaded;
     }
 out:
     free(remaining);

@@ -112,19 +112,22 @@ def flow_csr(flow_links: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def compiled_max_min_rates(
-    flow_links: list[np.ndarray],
+    flow_links: list[np.ndarray] | None,
     capacity_bps: np.ndarray,
     rate_cap_bps: np.ndarray | None = None,
     csr: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """:func:`max_min_rates` in C (``_maxmin.c``; per-flow caps or none), falling back to it
     where nothing compiles. The two agree to rounding (``tests/sim/test_flowsim.py``). ``csr``:
-    the flows' :func:`flow_csr`, when the caller already has it."""
+    the flows' :func:`flow_csr`, when the caller already has it (then ``flow_links`` may be
+    None)."""
     lib = _compiled()
-    n = len(flow_links)
-    if lib is None or n == 0:
-        return max_min_rates(flow_links, capacity_bps, rate_cap_bps)
     off, idx = csr if csr is not None else flow_csr(flow_links)
+    n = len(off) - 1
+    if lib is None or n == 0:
+        if flow_links is None:
+            flow_links = np.split(idx, off[1:-1]) if n else []
+        return max_min_rates(flow_links, capacity_bps, rate_cap_bps)
     capacity = np.ascontiguousarray(capacity_bps, dtype=np.float64)
     caps = None
     if rate_cap_bps is not None:

@@ -34,7 +34,6 @@ from m4ray.models.fairshare import (
     ack_capacity,
     ack_fraction,
     compiled_max_min_rates,
-    flow_csr,
     reverse_links,
 )
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
@@ -104,15 +103,19 @@ class FlowSim(QueueClock):
         self.window = window
         self.ack_fraction = ack_fraction
         self._reverse = reverse_links(topology.n_links)
-        self._caps: list[float] = []
         self.events = EventQueue()
         self._now = 0.0
         self._capacity = topology.bandwidth_bps.copy()
-        # active flows, parallel lists
-        self._ids: list[int] = []
-        self._links: list[np.ndarray] = []
-        self._delay: list[float] = []
-        self._done_cb: list[DoneCallback] = []
+        # active flows, parallel arrays; their links as CSR (flow i: _idx over _lens[i] entries,
+        # flows in order). Arrivals wait in _new until the next rate computation adds them in
+        # one concatenation (an arrival is O(1), not a copy of every active flow's state).
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._lens = np.zeros(0, dtype=np.int64)
+        self._idx = np.zeros(0, dtype=np.int64)
+        self._delay = np.zeros(0)
+        self._caps = np.zeros(0)
+        self._done_cb = np.empty(0, dtype=object)
+        self._new: list[tuple] = []  # (id, links, delay, callback, cap, bits) since the flush
         self._remaining = np.zeros(0)  # bits
         self._rates = np.zeros(0)  # bits/s, valid while not self._dirty
         self._dirty = False
@@ -121,17 +124,14 @@ class FlowSim(QueueClock):
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
         path = self.routing.path(flow.src, flow.dst, flow.id)
-        self._ids.append(flow.id)
-        self._links.append(np.asarray(path.links, dtype=np.int64))
-        self._delay.append(self.routing.delivery_delay(flow.size_bytes, path))
-        self._done_cb.append(on_done)
+        delay = self.routing.delivery_delay(flow.size_bytes, path)
         bits = self.routing.wire.wire_bytes(flow.size_bytes) * 8.0
         cap = np.inf if self.rate_cap_bps is None else self.rate_cap_bps
         if self.window is not None:
             window_cap, bits = self.window.limit(self.routing.wire, path, bits)
             cap = min(cap, window_cap)
-        self._caps.append(cap)
-        self._remaining = np.append(self._remaining, bits)
+        links = np.asarray(path.links, dtype=np.int64)
+        self._new.append((flow.id, links, delay, on_done, cap, bits))
         self._dirty = True
         self.n_events += 1
 
@@ -164,13 +164,30 @@ class FlowSim(QueueClock):
         self._dirty = True
 
     # ------------------------------------------------------------ fluid state
+    def _flush(self) -> None:
+        """Add the flows that arrived since the last rate computation to the active arrays."""
+        new = self._new
+        if not new:
+            return
+        ids, links, delay, callbacks, caps, bits = zip(*new, strict=True)
+        done_cb = np.empty(len(new), dtype=object)
+        done_cb[:] = callbacks
+        self._ids = np.concatenate([self._ids, np.array(ids, dtype=np.int64)])
+        self._lens = np.concatenate([self._lens, np.fromiter(map(len, links), np.int64, len(new))])
+        self._idx = np.concatenate([self._idx, *links])
+        self._delay = np.concatenate([self._delay, np.array(delay, dtype=np.float64)])
+        self._caps = np.concatenate([self._caps, np.array(caps, dtype=np.float64)])
+        self._done_cb = np.concatenate([self._done_cb, done_cb])
+        self._remaining = np.concatenate([self._remaining, np.array(bits, dtype=np.float64)])
+        self._new = []
+
     def _next_completion(self) -> tuple[float, np.ndarray]:
-        if not self._ids:
+        self._flush()
+        if not len(self._ids):
             return float("inf"), np.zeros(0, dtype=np.int64)
         if self._dirty:
             capped = self.window is not None or self.rate_cap_bps is not None
-            caps = np.array(self._caps) if capped else None
-            self._rates = self._share(caps)
+            self._rates = self._share(self._caps if capped else None)
             self._dirty = False
         with np.errstate(divide="ignore"):
             left = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
@@ -186,8 +203,10 @@ class FlowSim(QueueClock):
         """Max-min rates; with ACK load, again over the capacities the previous pass's ACKs
         leave, ``ACK_PASSES`` in all (the ACKs' share ``a`` is a fraction of a percent to a
         few, and the third pass leaves an error of ``a³``)."""
-        csr = flow_csr(self._links)  # once for every pass
-        rates = compiled_max_min_rates(self._links, self._capacity, caps, csr)
+        off = np.zeros(len(self._lens) + 1, dtype=np.int64)
+        np.cumsum(self._lens, out=off[1:])
+        csr = (off, self._idx)  # flow_csr's arrays, kept as flows come and go
+        rates = compiled_max_min_rates(None, self._capacity, caps, csr)
         if not self.ack_fraction:
             return rates
         off, every = csr
@@ -197,22 +216,30 @@ class FlowSim(QueueClock):
                 every, weights=np.repeat(rates, lengths), minlength=len(self._capacity)
             )
             capacity = ack_capacity(self._capacity, self._reverse, self.ack_fraction, data)
-            rates = compiled_max_min_rates(self._links, capacity, caps, csr)
+            rates = compiled_max_min_rates(None, capacity, caps, csr)
         return rates
 
     def _advance(self, dt: float) -> None:
-        if dt > 0 and self._ids:
+        if dt > 0 and len(self._ids):
             self._remaining = self._remaining - self._rates * dt
 
     def _complete(self, finishing: np.ndarray) -> None:
-        done = set(finishing.tolist())
-        callbacks = [(self._ids[i], self._delay[i], self._done_cb[i]) for i in finishing.tolist()]
-        keep = [i for i in range(len(self._ids)) if i not in done]
-        self._ids = [self._ids[i] for i in keep]
-        self._links = [self._links[i] for i in keep]
-        self._delay = [self._delay[i] for i in keep]
-        self._caps = [self._caps[i] for i in keep]
-        self._done_cb = [self._done_cb[i] for i in keep]
+        callbacks = list(
+            zip(
+                self._ids[finishing].tolist(),
+                self._delay[finishing].tolist(),
+                self._done_cb[finishing].tolist(),
+                strict=True,
+            )
+        )
+        keep = np.ones(len(self._ids), dtype=bool)
+        keep[finishing] = False
+        self._idx = self._idx[np.repeat(keep, self._lens)]
+        self._lens = self._lens[keep]
+        self._ids = self._ids[keep]
+        self._delay = self._delay[keep]
+        self._caps = self._caps[keep]
+        self._done_cb = self._done_cb[keep]
         self._remaining = self._remaining[keep]
         self._dirty = True
         self.n_events += len(callbacks)

@@ -81,6 +81,7 @@ class Routing:
         self.wire = wire or WireFormat()
         self._dist: dict[int, np.ndarray] = {}
         self._last: tuple[tuple[int, int, int], Path] | None = None  # see path()
+        self._prev: tuple[tuple[int, int, int], Path] | None = None
         # flow id -> the key its ECMP choice hashes instead (set_key; empty: the flow id)
         self._keys: dict[int, int] = {}
         # kept: each (switch, dst)'s next-hop links toward dst (hosts have a port or two: not
@@ -146,15 +147,20 @@ class Routing:
         self._keys[flow_id] = key
 
     def path(self, src: int, dst: int, flow_key: int = 0) -> Path:
-        """The path of flow ``flow_key`` from host ``src`` to host ``dst`` (the last answer is
-        kept: the replay and then the backend ask for each new flow's path in turn)."""
+        """The path of flow ``flow_key`` from host ``src`` to host ``dst`` (the last two answers
+        are kept: the replay asks for each new flow's path, then for its ACKs' way back under
+        SimAI's collectives, and then the backend for the path again)."""
         if self._keys:
             flow_key = self._keys.get(flow_key, flow_key)
         key = (src, dst, flow_key)
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
+        last, prev = self._last, self._prev
+        if last is not None and last[0] == key:
+            return last[1]
+        if prev is not None and prev[0] == key:
+            self._last, self._prev = prev, last
+            return prev[1]
         path = self._path(src, dst, flow_key)
-        self._last = (key, path)
+        self._last, self._prev = (key, path), last
         return path
 
     def links_many(
