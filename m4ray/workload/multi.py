@@ -15,6 +15,9 @@ placements first:
 * ``spread`` — round-robin over the servers that still have free GPUs (rank 0 on the first such
   server, rank 1 on the next, ...): consecutive ranks land on different servers;
 * ``random`` — ``gpus`` of the free GPUs drawn with the job's ``seed``, in index order;
+* ``random_servers`` — whole servers with every GPU free, drawn with the job's ``seed`` (a
+  scheduler that hands out nodes; what SimAI's rings need: every server holds the same share),
+  the last one partly if ``gpus`` is not a multiple of the server size;
 * a list of GPU indices — exactly those.
 
 ``start_s`` delays the job's first operation on each of its GPUs (a compute node of that length,
@@ -36,7 +39,7 @@ import numpy as np
 from m4ray.errors import InputError
 from m4ray.sim.workload import Collective, Compute, Node, Recv, Send, Workload, scale_messages
 
-POLICIES = ("packed", "spread", "random")
+POLICIES = ("packed", "spread", "random", "random_servers")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -158,14 +161,16 @@ class MultiJobSpec:
                     f"{len(free)} of them free after the jobs placed before it",
                     field=f"workload.jobs[{i}].gpus",
                 )
-            out[i] = self._choose(job, free)
+            out[i] = self._choose(job, free, i)
             for gpu in out[i]:
                 taken[gpu] = job.name
         return [tuple(p) for p in out]  # type: ignore[arg-type]
 
-    def _choose(self, job: JobEntry, free: list[int]) -> tuple[int, ...]:
+    def _choose(self, job: JobEntry, free: list[int], index: int) -> tuple[int, ...]:
         if job.placement == "packed":
             return tuple(free[: job.gpus])
+        if job.placement == "random_servers":
+            return self._random_servers(job, free, index)
         if job.placement == "random":
             rng = np.random.default_rng(job.seed)
             return tuple(sorted(int(g) for g in rng.choice(free, job.gpus, replace=False)))
@@ -179,6 +184,25 @@ class MultiJobSpec:
                 if queue and len(chosen) < job.gpus:
                     chosen.append(queue.pop(0))
         return tuple(chosen)
+
+    def _random_servers(self, job: JobEntry, free: list[int], index: int) -> tuple[int, ...]:
+        per = self.gpus_per_server
+        free_set = set(free)
+        whole = [
+            s
+            for s in sorted({g // per for g in free})
+            if all(g in free_set for g in range(s * per, (s + 1) * per))
+        ]
+        need = -(-job.gpus // per)
+        if need > len(whole):
+            raise InputError(
+                f"job '{job.name}' needs {need} whole servers; {len(whole)} are free",
+                field=f"workload.jobs[{index}].placement",
+            )
+        rng = np.random.default_rng(job.seed)
+        servers = sorted(int(s) for s in rng.choice(whole, need, replace=False))
+        gpus = [g for s in servers for g in range(s * per, (s + 1) * per)]
+        return tuple(gpus[: job.gpus])
 
     # ------------------------------------------------------------------ the DAG
     def job_of_host(self, n_hosts: int) -> np.ndarray:

@@ -40,19 +40,20 @@ def test_the_default_experiment_composes_with_its_jobs():
     load_experiment(sweep)
     assert [j.name for j in sweep.workload.jobs] == ["gpt13b", "moe", "dp"]
     scenarios, labels = plan(sweep)
-    # 2 policies x (shared + 3 alone + 3 failures x 1 R) x 2 backends
-    assert len(scenarios) == 28 and len(labels) == 28
+    # 3 policies x (shared + 3 alone + 3 failures x 1 R) x 2 backends
+    assert len(scenarios) == 42 and len(labels) == 42
 
 
 def test_a_small_multi_tenant_run_answers_per_job_and_resumes(ray_local, tmp_path):
     sweep, raw = small(f"paths.output_dir={tmp_path}")
     run_dir = run(sweep, raw)
     frame = pd.read_parquet(run_dir / "results.parquet")
-    assert len(frame) == 2 * 2 * (1 + 3 + 2) and (frame.status == "ok").all()
+    assert len(frame) == 3 * 2 * (1 + 3 + 2) and (frame.status == "ok").all()
     jobs = pd.read_parquet(run_dir / "jobs.parquet")
-    assert set(jobs.job) == {"tp", "dp", "mix"} and set(jobs.policy) == {"packed", "spread"}
+    assert set(jobs.job) == {"tp", "dp", "mix"}
+    assert set(jobs.policy) == {"packed", "spread", "random_servers"}
     alone = jobs[jobs.kind == "alone"]
-    assert len(alone) == 2 * 2 * 3  # each job alone once per backend and policy
+    assert len(alone) == 3 * 2 * 3  # each job alone once per policy and backend
     # packed: the TP-8 job sits on server 0 alone; GPU 0's fault hits it and no other job
     fl = jobs[(jobs.backend == "flowsim") & (jobs.policy == "packed")].set_index(["kind", "job"])
     healthy = fl.loc["shared"].iteration_s

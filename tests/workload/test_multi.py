@@ -61,6 +61,28 @@ def test_placement_policies():
     assert [int(owner[g]) for g in (5, 0, 4, 9)] == [0, 1, 2, -1 if 9 not in placed[3] else 3]
 
 
+def test_random_servers_hands_out_whole_free_servers():
+    spec = MultiJobSpec(
+        jobs=[
+            dp_job("fixed", 1, [5]),
+            dp_job("a", 8, "random_servers", seed=1),
+            dp_job("b", 6, "random_servers", seed=2),
+        ],
+        gpus_per_server=4,
+    )
+    fixed, a, b = spec.placements(24)
+    servers_a, servers_b = {g // 4 for g in a}, {g // 4 for g in b}
+    assert len(a) == 8 and len(servers_a) == 2 and 1 not in servers_a  # server 1 is not whole
+    assert len(b) == 6 and len(servers_b) == 2 and not servers_a & servers_b and 1 not in servers_b
+    assert spec.placements(24) == [fixed, a, b]  # the seeds fix the draw
+    greedy = MultiJobSpec(
+        jobs=[dp_job("x", 2, [0, 5]), dp_job("y", 12, "random_servers")], gpus_per_server=4
+    )
+    with pytest.raises(InputError, match="needs 3 whole servers; 2 are free") as err:
+        greedy.placements(16)
+    assert err.value.field == "workload.jobs[1].placement"
+
+
 def test_the_dag_puts_each_job_on_its_gpus_with_offsets_and_iterations():
     spec = MultiJobSpec(
         jobs=[dp_job("a", 4), dp_job("b", 4, [8, 9, 12, 13], start_s=1e-3, iterations=2)],
