@@ -106,6 +106,7 @@ def step_table(args, devices: list[str]) -> None:
 def replay_table(args, devices: list[str]) -> None:
     import yaml
 
+    from m4ray.sim.collectives import HierarchicalSpec
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.m4 import M4Config
     from m4ray.sim.m4.backend import learned_transport
@@ -131,8 +132,6 @@ def replay_table(args, devices: list[str]) -> None:
         topo = spec.build()
         routing = Routing(topo, wire=wire)
         workload = synthetic_workload("moe", moe, gpus, 1.0).build(n_hosts=len(topo.hosts))
-        from m4ray.sim.collectives import HierarchicalSpec
-
         algorithm = HierarchicalSpec().build(topo)
         ref = None
         for name, config in configs.items():

@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from m4ray.errors import InputError
 from m4ray.models.step import StepGraph, StepOut, chunks, step
 from m4ray.runtime.memory import rss_mb
-from m4ray.sim.m4.backend import engine_for, load_model, resolve_device
+from m4ray.sim.m4.backend import DEVICE_PATTERN, engine_for, load_model, resolve_device
 from m4ray.sim.m4.engine import Arrival, M4Engine
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing, WireFormat
@@ -159,7 +159,7 @@ class AppArgs(BaseModel):
     threads: int = Field(1, ge=1, description="torch threads of the model replica")
     device: str = Field(
         "cpu",
-        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+        pattern=f"^({DEVICE_PATTERN})$",
         description="the model replica's device: cpu, cuda[:N] or auto (cuda where Ray has a GPU)",
     )
     session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")

@@ -56,21 +56,13 @@ class JobEntry:
     iterations: int = 1
 
     def __post_init__(self) -> None:
-        if not hasattr(self.workload, "build"):  # a config node from a job list
-            self.workload = _spec_of(self.workload)
+        if not hasattr(self.workload, "build"):
+            raise InputError(
+                f"job '{self.name}': its workload is not a workload spec (give it a _target_)",
+                field="workload",
+            )
         if not isinstance(self.placement, str):
             self.placement = tuple(int(g) for g in self.placement)
-
-
-def _spec_of(node: Any) -> Any:
-    """A workload spec from a config node: Hydra hands a job list's specs over either as
-    ``_target_`` nodes or, already built, as structured configs typed by their class."""
-    from hydra.utils import instantiate
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(node, DictConfig) and OmegaConf.get_type(node) not in (None, dict):
-        return OmegaConf.to_object(node)
-    return instantiate(node, _convert_="all")
 
 
 @dataclass(kw_only=True, slots=True)

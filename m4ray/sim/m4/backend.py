@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # torch is imported when a model is built, not with the confi
     from m4ray.sim.m4.shared import SharedStepper
 
 CHECKPOINTS = Path(__file__).resolve().parents[3] / "checkpoints"
+DEVICE_PATTERN = r"cpu|auto|cuda(:[0-9]+)?"  # where m4's step may run (M4Config, Serve's app)
 
 
 def weights_digest(name: str) -> str:
@@ -186,7 +188,7 @@ class M4Config:
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
         if self.share_steps < 1:
             raise InputError(f"must be >= 1, got {self.share_steps}", field="share_steps")
-        if not (self.device in ("cpu", "auto", "cuda") or self.device.startswith("cuda:")):
+        if not re.fullmatch(DEVICE_PATTERN, self.device):
             raise InputError(
                 f"unknown device {self.device!r} (cpu, cuda, cuda:N or auto)", field="device"
             )
@@ -196,8 +198,8 @@ class M4Config:
         and its :class:`SharedStepper`, at most ``share_steps`` of them (None: each alone)."""
         if self.share_steps <= 1:
             return None
-        key = ("m4", self.checkpoint, self.max_flows_per_step, self.threads, self.precision)
-        return (*key, self.device), self.share_steps
+        key = (self.checkpoint, self.max_flows_per_step, self.threads, self.precision, self.device)
+        return ("m4", *key), self.share_steps
 
     def _stepper(self):
         """A stepper of its own over the checkpoint's model: on the CPU the numpy step
