@@ -247,10 +247,17 @@ def _step(model, opt, chunk, cfg: TrainConfig) -> None:
     opt.step()
 
 
-def _fit(model, cfg: TrainConfig, moved_train, val, *, minutes: float, tag: str) -> tuple:
+def _every_l1(model, samples, device) -> float:
+    """The training job's every-update relative L1 over ``samples``."""
+    sums = evaluate(model, samples, device, 16)
+    return sums[6] / max(sums[5], 1)
+
+
+def _fit(model, cfg: TrainConfig, moved_train, val, *, minutes: float, tag: str, probe=()) -> tuple:
     """Epochs until ``minutes`` are spent (the last may stop part-way); the best epoch's state
     by validation every-update L1 (the training job's ``val_every_l1``), its value, the
-    history and the wall time."""
+    history and the wall time. ``probe``: training samples whose every-update L1 is printed
+    beside validation's each epoch (whether the model fits what it trains on)."""
     device = next(model.parameters()).device
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -271,14 +278,22 @@ def _fit(model, cfg: TrainConfig, moved_train, val, *, minutes: float, tag: str)
             if time.perf_counter() > deadline:
                 break
         model.eval()
-        sums = evaluate(model, val, device, 16)
-        val_l1 = sums[6] / max(sums[5], 1)
+        val_l1 = _every_l1(model, val, device)
+        train_l1 = _every_l1(model, probe, device) if probe else float("nan")
         plateau.step(val_l1)
         wall = time.perf_counter() - start
-        history.append({"epoch": epoch, "periods": done, "val_every_l1": val_l1, "wall_s": wall})
+        history.append(
+            {
+                "epoch": epoch,
+                "periods": done,
+                "val_every_l1": val_l1,
+                "train_every_l1": train_l1,
+                "wall_s": wall,
+            }
+        )
         print(
             f"{tag} epoch {epoch}: {done}/{len(moved_train)} periods, val every-L1 "
-            f"{val_l1:.4f}, {wall:.0f} s",
+            f"{val_l1:.4f}, train (probe) {train_l1:.4f}, {wall:.0f} s",
             flush=True,
         )
         if val_l1 < best:
@@ -321,8 +336,25 @@ def train(args) -> None:
     )
     torch.manual_seed(args.seed)
     model = M4Model(cfg.model).to(device)
+    probe = data["train"][: args.probe]
+    if model.cfg.fluid:  # the anchor's own every-update L1 (the correction zeroed): the floor
+        anchor = M4Model(cfg.model).to(device).eval()
+        with torch.no_grad():
+            anchor.head[-1].weight.zero_()
+            anchor.head[-1].bias.zero_()
+        print(
+            f"{tag} anchor every-L1: val {_every_l1(anchor, data['val'], device):.4f}, "
+            f"train (probe) {_every_l1(anchor, probe, device):.4f}",
+            flush=True,
+        )
     best, best_state, history, train_wall = _fit(
-        model, cfg, [p.to(device) for p in train_p], data["val"], minutes=args.minutes, tag=tag
+        model,
+        cfg,
+        [p.to(device) for p in train_p],
+        data["val"],
+        minutes=args.minutes,
+        tag=tag,
+        probe=probe,
     )
     model.load_state_dict(best_state)
     model.eval()
@@ -388,6 +420,7 @@ def main() -> None:
     tr.add_argument("--loss", default="every")
     tr.add_argument("--correction-l1", type=float, default=0.3)
     tr.add_argument("--out", required=True, help="checkpoint directory to write")
+    tr.add_argument("--probe", type=int, default=300, help="training periods scored each epoch")
     for sp in (rn, tr):
         sp.add_argument("--workers", type=int, default=8, help="processes for anchor schedules")
     args = parser.parse_args()

@@ -9,6 +9,8 @@ assertion kills its process).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 
@@ -29,34 +31,68 @@ from m4ray.sim.trace import run_trace
 
 def record(scenario: DatagenScenario) -> dict[str, pa.Table]:
     """The dataset tables of one scenario (see ``schema.TABLES``)."""
+    topo, routing, backend, flows = deliver(scenario, record=True)
+    coupled = scenario.ack_periods and network_ack_fraction(scenario.ns3, scenario.wire) > 0
+    return tables(topo, routing, flows, backend.recording(), ack_coupled=coupled)
+
+
+def deliver(scenario: DatagenScenario, *, record: bool = False, jitter_s: float = 0.0):
+    """Run a scenario's traffic in ns-3: the topology, routing, backend and each flow with its
+    finish time. ``jitter_s`` starts each flow later by its own uniform draw below it (open
+    loop: each arrival; collectives: each send's latency; seeded by the scenario), which
+    ``bench/ns3_noise.py`` uses to measure how far ns-3's answers move under nanosecond shifts
+    no model can see."""
+    jitter = np.random.default_rng([scenario.seed, 1]) if jitter_s > 0 else None
     topo = scenario.build_topology()
     routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
     backend = scenario.ns3.build(topo, routing)
-    backend.record()
+    if record:
+        backend.record()
     traffic = scenario.traffic
     if isinstance(traffic, OpenLoopTraffic | IncastTraffic):  # explicit flows, open loop
-        flows = _run_open_loop(backend, traffic.flows(routing, scenario.seed))
-    else:
-        workload = traffic.workload(len(topo.hosts))
-        algorithm = ALGORITHMS[traffic.algorithm]().build(topo)
-        replay = Replay(
-            workload, backend, routing, algorithm, send_latency_s=traffic.send_latency_s
+        flows = traffic.flows(routing, scenario.seed)
+        if jitter is not None:
+            flows = [
+                dataclasses.replace(f, start_s=f.start_s + jitter.uniform(0, jitter_s))
+                for f in flows
+            ]
+        return topo, routing, backend, _run_open_loop(backend, flows)
+    workload = traffic.workload(len(topo.hosts))
+    algorithm = ALGORITHMS[traffic.algorithm]().build(topo)
+    replay = (Replay if jitter is None else _Jittered)(
+        workload, backend, routing, algorithm, send_latency_s=traffic.send_latency_s
+    )
+    if jitter is not None:
+        replay.jitter = (jitter, jitter_s)
+    log = replay.run().flows
+    flows = [
+        (Flow(i, s, d, b, t0), t1)
+        for i, s, d, b, t0, t1 in zip(
+            log.flow_id,
+            log.src,
+            log.dst,
+            log.size_bytes,
+            log.start_s,
+            log.finish_s,
+            strict=True,
         )
-        log = replay.run().flows
-        flows = [
-            (Flow(i, s, d, b, t0), t1)
-            for i, s, d, b, t0, t1 in zip(
-                log.flow_id,
-                log.src,
-                log.dst,
-                log.size_bytes,
-                log.start_s,
-                log.finish_s,
-                strict=True,
-            )
-        ]
-    coupled = scenario.ack_periods and network_ack_fraction(scenario.ns3, scenario.wire) > 0
-    return tables(topo, routing, flows, backend.recording(), ack_coupled=coupled)
+    ]
+    return topo, routing, backend, flows
+
+
+class _Jittered(Replay):
+    """A replay whose every send waits its latency plus its own uniform draw below a bound."""
+
+    jitter: tuple = (None, 0.0)
+
+    @property
+    def send_latency_s(self) -> float:
+        rng, bound = self.jitter
+        return self._latency + (rng.uniform(0, bound) if rng is not None else 0.0)
+
+    @send_latency_s.setter
+    def send_latency_s(self, value: float) -> None:
+        self._latency = value
 
 
 def _run_open_loop(backend, flows: list[Flow]) -> list[tuple[Flow, float]]:

@@ -184,3 +184,25 @@ def test_simai_collectives_record_on_ns3():
     cross = flows[flows.src // 8 != flows.dst // 8]
     assert len(cross) and (cross.src % 8 != cross.dst % 8).all()
     assert (flows.fct_s / flows.ideal_fct_s).min() > 0.99
+
+
+def test_deliver_is_deterministic_and_jitter_moves_starts_only_below_its_bound():
+    """``deliver`` (what ``bench/ns3_noise.py`` measures ns-3's floor with): the same scenario
+    twice gives the same finish times to the bit; ``jitter_s`` starts each flow later by less
+    than the bound, keeps the flows, and moves some answer (ns-3 sees the new timing)."""
+    from m4ray.datagen.families import IncastFamily
+    from m4ray.datagen.record import deliver
+
+    family = IncastFamily(k=[4, 4], rounds=[2, 2], size_bytes=[30_000, 30_000])
+    scenario = family.sample("incast", 0, 3, 120.0)
+
+    def times(**kw):
+        return sorted((f.id, f.start_s, t) for f, t in deliver(scenario, **kw)[3])
+
+    base = times()
+    assert times() == base
+    moved = times(jitter_s=1e-6)
+    assert [i for i, _, _ in moved] == [i for i, _, _ in base]
+    shift = np.array([m[1] - b[1] for m, b in zip(moved, base, strict=True)])
+    assert (shift >= 0).all() and (shift < 1e-6).all() and shift.max() > 0
+    assert any(m[2] - m[1] != b[2] - b[1] for m, b in zip(moved, base, strict=True))
