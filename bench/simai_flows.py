@@ -172,6 +172,12 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["flowsim", "ns3"])
     parser.add_argument("--checkpoint", default="m4-v2", help="m4's checkpoint")
     parser.add_argument("--save", type=Path, help="write each backend's flows here (Parquet)")
+    parser.add_argument(
+        "--send-latency-us",
+        type=float,
+        default=3.0,
+        help="each flow's wait after its parent (SimAI's AS_SEND_LAT; its logs show 3.01)",
+    )
     args = parser.parse_args()
 
     from m4ray.sim.nccl import SimAISpec
@@ -208,6 +214,7 @@ def main() -> None:
             collective=SimAISpec(),
             backend=backend,
             backend_config=config,
+            send_latency_s=args.send_latency_us * 1e-6,
         )
         row, table = simulate(scenario)
         wall = row["wall_s"]

@@ -108,3 +108,183 @@ out:
     free(hit);
     return status;
 }
+
+/* flowSim's active flows, compiled: the twin of m4ray.sim.flowsim.FlowSim's numpy state (the
+ * reference and the fallback). Flows are kept in arrival order as parallel arrays with their
+ * links as CSR; rates are recomputed (m4ray_max_min, then ACK_PASSES - 1 more passes over the
+ * capacity the ACKs leave, as FlowSim._share) only when something changed. Each step of the
+ * Python loop (next completion, advance, complete) is one call here with the same arithmetic
+ * in the same order, so finish times agree with the numpy path to the bit (a test holds them
+ * to it). A flow carries a caller's tag (the Python side keeps its callback by it). */
+typedef struct {
+    int64_t n, cap, n_idx, cap_idx, n_links, ack_passes;
+    int64_t *tag, *len, *off, *idx, *finishing, n_finishing;
+    double *delay, *caps, *remaining, *rates, *left;
+    double *capacity, *ack_cap, *data, ack_fraction;
+    int capped, dirty;
+} fluidsim;
+
+void m4ray_fluidsim_free(fluidsim *s) {
+    if (!s) return;
+    free(s->tag);
+    free(s->len);
+    free(s->off);
+    free(s->idx);
+    free(s->finishing);
+    free(s->delay);
+    free(s->caps);
+    free(s->remaining);
+    free(s->rates);
+    free(s->left);
+    free(s->capacity);
+    free(s->ack_cap);
+    free(s->data);
+    free(s);
+}
+
+fluidsim *m4ray_fluidsim_new(int64_t n_links, const double *capacity, double ack_fraction,
+                             int64_t ack_passes, int capped) {
+    fluidsim *s = calloc(1, sizeof(fluidsim));
+    if (!s) return NULL;
+    s->n_links = n_links, s->ack_fraction = ack_fraction, s->ack_passes = ack_passes;
+    s->capped = capped;
+    s->capacity = malloc((n_links + 1) * sizeof(double));
+    s->ack_cap = malloc((n_links + 1) * sizeof(double));
+    s->data = malloc((n_links + 1) * sizeof(double));
+    s->off = calloc(1, sizeof(int64_t));
+    if (!s->capacity || !s->ack_cap || !s->data || !s->off) {
+        m4ray_fluidsim_free(s);
+        return NULL;
+    }
+    for (int64_t l = 0; l < n_links; ++l) s->capacity[l] = capacity[l];
+    return s;
+}
+
+static int fs_grow(fluidsim *s, int64_t n, int64_t n_idx) {
+    if (n > s->cap) {
+        int64_t c = s->cap ? 2 * s->cap : 64;
+        while (c < n) c *= 2;
+#define GROW(p, T)                                       \
+    do {                                                 \
+        void *q = realloc(s->p, (c + 1) * sizeof(T));    \
+        if (!q) return 2;                                \
+        s->p = q;                                        \
+    } while (0)
+        GROW(tag, int64_t);
+        GROW(len, int64_t);
+        GROW(off, int64_t);
+        GROW(finishing, int64_t);
+        GROW(delay, double);
+        GROW(caps, double);
+        GROW(remaining, double);
+        GROW(rates, double);
+        GROW(left, double);
+#undef GROW
+        s->cap = c;
+    }
+    if (n_idx > s->cap_idx) {
+        int64_t c = s->cap_idx ? 2 * s->cap_idx : 256;
+        while (c < n_idx) c *= 2;
+        void *q = realloc(s->idx, c * sizeof(int64_t));
+        if (!q) return 2;
+        s->idx = q, s->cap_idx = c;
+    }
+    return 0;
+}
+
+/* A flow arrives: appended after every active one (rates are stale until the next step). */
+int m4ray_fluidsim_add(fluidsim *s, int64_t tag, int64_t n, const int64_t *links, double delay,
+                       double cap, double bits) {
+    if (fs_grow(s, s->n + 1, s->n_idx + n)) return 2;
+    int64_t i = s->n++;
+    s->tag[i] = tag, s->len[i] = n, s->delay[i] = delay, s->caps[i] = cap;
+    s->remaining[i] = bits;
+    for (int64_t k = 0; k < n; ++k) s->idx[s->n_idx++] = links[k];
+    s->off[i + 1] = s->n_idx;
+    s->dirty = 1;
+    return 0;
+}
+
+void m4ray_fluidsim_set_capacity(fluidsim *s, int64_t link, double bps) {
+    s->capacity[link] = bps;
+    s->dirty = 1;
+}
+
+static int fs_share(fluidsim *s) {
+    const double *caps = s->capped ? s->caps : NULL;
+    int rc = m4ray_max_min(s->n, s->off, s->idx, s->n_links, s->capacity, caps, s->rates);
+    if (rc || s->ack_fraction == 0.0) return rc;
+    for (int64_t pass = 1; pass < s->ack_passes; ++pass) {
+        /* FlowSim._share: data per link summed in flow order (np.bincount), then
+         * fairshare.ack_capacity over the links' reverses (2k <-> 2k + 1) */
+        for (int64_t l = 0; l < s->n_links; ++l) s->data[l] = 0.0;
+        for (int64_t i = 0; i < s->n; ++i)
+            for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) s->data[s->idx[e]] += s->rates[i];
+        for (int64_t l = 0; l < s->n_links; ++l) {
+            double c = s->capacity[l], d = s->data[l ^ 1];
+            double load = s->ack_fraction * (d > 0.0 ? d : 0.0);
+            double left = c - load, floor = 0.01 * c;
+            s->ack_cap[l] = left >= floor ? left : floor;
+        }
+        rc = m4ray_max_min(s->n, s->off, s->idx, s->n_links, s->ack_cap, caps, s->rates);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* The next completion from now: its time in *t_done (INFINITY: no flow) and how many flows
+ * finish with it (within REL_TIE of the earliest), kept for m4ray_fluidsim_complete.
+ * Returns 0, 2 out of memory, or 3 when active flows have no rate. */
+int m4ray_fluidsim_next(fluidsim *s, double now, double *t_done, int64_t *n_finishing) {
+    s->n_finishing = 0;
+    *n_finishing = 0;
+    if (s->n == 0) {
+        *t_done = INFINITY;
+        return 0;
+    }
+    if (s->dirty) {
+        int rc = fs_share(s);
+        if (rc) return rc;
+        s->dirty = 0;
+    }
+    double m = INFINITY;
+    for (int64_t i = 0; i < s->n; ++i) {
+        s->left[i] = s->rates[i] > 0 ? s->remaining[i] / s->rates[i] : INFINITY;
+        if (s->left[i] < m) m = s->left[i];
+    }
+    double dt = 0.0 > m ? 0.0 : m;
+    if (dt == INFINITY) return 3;
+    double bound = dt * (1 + REL_TIE);
+    for (int64_t i = 0; i < s->n; ++i)
+        if (s->left[i] <= bound) s->finishing[s->n_finishing++] = i;
+    *n_finishing = s->n_finishing;
+    *t_done = now + dt;
+    return 0;
+}
+
+void m4ray_fluidsim_advance(fluidsim *s, double dt) {
+    if (dt > 0)
+        for (int64_t i = 0; i < s->n; ++i) s->remaining[i] = s->remaining[i] - s->rates[i] * dt;
+}
+
+/* Remove the flows the last m4ray_fluidsim_next found finishing, writing their tags and
+ * delivery delays in arrival order; the others keep their order. */
+void m4ray_fluidsim_complete(fluidsim *s, int64_t *tags, double *delays) {
+    int64_t k = 0, kept = 0, e_out = 0;
+    for (int64_t i = 0; i < s->n; ++i) {
+        int64_t lo = s->off[i], hi = s->off[i + 1];
+        if (k < s->n_finishing && s->finishing[k] == i) {
+            tags[k] = s->tag[i], delays[k] = s->delay[i];
+            ++k;
+            continue;
+        }
+        s->tag[kept] = s->tag[i], s->len[kept] = s->len[i], s->delay[kept] = s->delay[i];
+        s->caps[kept] = s->caps[i], s->remaining[kept] = s->remaining[i];
+        s->rates[kept] = s->rates[i];
+        for (int64_t e = lo; e < hi; ++e) s->idx[e_out++] = s->idx[e];
+        ++kept;
+        s->off[kept] = e_out;
+    }
+    s->n = kept, s->n_idx = e_out, s->n_finishing = 0;
+    s->dirty = 1;
+}

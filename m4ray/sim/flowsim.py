@@ -21,6 +21,8 @@ Units: seconds, bits, bits/s.
 
 from __future__ import annotations
 
+import ctypes
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -31,6 +33,7 @@ from m4ray.models.fairshare import (
     _REL_TIE,
     ACK_PASSES,
     Window,
+    _compiled,
     ack_capacity,
     ack_fraction,
     compiled_max_min_rates,
@@ -120,6 +123,11 @@ class FlowSim(QueueClock):
         self._rates = np.zeros(0)  # bits/s, valid while not self._dirty
         self._dirty = False
         self.n_events = 0  # arrivals + completions processed (for benchmarks)
+        # the same state in C (``_maxmin.c``: fluidsim), where it compiles: the arrays above
+        # then stay empty and each step of run() is one call; callbacks by the flow's tag
+        self._core = _FluidCore.make(self) if native_fluid() else None
+        self._pending: dict[int, tuple[int, DoneCallback]] = {}
+        self._tags = 0
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -130,12 +138,19 @@ class FlowSim(QueueClock):
         if self.window is not None:
             window_cap, bits = self.window.limit(self.routing.wire, path, bits)
             cap = min(cap, window_cap)
+        self.n_events += 1
+        if self._core is not None:
+            self._tags += 1
+            self._pending[self._tags] = (flow.id, on_done)
+            self._core.add(self._tags, path.links, delay, cap, bits)
+            return
         links = np.asarray(path.links, dtype=np.int64)
         self._new.append((flow.id, links, delay, on_done, cap, bits))
         self._dirty = True
-        self.n_events += 1
 
     def run(self, until: float | None = None) -> None:
+        if self._core is not None:
+            return self._core.run(until)
         horizon = float("inf") if until is None else until
         while True:
             t_event = self.events.peek_time()
@@ -162,6 +177,8 @@ class FlowSim(QueueClock):
         """Change a directed link's rate now (a gray failure's onset); rates are recomputed."""
         self._capacity[link] = bandwidth_bps
         self._dirty = True
+        if self._core is not None:
+            self._core.set_capacity(link, bandwidth_bps)
 
     # ------------------------------------------------------------ fluid state
     def _flush(self) -> None:
@@ -246,3 +263,98 @@ class FlowSim(QueueClock):
         for flow_id, delay, on_done in callbacks:
             t = self._now + delay
             self.events.push(t, lambda f=flow_id, t=t, cb=on_done: cb(f, t))
+
+
+def native_fluid() -> bool:
+    """Whether flowSim runs its fluid state in C (``_maxmin.c`` built; ``M4RAY_NATIVE=0``: no)."""
+    return _compiled() is not None
+
+
+class _FluidCore:
+    """:class:`FlowSim`'s run loop over the compiled fluid state (``m4ray_fluidsim_*``): the
+    same steps as the numpy loop (next completion, advance, complete or the due events), one
+    C call each, so answers are equal to the bit (``tests/sim/test_flowsim.py``)."""
+
+    def __init__(self, sim: FlowSim, lib, handle) -> None:
+        self.sim, self.lib, self.handle = sim, lib, handle
+        self.t_done = ctypes.c_double()
+        self.n_fin = ctypes.c_int64()
+        self.p_t_done, self.p_n_fin = ctypes.byref(self.t_done), ctypes.byref(self.n_fin)
+        self.tags = np.zeros(64, dtype=np.int64)
+        self.delays = np.zeros(64)
+        self.links = np.zeros(64, dtype=np.int64)
+
+    @classmethod
+    def make(cls, sim: FlowSim) -> _FluidCore:
+        lib = _compiled()
+        capacity = np.ascontiguousarray(sim._capacity, dtype=np.float64)
+        capped = sim.window is not None or sim.rate_cap_bps is not None
+        handle = lib.m4ray_fluidsim_new(
+            len(capacity), capacity.ctypes.data, sim.ack_fraction, ACK_PASSES, int(capped)
+        )
+        if not handle:
+            raise MemoryError("compiled flowSim: out of memory")
+        core = cls(sim, lib, handle)
+        weakref.finalize(core, lib.m4ray_fluidsim_free, handle)
+        return core
+
+    def add(self, tag: int, links, delay: float, cap: float, bits: float) -> None:
+        n = len(links)
+        if n > len(self.links):
+            self.links = np.zeros(2 * n, dtype=np.int64)
+        self.links[:n] = links
+        if self.lib.m4ray_fluidsim_add(
+            self.handle, tag, n, self.links.ctypes.data, delay, cap, bits
+        ):
+            raise MemoryError("compiled flowSim: out of memory")
+
+    def set_capacity(self, link: int, bps: float) -> None:
+        self.lib.m4ray_fluidsim_set_capacity(self.handle, link, bps)
+
+    def _next(self, now: float) -> tuple[float, int]:
+        rc = self.lib.m4ray_fluidsim_next(self.handle, now, self.p_t_done, self.p_n_fin)
+        if rc == 3:
+            raise SimulationError("active flows with zero rate: a link has no capacity left")
+        if rc:
+            raise MemoryError("compiled flowSim: out of memory")
+        return self.t_done.value, self.n_fin.value
+
+    def run(self, until: float | None) -> None:
+        sim, lib, handle = self.sim, self.lib, self.handle
+        events = sim.events
+        horizon = float("inf") if until is None else until
+        while True:
+            t_event = events.peek_time()
+            t_done, n_fin = self._next(sim._now)
+            t_next = min(t_event, t_done)
+            if t_next == float("inf"):
+                break
+            if t_next > horizon:
+                lib.m4ray_fluidsim_advance(handle, horizon - sim._now)
+                sim._now = horizon
+                break
+            if t_done <= t_event:
+                lib.m4ray_fluidsim_advance(handle, t_done - sim._now)
+                sim._now = t_done
+                self._complete(n_fin)
+            else:
+                lib.m4ray_fluidsim_advance(handle, t_event - sim._now)
+                sim._now = t_event
+                while events.peek_time() <= sim._now:
+                    _, fn = events.pop()
+                    fn()
+
+    def _complete(self, n: int) -> None:
+        if n > len(self.tags):
+            self.tags = np.zeros(2 * n, dtype=np.int64)
+            self.delays = np.zeros(2 * n)
+        self.lib.m4ray_fluidsim_complete(
+            self.handle, self.tags.ctypes.data, self.delays.ctypes.data
+        )
+        sim = self.sim
+        sim.n_events += n
+        now, pending, push = sim._now, sim._pending, sim.events.push
+        for tag, delay in zip(self.tags[:n].tolist(), self.delays[:n].tolist(), strict=True):
+            flow_id, on_done = pending.pop(tag)
+            t = now + delay
+            push(t, lambda f=flow_id, t=t, cb=on_done: cb(f, t))

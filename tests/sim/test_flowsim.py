@@ -158,10 +158,12 @@ def test_schedule_and_run_until():
 
 
 @pytest.mark.timeout(30)
-def test_a_flow_rounded_below_zero_bits_finishes_instead_of_spinning():
+def test_a_flow_rounded_below_zero_bits_finishes_instead_of_spinning(monkeypatch):
     """Regression: a drained flow left at -1e-9 bits by float rounding made the next completion
     time lie in the past, the tie test select nothing, and run() loop forever (seen on a
-    degraded 32-GPU GPT-13B replay)."""
+    degraded 32-GPU GPT-13B replay). On the numpy state, whose arrays the test can reach (the
+    compiled state clamps the same way: ``m4ray_fluidsim_next``)."""
+    monkeypatch.setattr("m4ray.sim.flowsim.native_fluid", lambda: False)
     topo = parking_lot([10])
     routing = Routing(topo)
     backend = FlowSim(topo, Routing(topo))
@@ -280,3 +282,46 @@ def test_compiled_max_min_equals_the_numpy_reference():
         want = max_min_rates(links, capacity, caps)
         got = compiled_max_min_rates(links, capacity, caps)
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"rate_cap_bps": 7e9}, {"ack_load": True}, {"window_bytes": 30_000, "ack_load": True}],
+    ids=["classic", "cap", "acks", "window+acks"],
+)
+def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
+    """flowSim's fluid state in C (``m4ray_fluidsim_*``, the default where it compiles) against
+    the numpy loop it replaced (kept as the reference and fallback): 300 flows arriving over
+    time on a fat-tree, a link degraded mid-run and ``run(until=...)`` in between, give the
+    same delivery times to the bit (same max-min, same arithmetic in the same order)."""
+    from m4ray.sim import flowsim
+
+    if not flowsim.native_fluid():
+        pytest.skip("no C compiler: flowSim uses the numpy loop")
+    topo = fat_tree(k=4)
+    rng = np.random.default_rng(11)
+    pairs = [rng.choice(16, 2, replace=False) for _ in range(300)]
+    sizes = rng.choice([800, 20_000, 400_000, 3_000_000], 300)
+    starts = np.sort(rng.uniform(0, 400e-6, 300))
+    starts[10:20] = starts[10]  # simultaneous arrivals
+    flows = [
+        Flow(i, int(s), int(d), int(b), float(t))
+        for i, ((s, d), b, t) in enumerate(zip(pairs, sizes, starts, strict=True))
+    ]
+
+    def run(native: bool) -> dict:
+        monkeypatch.setattr(flowsim, "native_fluid", lambda: native)
+        routing = Routing(topo, seed=5)
+        backend = FlowSimConfig(**settings).build(topo, routing)
+        assert (backend._core is not None) == native
+        done = {}
+        for f in flows:
+            backend.schedule(f.start_s, lambda f=f: backend.send(f, done.setdefault))
+        backend.schedule(150e-6, lambda: backend.set_bandwidth(7, topo.bandwidth_bps[7] / 4))
+        backend.run(until=100e-6)
+        backend.run()
+        return done
+
+    numpy_loop, compiled = run(False), run(True)
+    assert len(compiled) == len(flows)
+    assert compiled == numpy_loop
