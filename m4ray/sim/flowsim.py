@@ -282,7 +282,7 @@ class _FluidCore:
         self.p_t_done, self.p_n_fin = ctypes.byref(self.t_done), ctypes.byref(self.n_fin)
         self.tags = np.zeros(64, dtype=np.int64)
         self.delays = np.zeros(64)
-        self.links = np.zeros(64, dtype=np.int64)
+        self.paths: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
 
     @classmethod
     def make(cls, sim: FlowSim) -> _FluidCore:
@@ -298,14 +298,14 @@ class _FluidCore:
         weakref.finalize(core, lib.m4ray_fluidsim_free, handle)
         return core
 
-    def add(self, tag: int, links, delay: float, cap: float, bits: float) -> None:
-        n = len(links)
-        if n > len(self.links):
-            self.links = np.zeros(2 * n, dtype=np.int64)
-        self.links[:n] = links
-        if self.lib.m4ray_fluidsim_add(
-            self.handle, tag, n, self.links.ctypes.data, delay, cap, bits
-        ):
+    def add(self, tag: int, links: tuple[int, ...], delay: float, cap: float, bits: float) -> None:
+        known = self.paths.get(links)  # a path's links as a C array, made once per path
+        if known is None:
+            array = np.array(links, dtype=np.int64)
+            known = (array, array.ctypes.data)
+            if len(self.paths) < 1 << 16:  # bounded, as Routing's own path memo
+                self.paths[links] = known
+        if self.lib.m4ray_fluidsim_add(self.handle, tag, len(links), known[1], delay, cap, bits):
             raise MemoryError("compiled flowSim: out of memory")
 
     def set_capacity(self, link: int, bps: float) -> None:

@@ -89,6 +89,8 @@ class Routing:
         # collective's flows take the same few again and again)
         self._next: dict[tuple[int, int], list[int]] = {}
         self._paths: dict[tuple[int, ...], Path] = {}
+        # host pairs whose walk met no ECMP choice: their path whatever the flow (bounded too)
+        self._only: dict[tuple[int, int], Path] = {}
         self.memo: dict = {}  # what callers derive from this routing once (max_bdp_bytes)
         self._host_set = frozenset(topo.hosts)
         self._bw = topo.bandwidth_bps.tolist()
@@ -159,7 +161,9 @@ class Routing:
         if prev is not None and prev[0] == key:
             self._last, self._prev = prev, last
             return prev[1]
-        path = self._path(src, dst, flow_key)
+        path = self._only.get((src, dst))
+        if path is None:
+            path = self._path(src, dst, flow_key)
         self._last, self._prev = (key, path), last
         return path
 
@@ -236,6 +240,7 @@ class Routing:
             raise InputError(f"hosts {src} and {dst} are not connected", field="dst")
         links = []
         node = src
+        chose = False
         while node != dst:
             candidates = self._next.get((node, dst))
             if candidates is None:
@@ -249,6 +254,7 @@ class Routing:
                     self._next[node, dst] = candidates
             if len(candidates) > 1:
                 link = candidates[mix64(self.seed, src, dst, flow_key, node) % len(candidates)]
+                chose = True
             else:
                 link = candidates[0]
             links.append(link)
@@ -259,6 +265,8 @@ class Routing:
             path = self._describe(key)
             if len(self._paths) < _MAX_PATHS:
                 self._paths[key] = path
+        if not chose and len(self._only) < _MAX_PATHS:
+            self._only[src, dst] = path
         return path
 
     def _describe(self, links: tuple[int, ...]) -> Path:
