@@ -33,9 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from m4ray.sim.collectives import HierarchicalSpec  # noqa: E402
 from m4ray.sim.failures import GrayFailure  # noqa: E402
 from m4ray.sim.flowsim import FlowSimConfig  # noqa: E402
 from m4ray.sim.m4 import M4Config  # noqa: E402
+from m4ray.sim.nccl import SimAISpec  # noqa: E402
 from m4ray.sim.ns3.backend import Ns3Config  # noqa: E402
 from m4ray.sim.routing import WireFormat  # noqa: E402
 from m4ray.sim.scenario import Scenario, simulate  # noqa: E402
@@ -93,13 +95,34 @@ def whole_commands(repeat: int) -> list[list]:
     ]
 
 
-def grid(scale: float, n_scenarios: int, config, backend: str) -> list[Scenario]:
+# table 2's collective: SimAI's (the study's default since issue 29: its workload, each flow
+# waiting for its parent; no lockstep) or the rail-aligned one the issue's bars were set on
+COLLECTIVES = {
+    "simai": (SimAISpec, "microAllReduce_tp16"),
+    "hierarchical": (HierarchicalSpec, "microAllReduce"),
+}
+
+
+def grid_points(n: int) -> list[tuple[int, int]]:
+    """The first ``n`` (N, R) points of the grid, the last one swapped for N=8, R=4 (where
+    ns-3 is timed) when it is not among them."""
+    points = [(n_, r) for n_ in range(2, 17) for r in range(4, 11)][:n]
+    if (8, 4) not in points:
+        points[-1] = (8, 4)
+    return points
+
+
+def grid(
+    scale: float, n_scenarios: int, config, backend: str, collective: str = "hierarchical"
+) -> list[Scenario]:
     wire = WireFormat(mtu_bytes=8948, header_bytes=54)  # the experiment's jumbo wire
-    points = [(n, r) for n in range(2, 17) for r in range(4, 11)][:n_scenarios]
+    points = grid_points(n_scenarios)
+    spec, workload = COLLECTIVES[collective]
     return [
         Scenario(
             failure=GrayFailure(n_degraded=n, reduction=r),
-            workload=SimAIWorkloadSpec(path="microAllReduce", scale=scale),
+            workload=SimAIWorkloadSpec(path=workload, scale=scale),
+            collective=spec(),
             backend=backend,
             backend_config=config,
             wire=wire,
@@ -114,17 +137,19 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def in_process(scales: list[float], group: int, ns3: bool) -> list[list]:
+def in_process(scales: list[float], group: int, ns3: bool, collective: str) -> list[list]:
+    from simai_flows import study_ns3  # bench/: the study's ns-3 preset, as the sweep runs it
+
     from m4ray.sim.m4.shared import simulate_together
 
-    m4 = M4Config()
+    # m4 is told the network ns-3 runs (the experiment's backend_options.m4.network)
+    m4 = M4Config(network=study_ns3()) if collective == "simai" else M4Config()
     simulate(grid(0.01, 1, m4, "m4")[0])  # load the model, warm the caches
-    points = [(n, r) for n in range(2, 17) for r in range(4, 11)][:group]
-    n8r4 = points.index((8, 4)) if (8, 4) in points else None
+    n8r4 = grid_points(group).index((8, 4))
     rows = []
     for scale in scales:
-        flowsim = grid(scale, group, FlowSimConfig(), "flowsim")
-        m4s = grid(scale, group, m4, "m4")
+        flowsim = grid(scale, group, FlowSimConfig(), "flowsim", collective)
+        m4s = grid(scale, group, m4, "m4", collective)
         t_fs, fs_out = timed(lambda s=flowsim: [simulate(x) for x in s])
         t_alone, alone = timed(lambda s=m4s: [simulate(x) for x in s])
         t_group, grouped = timed(lambda s=m4s: simulate_together(s, m4.shared_stepper(), simulate))
@@ -132,22 +157,22 @@ def in_process(scales: list[float], group: int, ns3: bool) -> list[list]:
             a[1].column("finish_s").equals(g[1].column("finish_s"))
             for a, g in zip(alone, grouped, strict=True)
         )
-        lock_fs, lock_m4 = (lockstep(s) for s in (flowsim, m4s))
-        t_lfs, lfs_out = timed(lambda s=lock_fs: [simulate(x) for x in s])
-        t_lm4, lm4_out = timed(lambda s=lock_m4: [simulate(x) for x in s])
         per = {
             "flowSim": (t_fs / group, fs_out, ""),
             "m4 alone": (t_alone / group, alone, ""),
             f"m4 in a group of {group}": (t_group / group, grouped, "yes" if same else "NO"),
-            "flowSim, lockstep": (t_lfs / group, lfs_out, max_diff(lfs_out, fs_out)),
-            "m4 alone, lockstep": (t_lm4 / group, lm4_out, max_diff(lm4_out, alone)),
         }
+        if collective != "simai":  # lockstep needs a step barrier (SimAI's flows have none)
+            lock_fs, lock_m4 = (lockstep(s) for s in (flowsim, m4s))
+            t_lfs, lfs_out = timed(lambda s=lock_fs: [simulate(x) for x in s])
+            t_lm4, lm4_out = timed(lambda s=lock_m4: [simulate(x) for x in s])
+            per["flowSim, lockstep"] = (t_lfs / group, lfs_out, max_diff(lfs_out, fs_out))
+            per["m4 alone, lockstep"] = (t_lm4 / group, lm4_out, max_diff(lm4_out, alone))
         refs: dict[str, tuple[float, float]] = {}
-        if ns3 and scale == 1.0 and n8r4 is not None:
+        if ns3 and scale == 1.0:
             for transport in ("rdma", "tcp"):
-                scenario = dataclasses.replace(
-                    m4s[n8r4], backend="ns3", backend_config=Ns3Config(transport=transport)
-                )
+                config = study_ns3() if transport == "rdma" else Ns3Config(transport=transport)
+                scenario = dataclasses.replace(m4s[n8r4], backend="ns3", backend_config=config)
                 seconds, (row, _) = timed(lambda s=scenario: simulate(s))
                 assert row["status"] == "ok", row["error"]
                 refs[transport] = (seconds, row["completion_time_s"])
@@ -192,14 +217,24 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=53, help="scenarios in table 2's group")
     parser.add_argument("--no-commands", action="store_true", help="skip table 1")
     parser.add_argument("--no-ns3", action="store_true", help="skip the full-scale ns-3 run")
+    parser.add_argument(
+        "--collective",
+        choices=sorted(COLLECTIVES),
+        default="simai",
+        help="table 2's collective (simai: the study's default; no lockstep rows)",
+    )
     args = parser.parse_args()
     if not args.no_commands:
         rows = whole_commands(args.repeat)
         print("\nThe default gray-failure grid (105 scenarios, scale 0.08), whole command:")
         head = ["backends", "runs", "min s", "median s", "min / flowSim", "median / flowSim"]
         print(format_table(head, rows))
-    rows = in_process([0.08, 1.0], args.group, not args.no_ns3)
-    print(f"\nPer scenario in one process (first {args.group} grid points, microAllReduce):")
+    rows = in_process([0.08, 1.0], args.group, not args.no_ns3, args.collective)
+    _, workload = COLLECTIVES[args.collective]
+    print(
+        f"\nPer scenario in one process ({args.group} grid points with N=8 R=4, {workload}, "
+        f"collective={args.collective}):"
+    )
     head = [
         "scale",
         "backend",

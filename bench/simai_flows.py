@@ -8,7 +8,10 @@ Inputs (``<data>/simai/fct_example_commit_5206325/``): the run's topology ``topo
 workload ``microAllReduce.txt`` (TP 16, all-reduces of 16 MiB and 256 MiB), SimAI's per-flow logs
 ``{ns3,flowsim,m4}_fct.txt.gz`` (``sip dip sport dport size start_ns fct_ns standalone_ns
 flow_id``; IP ``0b00XX01`` = node XX; FCT to the sender's last ACK) and ``*_EndToEnd.csv``.
-ns-3 runs with the study preset (``conf/backend/ns3_simai.yaml``), m4 is told that network.
+ns-3 runs with SimAI's ns-3 timing over the study preset
+(``conf/backend/ns3_simai_timing.yaml``; ``--ns3-preset ns3_simai``: the gray-failure default)
+and the DCTCP settings of the run's own ``SimAI.conf`` (K 80 KB at 400 Gbit/s, g = 1/256, ...;
+``--study-conf``: the study's), on SimAI's 1,040 B packets; m4 is told that network.
 
 For every backend it prints: the flow count and whether the multiset of (src, dst, size) equals
 SimAI's; each flow's start minus its parent's end (SimAI: the flow its sender received last step
@@ -139,25 +142,69 @@ def end_to_end_us(path: Path) -> float:
     raise ValueError(f"{path}: no 'total time' line")
 
 
-def study_ns3():
-    """ns-3 with the study's network: ``conf/backend/ns3_simai.yaml`` over ``ns3.yaml``."""
+def study_ns3(conf: Path | None = None, preset: str = "ns3_simai"):
+    """ns-3 with the study's network: ``conf/backend/<preset>.yaml`` over what it builds on
+    (``ns3_simai`` over ``ns3.yaml``; ``ns3_simai_timing`` over both); with ``conf`` (a
+    SimAI.conf), its DCTCP settings in place of the study's (:func:`simai_conf_rdma`)."""
     from omegaconf import OmegaConf
 
     from m4ray.config import CONF_DIR
     from m4ray.sim.ns3.backend import Ns3Config
 
-    preset = OmegaConf.load(CONF_DIR / "backend" / "ns3_simai.yaml")
-    preset.pop("defaults")
-    merged = OmegaConf.merge(OmegaConf.load(CONF_DIR / "backend" / "ns3.yaml"), preset)
+    merged = OmegaConf.create({})
+    while preset:  # the preset, then what its defaults name, merged from the bottom up
+        layer = OmegaConf.load(CONF_DIR / "backend" / f"{preset}.yaml")
+        below = [d for d in layer.pop("defaults", []) if d != "_self_"]
+        merged = OmegaConf.merge(layer, merged)
+        preset = below[0] if below else ""
+    if conf is not None:
+        merged = OmegaConf.merge(merged, {"rdma": simai_conf_rdma(conf)})
     merged.pop("_target_")
     return Ns3Config(**OmegaConf.to_container(merged))
 
 
-def backend_configs(names: list[str], checkpoint: str):
+def simai_conf_rdma(path: Path) -> dict:
+    """The DCTCP settings of a SimAI.conf (CC_MODE 8) as ``ns3.rdma`` fields: K per port rate
+    (KMAX_MAP, KB; KMIN = KMAX there), EWMA_GAIN, DCTCP_RATE_AI and MIN_RATE. Its BUFFER_SIZE
+    is left alone: SimAI's PFC threshold underflows at small buffers, so no buffer binds."""
+    values = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        parts = line.split()
+        if len(parts) >= 2:
+            values[parts[0]] = (n, parts[1:])
+
+    def field(key: str) -> list[str]:
+        if key not in values:
+            raise ValueError(f"{path}: no {key} line")
+        return values[key][1]
+
+    def rate(text: str, key: str) -> float:
+        units = {"Gb/s": 1e9, "Mb/s": 1e6, "Kb/s": 1e3, "b/s": 1.0}
+        for unit, scale in units.items():
+            if text.endswith(unit):
+                return float(text[: -len(unit)]) * scale
+        raise ValueError(f"{path}, line {values[key][0]}: {key} {text!r} has no rate unit")
+
+    if field("CC_MODE")[0] != "8":
+        raise ValueError(f"{path}, line {values['CC_MODE'][0]}: CC_MODE is not 8 (DCTCP)")
+    kmax = field("KMAX_MAP")
+    n = int(kmax[0])
+    points = [[float(kmax[1 + 2 * i]), float(kmax[2 + 2 * i]) * 1000] for i in range(n)]
+    return {
+        "ecn_k_bytes": points,
+        "dctcp_gain": float(field("EWMA_GAIN")[0]),
+        "rate_ai_bps": rate(field("DCTCP_RATE_AI")[0], "DCTCP_RATE_AI"),
+        "min_rate_bps": rate(field("MIN_RATE")[0], "MIN_RATE"),
+    }
+
+
+def backend_configs(
+    names: list[str], checkpoint: str, conf: Path | None = None, preset: str = "ns3_simai"
+):
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.m4.backend import M4Config
 
-    ns3 = study_ns3()
+    ns3 = study_ns3(conf, preset)
     every = {
         "flowsim": ("flowsim", FlowSimConfig()),
         "ns3": ("ns3", ns3),
@@ -178,9 +225,20 @@ def main() -> None:
         default=3.0,
         help="each flow's wait after its parent (SimAI's AS_SEND_LAT; its logs show 3.01)",
     )
+    parser.add_argument(
+        "--ns3-preset",
+        default="ns3_simai_timing",
+        help="conf/backend preset for ns-3 (ns3_simai: the gray-failure default)",
+    )
+    parser.add_argument(
+        "--study-conf",
+        action="store_true",
+        help="ns-3 with the study's DCTCP settings, not those of the run's own SimAI.conf",
+    )
     args = parser.parse_args()
 
     from m4ray.sim.nccl import SimAISpec
+    from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
     from m4ray.sim.topologies import TopologyFileSpec
     from m4ray.sweeps.report import format_table
@@ -207,8 +265,13 @@ def main() -> None:
             "—",
         ]
     ]
-    for name, (backend, config) in backend_configs(args.backends, args.checkpoint).items():
+    conf = None if args.study_conf else run / "SimAI.conf"
+    wire = WireFormat(mtu_bytes=1000, header_bytes=40)  # SimAI's packets (conf/wire/simai.yaml)
+    for name, (backend, config) in backend_configs(
+        args.backends, args.checkpoint, conf, args.ns3_preset
+    ).items():
         scenario = Scenario(
+            wire=wire,
             topology=TopologyFileSpec(path=str(run / "topo_N0_M1.txt")),
             workload=SimAIWorkloadSpec(path=str(run / "microAllReduce.txt")),
             collective=SimAISpec(),

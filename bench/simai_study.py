@@ -13,7 +13,9 @@ Inputs are SimAI's own files under ``<data>/simai/``: the degraded topologies
 layer asked for (``--collectives``: ``simai``, SimAI's own NCCL flows, and the rail-aligned
 ``hierarchical`` by default). ns-3 uses the study's network (``conf/backend/ns3_simai.yaml``:
 DCTCP, K = 100 KB at every rate, g = 1/16, rate AI 2 Gbit/s, minimum rate 1 Gbit/s, 100 MB
-buffers, 1000 B payload; NVSwitches mark no ECN and send no PFC). SimAI's totals (µs) for three
+buffers, 1000 B payload; NVSwitches mark no ECN and send no PFC; SimAI's ns-3 timing: ACKs
+with the data at switches, whole-ns packets, its DCTCP α and window) on SimAI's 1,040 B packets,
+each flow sent 3.01 µs after its parent as SimAI's logs show. SimAI's totals (µs) for three
 scenarios are quoted from ``reference/gray_failure.md`` §7 (``results_gray_failures/`` at commit
 0c441e75); N=2 R=4 has no published number and is printed for the trend. Each backend runs each
 scenario in this process,
@@ -45,13 +47,13 @@ TREND_US = {
 }
 
 
-def backends(names: list[str]) -> dict:
+def backends(names: list[str], preset: str = "ns3_simai") -> dict:
     from simai_flows import study_ns3
 
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.m4.backend import M4Config
 
-    rdma = study_ns3()
+    rdma = study_ns3(preset=preset)
     every = {
         "ns3": ("ns3", rdma),
         "ns3-tcp": ("ns3", dataclasses.replace(rdma, transport="tcp")),
@@ -96,17 +98,38 @@ def compare_results(path: Path) -> str:
     return f"{format_table(header, rows)}\n{note}"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", type=Path, help="the shared data folder (holding simai/)")
     parser.add_argument("--backends", nargs="+", default=["ns3", "flowsim"])
-    parser.add_argument("--wire", choices=["default", "jumbo"], default="default")
+    parser.add_argument(
+        "--wire",
+        choices=["simai", "default", "jumbo"],
+        default="simai",
+        help="packets: SimAI's 1,040 B (simai), 1,048 B (default) or 9,002 B (jumbo)",
+    )
+    parser.add_argument(
+        "--send-latency-us",
+        type=float,
+        default=3.01,
+        help="each flow's wait after its parent: AS_SEND_LAT 3 us plus astra-sim's 10 ns "
+        "memory-bus event, what SimAI's logs show",
+    )
     parser.add_argument(
         "--collectives",
         nargs="+",
         choices=["simai", "hierarchical", "ring"],
         default=["simai", "hierarchical"],
         help="collective layers, side by side (simai: SimAI's NCCL flows, the study's)",
+    )
+    parser.add_argument(
+        "--ns3-preset",
+        default="ns3_simai_timing",
+        help="conf/backend preset for ns-3 (ns3_simai: the gray-failure default; "
+        "ns3_simai_timing: with SimAI's ns-3 timing)",
+    )
+    parser.add_argument(
+        "--published", action="store_true", help="only the points SimAI published a total for"
     )
     parser.add_argument(
         "--trend",
@@ -122,7 +145,11 @@ def main() -> None:
         help="compare a gray-failure sweep's results.parquet with SimAI's published totals "
         "instead of running anything (every published (N, R) it holds)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.results:
         print(compare_results(args.results))
         return
@@ -138,17 +165,22 @@ def main() -> None:
 
     simai = args.data / "simai"
     workload = SimAIWorkloadSpec(path=str(simai / "workload" / "microAllReduce.txt@52ed9ea.txt"))
-    wire = WireFormat() if args.wire == "default" else WireFormat(mtu_bytes=8948, header_bytes=54)
+    wire = {
+        "simai": WireFormat(mtu_bytes=1000, header_bytes=40),
+        "default": WireFormat(),
+        "jumbo": WireFormat(mtu_bytes=8948, header_bytes=54),
+    }[args.wire]
     layers = {"simai": SimAISpec(), "hierarchical": HierarchicalSpec(), "ring": RingSpec()}
     chosen = {}
     for layer in args.collectives:
-        for name, pair in backends(args.backends).items():
+        for name, pair in backends(args.backends, args.ns3_preset).items():
             chosen[f"{name} {layer}"] = (*pair, False, layers[layer])
             if args.lockstep and pair[0] != "ns3" and layer != "simai":
                 chosen[f"{name} {layer} lockstep"] = (*pair, True, layers[layer])
     rows = []
     published = TREND_US if args.trend else UNISON_US
-    for n, r in TREND_US if args.trend else SCENARIOS:
+    points = TREND_US if args.trend else SCENARIOS
+    for n, r in [p for p in points if p in published] if args.published else points:
         if args.trend:
             topo = RailClusterSpec()  # failure applied below, SimAI's degraded-GPU rule
         else:
@@ -165,6 +197,7 @@ def main() -> None:
                 backend=backend,
                 backend_config=config,
                 wire=wire,
+                send_latency_s=args.send_latency_us * 1e-6,
             )
             result, _ = simulate(scenario)
             wall = result["wall_s"]

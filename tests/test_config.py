@@ -120,3 +120,30 @@ def test_flowsim_can_take_the_ns3_backends_window():
         resolve(sweep_cfg("+experiment=gray_failure", same)).backend_options["flowsim"].window_bytes
         is None
     )
+
+
+def test_simai_timing_preset_sets_simai_ns3_over_the_study_settings():
+    """``backend@backend_options.ns3=ns3_simai_timing`` with ``wire=simai``: the study's DCTCP
+    settings (K 100 KB, 100 MB buffers) plus SimAI's ns-3 timing, and m4 told the same network;
+    the default study preset keeps the m4ray timing."""
+    sweep = resolve(
+        sweep_cfg(
+            "+experiment=gray_failure", "backend@backend_options.ns3=ns3_simai_timing", "wire=simai"
+        )
+    )
+    rdma = sweep.backend_options["ns3"].rdma
+    assert (rdma.round_ns, rdma.dctcp_reference_alpha, rdma.ack_high_priority) == (
+        True,
+        True,
+        False,
+    )
+    assert (rdma.ack_bytes, rdma.window_rule, rdma.buffer_bytes) == (48, "simai", 100_000_000)
+    assert rdma.ecn_k_bytes == [[25.0e9, 100000]]
+    assert sweep.backend_options["m4"].network.rdma == rdma
+    assert (sweep.wire.mtu_bytes, sweep.wire.header_bytes) == (1000, 40)
+    default = resolve(sweep_cfg("+experiment=gray_failure")).backend_options["ns3"].rdma
+    assert (default.round_ns, default.ack_high_priority, default.window_rule) == (
+        False,
+        True,
+        "m4ray",
+    )

@@ -37,6 +37,7 @@ from m4ray.sim.ns3 import fabric
 
 SOURCE = r"""
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <string>
 #include <functional>
@@ -142,6 +143,8 @@ struct RdmaParams {
     uint32_t ack_int_bytes = 0;   // ... and to an ACK (HPCC)
     bool ack_high = true;         // ACKs in switches' high-priority queue (else with the data)
     bool cc_nic_rate = false;     // the m3 fork: CC reference rates at the NIC's rate, not max
+    bool round_ns = false;        // every packet's time on a wire and pacing gap in whole ns
+    bool dctcp_reference = false; // DCTCP's α batches as the reference (HandleAckDctcp)
     // TIMELY
     double t_low_ps = 50e6, t_high_ps = 500e6, beta = 0.8, ewma = 0.875, min_rtt_ps = 20e6;
 };
@@ -236,7 +239,10 @@ class RdmaNetwork : public Fabric {
             m_ports.push_back(port);
             port.device->TraceConnectWithoutContext(
                 "PhyTxBegin",
-                Callback<void, Ptr<const Packet>>([this, link](Ptr<const Packet>) { Feed(link); }));
+                Callback<void, Ptr<const Packet>>([this, link](Ptr<const Packet> p) {
+                    if (m_p.round_ns) WholeNs(link, p);
+                    Feed(link);
+                }));
             // the device at the other end receives this link's packets
             Ptr<NetDevice> rx = devs.Get(1 - side);
             rx->SetReceiveCallback(Callback<bool, Ptr<NetDevice>, Ptr<const Packet>, uint16_t,
@@ -256,6 +262,17 @@ class RdmaNetwork : public Fabric {
         port.red_p = p;
         port.mark_rng = CreateObject<UniformRandomVariable>();
         port.mark_rng->SetStream(500000 + link);
+    }
+
+    // SimAI's ns-3 runs at nanosecond resolution, so a packet's time on a wire is rounded to
+    // the ns (1,040 B at 400 Gbit/s: 21 ns, not 20.8; at 2,400 Gbit/s 3 ns, not 3.47). Called
+    // on PhyTxBegin, before the device reads its rate for this packet.
+    void WholeNs(uint32_t link, Ptr<const Packet> p) {
+        Port& port = m_ports[link];
+        double bits = p->GetSize() * 8.0;
+        int64_t ns = std::llround(bits / port.rate * 1e9);
+        double rate = ns == 0 ? 1e18 : bits * 1e9 / double(ns);
+        port.device->SetDataRate(DataRate(uint64_t(rate)));
     }
 
     void SetRate(uint32_t link, double rate_bps) {
@@ -484,7 +501,8 @@ class RdmaNetwork : public Fabric {
         q.high_tx = std::max(q.high_tx, q.snd_nxt);
         uint32_t wire = payload + m_p.header + m_p.int_bytes;
         q.last_wire = wire;
-        q.next_ps = now + int64_t(wire * 8.0 / q.rate * 1e12);
+        q.next_ps = now + (m_p.round_ns ? std::llround(wire * 8.0 / q.rate * 1e9) * 1000
+                                        : int64_t(wire * 8.0 / q.rate * 1e12));
         if (!q.timer) Arm(slot);
         return Make(wire, h);
     }
@@ -619,6 +637,7 @@ class RdmaNetwork : public Fabric {
     }
 
     void Dctcp(Qp& q, uint64_t ack, bool ce) {
+        if (m_p.dctcp_reference) return DctcpReference(q, ack, ce);
         ++q.batch_acks;
         if (ce) ++q.batch_marks;
         bool new_batch = false;
@@ -631,6 +650,34 @@ class RdmaNetwork : public Fabric {
             q.batch_acks = q.batch_marks = 0;
             q.batch_end = q.snd_nxt;
             new_batch = true;
+        }
+        if (q.cwr && ack > q.high_seq) q.cwr = false;
+        if (ce && !q.cwr) {
+            q.rate = std::max(m_p.min_rate, q.rate * (1 - q.alpha / 2));
+            q.cwr = true;
+            q.high_seq = q.snd_nxt;
+        } else if (new_batch && !q.cwr) {
+            q.rate = std::min(q.line_rate, q.rate + m_p.rate_ai);
+        }
+    }
+
+    // The reference's α bookkeeping (HPCC's and SimAI's rdma-hw.cc, HandleAckDctcp): a batch
+    // ends on an ACK strictly beyond the data sent when it began; F = marks / (packets in
+    // flight when it began + 1); the first batch only sets the mark and does not reset marks.
+    void DctcpReference(Qp& q, uint64_t ack, bool ce) {
+        if (ce) ++q.batch_marks;
+        bool new_batch = false;
+        if (ack > q.batch_end) {
+            new_batch = true;
+            if (q.batch_end == 0) {
+                q.batch_acks = uint32_t(q.snd_nxt / m_p.mtu + 1);
+            } else {
+                double f = std::min(1.0, double(q.batch_marks) / q.batch_acks);
+                q.alpha = (1 - m_p.gain) * q.alpha + m_p.gain * f;
+                q.batch_marks = 0;
+                q.batch_acks = uint32_t((q.snd_nxt - ack) / m_p.mtu + 1);
+            }
+            q.batch_end = q.snd_nxt;
         }
         if (q.cwr && ack > q.high_seq) q.cwr = false;
         if (ce && !q.cwr) {

@@ -79,6 +79,18 @@ class RdmaConfig:
     # > 0: the reference's dynamic PFC threshold, (buffer − bytes in use) / 2^shift per ingress
     # port (its upstream: 3, the m3 fork: 2), in place of pfc_threshold_bytes
     pfc_dynamic_shift: int = added_field(0, "congestion controls (issue 31)")
+    # SimAI's ns-3 (the study's ground truth), where it differs from the reference's timing:
+    # each packet's time on a wire and each pacing gap rounded to the whole ns (its
+    # nanosecond clock: a 1,040 B packet takes 21 ns at 400 Gbit/s, 3 ns at 2,400)
+    round_ns: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
+    # DCTCP's α as the reference's HandleAckDctcp counts it (a batch's marks over the packets
+    # in flight when it began, plus one; strict batch ends); False: over the ACKs received
+    dctcp_reference_alpha: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
+    # "simai": the window SimAI gives every flow, its largest host-pair BDP counted as it does
+    # (twice the propagation plus one payload's serialisation per hop, in whole ns, × the
+    # bottleneck); "m4ray": a data packet out and an ACK back, plus one packet (window_bytes
+    # null only)
+    window_rule: str = added_field("m4ray", "SimAI's ns-3 timing (issue 29)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +107,7 @@ class RdmaConfig:
             (self.rto_s > 0, "rto_s", "> 0"),
             (self.max_rate_bps is None or self.max_rate_bps > 0, "max_rate_bps", "> 0 or null"),
             (0 <= self.pfc_dynamic_shift <= 16, "pfc_dynamic_shift", "in [0, 16]"),
+            (self.window_rule in ("m4ray", "simai"), "window_rule", "'m4ray' or 'simai'"),
             (
                 0 < self.pfc_threshold_bytes < self.buffer_bytes,
                 "pfc_threshold_bytes",
@@ -128,6 +141,8 @@ class RdmaConfig:
         """The window every flow gets (bytes; 0 = none)."""
         if self.window_bytes is not None:
             return self.window_bytes
+        if self.window_rule == "simai":
+            return simai_window_bytes(routing)
         wire = routing.wire
         return (
             math.ceil(max_bdp_bytes(routing, self.ack_bytes)) + wire.mtu_bytes + wire.header_bytes
@@ -175,19 +190,48 @@ def max_base_rtt_s(routing: Routing, ack_bytes: int) -> float:
     return _host_pair_extremes(routing, ack_bytes)[1]
 
 
-def _host_pair_extremes(routing: Routing, ack_bytes: int) -> tuple[float, float]:
-    memo = routing.memo.get(("max_bdp_bytes", ack_bytes))
+def simai_window_bytes(routing: Routing) -> int:
+    """SimAI's window for every flow (its ns-3 front end, ``common.h``): the largest over host
+    pairs of the base RTT — twice the propagation plus one payload's serialisation on each hop,
+    in whole nanoseconds — times the path's bottleneck, in bytes. The study's 32-GPU cluster:
+    4,080 ns × 400 Gbit/s = 204,000 B."""
+    memo = routing.memo.get("simai_window_bytes")
     if memo is not None:
         return memo
+    table, on, link = _pair_links(routing)
+    topo = routing.topo
+    latency_ns = np.where(on, np.rint(topo.latency_s[link] * 1e9), 0.0).sum(axis=1)
+    serial_ns = np.where(
+        on, np.floor(routing.wire.mtu_bytes * 8e9 / topo.bandwidth_bps[link]), 0.0
+    ).sum(axis=1)
+    bottleneck = np.where(on, topo.bandwidth_bps[link], np.inf).min(axis=1)
+    best = int(((2 * latency_ns + serial_ns) * bottleneck / 8e9).max()) if len(table) else 0
+    routing.memo["simai_window_bytes"] = best
+    return best
+
+
+def _pair_links(routing: Routing) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The link table of :func:`max_bdp_bytes`'s host pairs (-1 padded), where it is a link,
+    and the links with padding as link 0."""
     hosts = routing.topo.hosts
     step = max(1, len(hosts) // 16)
     pairs = [(src, dst) for src in hosts[::step] for dst in hosts if dst != src]
     if not pairs:
-        return 0.0, 0.0
+        empty = np.zeros((0, 0), dtype=np.int64)
+        return empty, empty.astype(bool), empty
     src, dst = np.array(pairs, dtype=np.int64).T
     table = routing.links_many(src, dst, np.zeros(len(pairs), dtype=np.int64))
     on = table >= 0
-    link = np.where(on, table, 0)
+    return table, on, np.where(on, table, 0)
+
+
+def _host_pair_extremes(routing: Routing, ack_bytes: int) -> tuple[float, float]:
+    memo = routing.memo.get(("max_bdp_bytes", ack_bytes))
+    if memo is not None:
+        return memo
+    table, on, link = _pair_links(routing)
+    if not len(table):
+        return 0.0, 0.0
     topo = routing.topo
     # Σ along each path in its link order, as Path's sums (padding adds exact zeros)
     latency = np.where(on, topo.latency_s[link], 0.0).sum(axis=1)
@@ -254,6 +298,7 @@ class RdmaFabric:
             p.min_rtt_ps, p.int_bytes = params.min_rtt_s * 1e12, params.int_bytes
         p.ack_high, p.cc_nic_rate = cfg.ack_high_priority, cfg.cc_nic_rate
         p.pfc_shift = cfg.pfc_dynamic_shift
+        p.round_ns, p.dctcp_reference = cfg.round_ns, cfg.dctcp_reference_alpha
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)

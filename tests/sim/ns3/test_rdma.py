@@ -157,6 +157,7 @@ def test_packet_loss_is_recovered(simulate):
         ({"ecn_k_bytes": [[10e9, 5_000_000]]}, "ns3.rdma.ecn_k_bytes"),
         ({"ecn_k_bytes": [[10e9]]}, "ns3.rdma.ecn_k_bytes"),
         ({"dctcp_gain": 0}, "ns3.rdma.dctcp_gain"),
+        ({"window_rule": "hpcc"}, "ns3.rdma.window_rule"),
     ],
 )
 def test_impossible_settings_name_the_field(settings, field):
@@ -219,3 +220,53 @@ def test_acks_take_their_share_of_a_cable_used_both_ways(simulate):
         }
         assert fcts[True] == pytest.approx(fcts[False] * slower, rel=2e-3)
         assert ns3 == pytest.approx(fcts[True], rel=5e-3)  # within 0.5 %; classic: 6 % off
+
+
+SIMAI_WIRE = WireFormat(mtu_bytes=1000, header_bytes=40)  # conf/wire/simai.yaml
+
+
+def test_whole_ns_packets_time_a_lone_flow_as_simai_does(simulate):
+    """``round_ns`` (SimAI's nanosecond clock): a lone flow through one 400 Gbit/s switch takes
+    whole-ns packets — 1,040 B in 21 ns, not 20.8 — so its FCT grows by 0.2 ns a packet over
+    the picosecond model's; at 2.4 Tbit/s (3.47 ns -> 3 ns) it shrinks."""
+    size = 1_000_000  # 1,000 packets
+    flows = [Flow(0, 0, 1, size, 0.0)]
+    fct = {}
+    for bw in (400e9, 2.4e12):
+        for round_ns in (False, True):
+            # no window: at 2.4 Tbit/s a BDP-sized one would bind this flow
+            cfg = Ns3Config(rdma=RdmaConfig(round_ns=round_ns, ack_bytes=48, window_bytes=0))
+            result, _ = simulate(star(2, bw, 500e-9), flows, SIMAI_WIRE, cfg)
+            fct[bw, round_ns] = result[0][0]
+    # the bottleneck is the second hop's serialisation of 1,000 packets (pacing at line rate)
+    assert fct[400e9, True] - fct[400e9, False] == pytest.approx(1000 * 0.2e-9, rel=0.05)
+    assert fct[2.4e12, True] - fct[2.4e12, False] == pytest.approx(
+        -1000 * (1040 * 8 / 2.4e12 - 3e-9), rel=0.05
+    )
+
+
+def test_simai_window_rule_is_its_largest_payload_bdp():
+    """``window_rule: simai`` on SimAI's study cluster (GPU - rail - spine - rail - GPU, 500 ns
+    and 400 Gbit/s a hop): 2 x 2,000 ns + 4 x 20 ns = 4,080 ns x 400 Gbit/s = 204,000 B."""
+    from m4ray.sim.topologies import RailClusterSpec
+
+    topo = RailClusterSpec().build()
+    routing = Routing(topo, wire=SIMAI_WIRE)
+    assert RdmaConfig(window_rule="simai").window(routing) == 204_000
+    assert RdmaConfig(window_rule="simai", window_bytes=9_000).window(routing) == 9_000
+
+
+def test_reference_dctcp_alpha_cuts_an_incast_as_the_other_count_does(simulate):
+    """``dctcp_reference_alpha`` (HandleAckDctcp's batches) on a 4:1 incast: the same flows
+    finish, the receiver link shared (each within 10 % of 4 x alone), marks seen; the two
+    counts give different but close answers."""
+    flows = [Flow(i, i, 4, 2_000_000, 0.0) for i in range(4)]
+    out = {}
+    for reference in (False, True):
+        cfg = Ns3Config(rdma=RdmaConfig(dctcp_reference_alpha=reference))
+        result, counters = simulate(star(5, 100e9), flows, DEFAULT, cfg)
+        assert counters["marks"] > 0
+        out[reference] = [result[f.id][0] / result[f.id][1] for f in flows]
+    for slowdowns in out.values():
+        assert max(slowdowns) == pytest.approx(4.0, rel=0.1)
+    assert out[True] != out[False]
