@@ -91,6 +91,8 @@ class Ns3Backend:
         self._guarded = False
         self.net.on_flow_done = self._flow_done
         self.net.on_timer = self._timer
+        # flows are reported done at their sender's last ACK (the replay adds no ACK trip)
+        self.done_at_ack = cfg.transport == "rdma" and cfg.rdma.done_at_ack
 
     # ------------------------------------------------------------ protocol
     def now(self) -> float:

@@ -145,6 +145,7 @@ struct RdmaParams {
     bool cc_nic_rate = false;     // the m3 fork: CC reference rates at the NIC's rate, not max
     bool round_ns = false;        // every packet's time on a wire and pacing gap in whole ns
     bool dctcp_reference = false; // DCTCP's α batches as the reference (HandleAckDctcp)
+    bool done_at_ack = false;     // a flow is done when its sender has the last ACK
     // TIMELY
     double t_low_ps = 50e6, t_high_ps = 500e6, beta = 0.8, ewma = 0.875, min_rtt_ps = 20e6;
 };
@@ -578,7 +579,10 @@ class RdmaNetwork : public Fabric {
             r.expected += payload;
             r.nacked = false;
             Control(back, kAck, slot, r.expected, ce, 0, h.aux, h.ts);
-            if (!r.done && r.expected >= m_qp[slot].size) Deliver(slot);
+            if (!r.done && r.expected >= m_qp[slot].size) {
+                if (m_p.done_at_ack) r.done = true;  // done once the sender has this ACK
+                else Deliver(slot);
+            }
         } else if (h.seq > r.expected) {
             if (!r.nacked) {
                 r.nacked = true;
@@ -624,6 +628,7 @@ class RdmaNetwork : public Fabric {
         FreeRecord(h.aux);
         if (q.snd_una >= q.size) {
             q.active = false;
+            if (m_p.done_at_ack) Delivered(slot);  // SimAI's QpComplete: the last ACK is in
             Simulator::Cancel(q.ev_alpha);
             Simulator::Cancel(q.ev_decrease);
             Simulator::Cancel(q.ev_increase);

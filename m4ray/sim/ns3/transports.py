@@ -91,6 +91,10 @@ class RdmaConfig:
     # bottleneck); "m4ray": a data packet out and an ACK back, plus one packet (window_bytes
     # null only)
     window_rule: str = added_field("m4ray", "SimAI's ns-3 timing (issue 29)")
+    # a flow is done when its sender has the last ACK, as simulated (queued behind data where
+    # switches queue ACKs with it), as SimAI's QpComplete; False: when its last byte arrives
+    # (a replay that counts flows done at their last ACK then adds an idle path's ACK trip)
+    done_at_ack: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -299,6 +303,7 @@ class RdmaFabric:
         p.ack_high, p.cc_nic_rate = cfg.ack_high_priority, cfg.cc_nic_rate
         p.pfc_shift = cfg.pfc_dynamic_shift
         p.round_ns, p.dctcp_reference = cfg.round_ns, cfg.dctcp_reference_alpha
+        p.done_at_ack = cfg.done_at_ack
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)

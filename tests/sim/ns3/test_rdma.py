@@ -270,3 +270,15 @@ def test_reference_dctcp_alpha_cuts_an_incast_as_the_other_count_does(simulate):
     for slowdowns in out.values():
         assert max(slowdowns) == pytest.approx(4.0, rel=0.1)
     assert out[True] != out[False]
+
+
+def test_done_at_ack_reports_a_flow_when_its_sender_has_the_last_ack(simulate):
+    """``done_at_ack`` (SimAI's QpComplete): a lone flow is reported one ACK trip later than
+    its last byte's arrival (5 hops of 1 us and a 64 B ACK at 10 Gbit/s), and a backend built
+    with it says so, so the replay adds no trip of its own."""
+    flows = [Flow(0, 0, 1, 64_000, 0.0)]
+    plain, _ = simulate(chain(10e9), flows, DEFAULT, Ns3Config())
+    cfg = Ns3Config(rdma=RdmaConfig(done_at_ack=True))
+    acked, _ = simulate(chain(10e9), flows, DEFAULT, cfg)
+    trip = 5 * (1e-6 + 64 * 8 / 10e9)
+    assert acked[0][0] - plain[0][0] == pytest.approx(trip, rel=0.01)
