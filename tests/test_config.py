@@ -138,7 +138,7 @@ def test_simai_timing_preset_sets_simai_ns3_over_the_study_settings():
         False,
     )
     assert (rdma.ack_bytes, rdma.window_rule, rdma.buffer_bytes) == (48, "simai", 100_000_000)
-    assert rdma.done_at_ack
+    assert rdma.done_at_ack and rdma.feed_when_idle
     assert rdma.ecn_k_bytes == [[25.0e9, 100000]]
     assert sweep.backend_options["m4"].network.rdma == rdma
     assert (sweep.wire.mtu_bytes, sweep.wire.header_bytes) == (1000, 40)

@@ -146,6 +146,7 @@ struct RdmaParams {
     bool round_ns = false;        // every packet's time on a wire and pacing gap in whole ns
     bool dctcp_reference = false; // DCTCP's α batches as the reference (HandleAckDctcp)
     bool done_at_ack = false;     // a flow is done when its sender has the last ACK
+    bool feed_idle = false;       // pick a port's next packet when its wire goes idle
     // TIMELY
     double t_low_ps = 50e6, t_high_ps = 500e6, beta = 0.8, ewma = 0.875, min_rtt_ps = 20e6;
 };
@@ -202,6 +203,7 @@ struct Port {  // one directed link's sending end
     bool pause_sent = false;      // we paused the peer (ingress accounting of this link at peer)
     uint64_t ingress = 0;         // bytes that came in over this link and sit in peer's buffer
     int64_t wake_ps = std::numeric_limits<int64_t>::max();
+    bool busy = false;            // feed_idle: a packet is on the wire
 };
 
 class RdmaNetwork : public Fabric {
@@ -242,7 +244,16 @@ class RdmaNetwork : public Fabric {
                 "PhyTxBegin",
                 Callback<void, Ptr<const Packet>>([this, link](Ptr<const Packet> p) {
                     if (m_p.round_ns) WholeNs(link, p);
-                    Feed(link);
+                    if (m_p.feed_idle) m_ports[link].busy = true;
+                    else Feed(link);
+                }));
+            // feed_idle: the next packet is chosen as the wire goes idle (SimAI's switches
+            // mark ECN and hosts pick a queue pair at that instant), not one packet early
+            port.device->TraceConnectWithoutContext(
+                "PhyTxEnd", Callback<void, Ptr<const Packet>>([this, link](Ptr<const Packet>) {
+                    if (!m_p.feed_idle) return;
+                    m_ports[link].busy = false;
+                    Simulator::ScheduleNow(&RdmaNetwork::Feed, this, link);
                 }));
             // the device at the other end receives this link's packets
             Ptr<NetDevice> rx = devs.Get(1 - side);
@@ -381,7 +392,7 @@ class RdmaNetwork : public Fabric {
     // Fill the device's transmit slot: control frames first, then data unless paused.
     void Feed(uint32_t link) {
         Port& port = m_ports[link];
-        if (!port.device->GetQueue()->IsEmpty()) return;
+        if (!port.device->GetQueue()->IsEmpty() || port.busy) return;
         Ptr<Packet> p;
         if (!port.hi.empty()) {
             p = port.hi.front();

@@ -95,6 +95,10 @@ class RdmaConfig:
     # switches queue ACKs with it), as SimAI's QpComplete; False: when its last byte arrives
     # (a replay that counts flows done at their last ACK then adds an idle path's ACK trip)
     done_at_ack: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
+    # a port picks its next packet (switches: mark ECN on the queue it leaves; hosts: the next
+    # queue pair) when its wire goes idle, as SimAI's device does; False: as the wire starts the
+    # previous one, keeping one packet ready (no gap either way)
+    feed_when_idle: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -303,7 +307,7 @@ class RdmaFabric:
         p.ack_high, p.cc_nic_rate = cfg.ack_high_priority, cfg.cc_nic_rate
         p.pfc_shift = cfg.pfc_dynamic_shift
         p.round_ns, p.dctcp_reference = cfg.round_ns, cfg.dctcp_reference_alpha
-        p.done_at_ack = cfg.done_at_ack
+        p.done_at_ack, p.feed_idle = cfg.done_at_ack, cfg.feed_when_idle
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)

@@ -282,3 +282,18 @@ def test_done_at_ack_reports_a_flow_when_its_sender_has_the_last_ack(simulate):
     acked, _ = simulate(chain(10e9), flows, DEFAULT, cfg)
     trip = 5 * (1e-6 + 64 * 8 / 10e9)
     assert acked[0][0] - plain[0][0] == pytest.approx(trip, rel=0.01)
+
+
+def test_feed_when_idle_leaves_no_gap_between_packets(simulate):
+    """``feed_when_idle`` (a port picks its next packet as its wire goes idle, as SimAI's device
+    does) adds no gap: a lone flow still runs at its ideal FCT, and a 4:1 incast still shares
+    the receiver's link and loses nothing."""
+    cfg = Ns3Config(rdma=RdmaConfig(feed_when_idle=True))
+    lone = [Flow(0, 0, 1, 2_000_000, 0.0)]
+    result, _ = simulate(chain(10e9), lone, DEFAULT, cfg)
+    finish, ideal = result[0]
+    assert finish / ideal == pytest.approx(1.0, abs=0.01)
+    flows = [Flow(i, i, 4, 500_000, 0.0) for i in range(4)]
+    result, counters = simulate(star(5, 100e9), flows, DEFAULT, cfg)
+    assert max(result[f.id][0] / result[f.id][1] for f in flows) == pytest.approx(4.0, rel=0.1)
+    assert counters["drops"] == counters["timeouts"] == 0 and counters["marks"] > 0
