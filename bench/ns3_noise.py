@@ -101,13 +101,11 @@ def table(frame: pd.DataFrame, delays: list[float], by: str) -> str:
     groups = [*sorted(frame[by].unique()), "all"]
     for g in groups:
         sub = frame if g == "all" else frame[frame[by] == g]
-        cells, last = [], None
+        cells = []
         for c in [*cols, "flowsim"]:
             err = (sub[c] / sub["slowdown"] - 1).abs().to_numpy()
-            last = (err.mean(), np.quantile(err, 0.9))
-            cells.append(last)
-        floor = cells[-2] if len(cells) > 1 else cells[0]
-        fs = cells[-1]
+            cells.append((err.mean(), np.quantile(err, 0.9)))
+        floor, fs = cells[-2], cells[-1]  # the last delay's floor beside flowSim
         lines.append(
             f"{g:<12}{len(sub):>7}"
             + "".join(f"{m:>11.3f} / {p:.3f}" for m, p in cells[:-1])

@@ -143,24 +143,23 @@ def end_to_end_us(path: Path) -> float:
 
 
 def study_ns3(conf: Path | None = None, preset: str = "ns3_simai"):
-    """ns-3 with the study's network: ``conf/backend/<preset>.yaml`` over what it builds on
-    (``ns3_simai`` over ``ns3.yaml``; ``ns3_simai_timing`` over both); with ``conf`` (a
-    SimAI.conf), its DCTCP settings in place of the study's (:func:`simai_conf_rdma`)."""
-    from omegaconf import OmegaConf
+    """ns-3 as the gray-failure experiment composes it with ``backend@backend_options.ns3=
+    <preset>`` (``ns3_simai``: its default; ``ns3_simai_timing``: SimAI's ns-3 timing); with
+    ``conf`` (a SimAI.conf), its DCTCP settings in place of the study's
+    (:func:`simai_conf_rdma`)."""
+    import dataclasses
+
+    from hydra import compose, initialize_config_dir
 
     from m4ray.config import CONF_DIR
-    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sweeps.__main__ import resolve
 
-    merged = OmegaConf.create({})
-    while preset:  # the preset, then what its defaults name, merged from the bottom up
-        layer = OmegaConf.load(CONF_DIR / "backend" / f"{preset}.yaml")
-        below = [d for d in layer.pop("defaults", []) if d != "_self_"]
-        merged = OmegaConf.merge(layer, merged)
-        preset = below[0] if below else ""
-    if conf is not None:
-        merged = OmegaConf.merge(merged, {"rdma": simai_conf_rdma(conf)})
-    merged.pop("_target_")
-    return Ns3Config(**OmegaConf.to_container(merged))
+    overrides = ["+experiment=gray_failure", f"backend@backend_options.ns3={preset}"]
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        ns3 = resolve(compose("sweep", overrides=overrides)).backend_options["ns3"]
+    if conf is None:
+        return ns3
+    return dataclasses.replace(ns3, rdma=dataclasses.replace(ns3.rdma, **simai_conf_rdma(conf)))
 
 
 def simai_conf_rdma(path: Path) -> dict:

@@ -50,7 +50,13 @@ sys.path.insert(0, str(REPO))
 
 from m4ray.models.config import ModelConfig  # noqa: E402
 from m4ray.models.m4 import M4Model  # noqa: E402
-from m4ray.train.loop import TrainConfig, batches, evaluate, training_loss  # noqa: E402
+from m4ray.train.loop import (  # noqa: E402
+    TrainConfig,
+    batches,
+    evaluate,
+    fluid_anchor,
+    training_loss,
+)
 from m4ray.train.periods import engine_schedule, period_losses  # noqa: E402
 
 
@@ -338,10 +344,7 @@ def train(args) -> None:
     model = M4Model(cfg.model).to(device)
     probe = data["train"][: args.probe]
     if model.cfg.fluid:  # the anchor's own every-update L1 (the correction zeroed): the floor
-        anchor = M4Model(cfg.model).to(device).eval()
-        with torch.no_grad():
-            anchor.head[-1].weight.zero_()
-            anchor.head[-1].bias.zero_()
+        anchor = fluid_anchor(model).eval()
         print(
             f"{tag} anchor every-L1: val {_every_l1(anchor, data['val'], device):.4f}, "
             f"train (probe) {_every_l1(anchor, probe, device):.4f}",

@@ -59,11 +59,12 @@ def deliver(scenario: DatagenScenario, *, record: bool = False, jitter_s: float 
         return topo, routing, backend, _run_open_loop(backend, flows)
     workload = traffic.workload(len(topo.hosts))
     algorithm = ALGORITHMS[traffic.algorithm]().build(topo)
-    replay = (Replay if jitter is None else _Jittered)(
-        workload, backend, routing, algorithm, send_latency_s=traffic.send_latency_s
+    args = (workload, backend, routing, algorithm)
+    replay = (
+        Replay(*args, send_latency_s=traffic.send_latency_s)
+        if jitter is None
+        else _Jittered(*args, send_latency_s=traffic.send_latency_s, rng=jitter, bound=jitter_s)
     )
-    if jitter is not None:
-        replay.jitter = (jitter, jitter_s)
     log = replay.run().flows
     flows = [
         (Flow(i, s, d, b, t0), t1)
@@ -81,14 +82,15 @@ def deliver(scenario: DatagenScenario, *, record: bool = False, jitter_s: float 
 
 
 class _Jittered(Replay):
-    """A replay whose every send waits its latency plus its own uniform draw below a bound."""
+    """A replay whose every send waits its latency plus its own uniform draw below ``bound``."""
 
-    jitter: tuple = (None, 0.0)
+    def __init__(self, *args, rng: np.random.Generator, bound: float, **kwargs) -> None:
+        self._rng, self._bound = rng, bound
+        super().__init__(*args, **kwargs)
 
     @property
     def send_latency_s(self) -> float:
-        rng, bound = self.jitter
-        return self._latency + (rng.uniform(0, bound) if rng is not None else 0.0)
+        return self._latency + self._rng.uniform(0, self._bound)
 
     @send_latency_s.setter
     def send_latency_s(self, value: float) -> None:

@@ -23,7 +23,10 @@ DoneCallback = Callable[[int, float], None]
 
 @runtime_checkable
 class NetworkBackend(Protocol):
-    """What the replay engine and the trace mode need from a network model (times in seconds)."""
+    """What the replay engine and the trace mode need from a network model (times in seconds).
+    A backend may also say ``done_at_ack = True``: it calls ``on_done`` when the sender has the
+    flow's last ACK (ns-3 RDMA with ``done_at_ack``), so a replay whose collective counts flows
+    done at their last ACK adds no ACK trip of its own."""
 
     def now(self) -> float: ...
 

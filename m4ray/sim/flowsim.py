@@ -124,10 +124,8 @@ class FlowSim(QueueClock):
         self._dirty = False
         self.n_events = 0  # arrivals + completions processed (for benchmarks)
         # the same state in C (``_maxmin.c``: fluidsim), where it compiles: the arrays above
-        # then stay empty and each step of run() is one call; callbacks by the flow's tag
+        # then stay empty and each step of run() is one call
         self._core = _FluidCore.make(self) if native_fluid() else None
-        self._pending: dict[int, tuple[int, DoneCallback]] = {}
-        self._tags = 0
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -140,37 +138,36 @@ class FlowSim(QueueClock):
             cap = min(cap, window_cap)
         self.n_events += 1
         if self._core is not None:
-            self._tags += 1
-            self._pending[self._tags] = (flow.id, on_done)
-            self._core.add(self._tags, path.links, delay, cap, bits)
+            self._core.add(flow.id, on_done, links=path.links, delay=delay, cap=cap, bits=bits)
             return
         links = np.asarray(path.links, dtype=np.int64)
         self._new.append((flow.id, links, delay, on_done, cap, bits))
         self._dirty = True
 
     def run(self, until: float | None = None) -> None:
-        if self._core is not None:
-            return self._core.run(until)
+        state = self if self._core is None else self._core  # the numpy or the compiled state
+        next_completion, advance, complete = state._next_completion, state._advance, state._complete
+        events = self.events
         horizon = float("inf") if until is None else until
         while True:
-            t_event = self.events.peek_time()
-            t_done, finishing = self._next_completion()
+            t_event = events.peek_time()
+            t_done, finishing = next_completion()
             t_next = min(t_event, t_done)
             if t_next == float("inf"):
                 break
             if t_next > horizon:
-                self._advance(horizon - self._now)
+                advance(horizon - self._now)
                 self._now = horizon
                 break
             if t_done <= t_event:
-                self._advance(t_done - self._now)
+                advance(t_done - self._now)
                 self._now = t_done
-                self._complete(finishing)
+                complete(finishing)
             else:
-                self._advance(t_event - self._now)
+                advance(t_event - self._now)
                 self._now = t_event
-                while self.events.peek_time() <= self._now:
-                    _, fn = self.events.pop()
+                while events.peek_time() <= self._now:
+                    _, fn = events.pop()
                     fn()
 
     def set_bandwidth(self, link: int, bandwidth_bps: float) -> None:
@@ -271,9 +268,10 @@ def native_fluid() -> bool:
 
 
 class _FluidCore:
-    """:class:`FlowSim`'s run loop over the compiled fluid state (``m4ray_fluidsim_*``): the
-    same steps as the numpy loop (next completion, advance, complete or the due events), one
-    C call each, so answers are equal to the bit (``tests/sim/test_flowsim.py``)."""
+    """:class:`FlowSim`'s fluid state in C (``m4ray_fluidsim_*``): the numpy state's three
+    steps (next completion, advance, complete), one C call each, which :meth:`FlowSim.run`
+    drives the same way, so answers are equal to the bit (``tests/sim/test_flowsim.py``). A
+    flow's callback waits here under a tag the C side carries."""
 
     def __init__(self, sim: FlowSim, lib, handle) -> None:
         self.sim, self.lib, self.handle = sim, lib, handle
@@ -283,6 +281,8 @@ class _FluidCore:
         self.tags = np.zeros(64, dtype=np.int64)
         self.delays = np.zeros(64)
         self.paths: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
+        self.pending: dict[int, tuple[int, DoneCallback]] = {}  # tag -> (flow id, callback)
+        self.next_tag = 0
 
     @classmethod
     def make(cls, sim: FlowSim) -> _FluidCore:
@@ -298,51 +298,44 @@ class _FluidCore:
         weakref.finalize(core, lib.m4ray_fluidsim_free, handle)
         return core
 
-    def add(self, tag: int, links: tuple[int, ...], delay: float, cap: float, bits: float) -> None:
+    def add(
+        self,
+        flow_id: int,
+        on_done: DoneCallback,
+        *,
+        links: tuple[int, ...],
+        delay: float,
+        cap: float,
+        bits: float,
+    ) -> None:
+        self.next_tag += 1
+        self.pending[self.next_tag] = (flow_id, on_done)
         known = self.paths.get(links)  # a path's links as a C array, made once per path
         if known is None:
             array = np.array(links, dtype=np.int64)
             known = (array, array.ctypes.data)
             if len(self.paths) < 1 << 16:  # bounded, as Routing's own path memo
                 self.paths[links] = known
-        if self.lib.m4ray_fluidsim_add(self.handle, tag, len(links), known[1], delay, cap, bits):
+        rc = self.lib.m4ray_fluidsim_add(
+            self.handle, self.next_tag, len(links), known[1], delay, cap, bits
+        )
+        if rc:
             raise MemoryError("compiled flowSim: out of memory")
 
     def set_capacity(self, link: int, bps: float) -> None:
         self.lib.m4ray_fluidsim_set_capacity(self.handle, link, bps)
 
-    def _next(self, now: float) -> tuple[float, int]:
-        rc = self.lib.m4ray_fluidsim_next(self.handle, now, self.p_t_done, self.p_n_fin)
+    def _next_completion(self) -> tuple[float, int]:
+        """The next completion's time and how many flows finish with it."""
+        rc = self.lib.m4ray_fluidsim_next(self.handle, self.sim._now, self.p_t_done, self.p_n_fin)
         if rc == 3:
             raise SimulationError("active flows with zero rate: a link has no capacity left")
         if rc:
             raise MemoryError("compiled flowSim: out of memory")
         return self.t_done.value, self.n_fin.value
 
-    def run(self, until: float | None) -> None:
-        sim, lib, handle = self.sim, self.lib, self.handle
-        events = sim.events
-        horizon = float("inf") if until is None else until
-        while True:
-            t_event = events.peek_time()
-            t_done, n_fin = self._next(sim._now)
-            t_next = min(t_event, t_done)
-            if t_next == float("inf"):
-                break
-            if t_next > horizon:
-                lib.m4ray_fluidsim_advance(handle, horizon - sim._now)
-                sim._now = horizon
-                break
-            if t_done <= t_event:
-                lib.m4ray_fluidsim_advance(handle, t_done - sim._now)
-                sim._now = t_done
-                self._complete(n_fin)
-            else:
-                lib.m4ray_fluidsim_advance(handle, t_event - sim._now)
-                sim._now = t_event
-                while events.peek_time() <= sim._now:
-                    _, fn = events.pop()
-                    fn()
+    def _advance(self, dt: float) -> None:
+        self.lib.m4ray_fluidsim_advance(self.handle, dt)
 
     def _complete(self, n: int) -> None:
         if n > len(self.tags):
@@ -353,7 +346,7 @@ class _FluidCore:
         )
         sim = self.sim
         sim.n_events += n
-        now, pending, push = sim._now, sim._pending, sim.events.push
+        now, pending, push = sim._now, self.pending, sim.events.push
         for tag, delay in zip(self.tags[:n].tolist(), self.delays[:n].tolist(), strict=True):
             flow_id, on_done = pending.pop(tag)
             t = now + delay

@@ -211,6 +211,16 @@ def evaluate(model: M4Model, samples: list[Sample], device, batch_size: int = 8)
     return sums
 
 
+def fluid_anchor(model: M4Model) -> M4Model:
+    """A fluid-anchored model's anchor alone: a copy with its correction zeroed (the head's
+    last layer), so it answers flowSim re-projected at each update."""
+    anchor = copy.deepcopy(model)
+    with torch.no_grad():
+        anchor.head[-1].weight.zero_()
+        anchor.head[-1].bias.zero_()
+    return anchor
+
+
 def flow_errors(
     model: M4Model, samples: list[Sample], device="cpu", batch_size: int = 8
 ) -> dict[str, np.ndarray]:
@@ -219,11 +229,7 @@ def flow_errors(
     correction zeroed, i.e. flowSim re-projected at the recorded events)."""
     models = {"m4": model}
     if model.cfg.fluid:
-        anchor = copy.deepcopy(model)
-        with torch.no_grad():
-            anchor.head[-1].weight.zero_()
-            anchor.head[-1].bias.zero_()
-        models["anchor"] = anchor
+        models["anchor"] = fluid_anchor(model)
     errors: dict[str, list] = {name: [] for name in [*models, "flowsim"]}
     with torch.no_grad():
         for batch in batches(samples, batch_size):
