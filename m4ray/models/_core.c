@@ -353,6 +353,35 @@ out:
     return rc;
 }
 
+/* Fluid.catch_up_frozen: rows `rows[0..n-1]` move from their last update to t at their rates,
+ * each draining on its own (no re-share); a drained row keeps its rate until the next share. */
+static void catch_up_frozen(fluid *sp, int64_t n, const int64_t *rows, double t) {
+    fluid s = *sp;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows[i];
+        double t0 = s.f[T_LAST][r];
+        if (!(t0 < t)) continue;
+        double left = s.f[LEFT][r], rate = s.f[RATE][r];
+        if (left > 0 && rate > 0) {
+            double end = t0 + left / rate;
+            if (end <= t) {
+                s.f[LEFT][r] = 0.0;
+                s.f[DRAINED][r] = end;
+            } else {
+                double x = left - rate * (t - t0);
+                s.f[LEFT][r] = x > 0 ? x : 0.0;
+            }
+        }
+        s.f[T_LAST][r] = t;
+    }
+}
+
+void m4ray_fluid_catch_up_frozen(double *state, int64_t n_rows, int64_t n, const int64_t *rows,
+                                 double t) {
+    fluid s = view(state, n_rows);
+    catch_up_frozen(&s, n, rows, t);
+}
+
 /* Fluid.advance: catch up, re-share, project; base[n] and features[n][3] (row-major). */
 static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows,
                    const int64_t *off, const int64_t *idx, const double *capacity, int64_t *slot,
@@ -414,6 +443,8 @@ typedef struct {
     int64_t head, tail, n_flows; /* rows in arrival order (next/prev links) */
     double t_last, t_fluid;
     char alive, touched;
+    char arrived; /* a flow arrived since its last update (components.Batching) */
+    int64_t left; /* completions since its last update */
 } comp;
 
 typedef struct {
@@ -440,6 +471,9 @@ typedef struct {
     double mtu, header, window_bytes, ack_bytes;
     /* the anchor's ACK load (ack.reverse NULL: off) */
     ackload ack;
+    /* completion batching of components above batch_above flows (< 0: off) */
+    int64_t batch_above, frozen_above;
+    double batch_fraction;
 } engine;
 
 static const ackload *engine_acks(const engine *e) { return e->ack.reverse ? &e->ack : NULL; }
@@ -531,6 +565,7 @@ engine *m4ray_engine_new(int64_t n_links, int64_t hidden, const double *capacity
     e->header = header;
     e->window_bytes = window_bytes;
     e->ack_bytes = ack_bytes;
+    e->batch_above = -1;
     e->users = calloc(n_links + 1, sizeof(int64_t));
     e->owner = malloc((n_links + 1) * sizeof(int64_t));
     e->slot = malloc((n_links + 1) * sizeof(int64_t));
@@ -552,6 +587,25 @@ engine *m4ray_engine_new(int64_t n_links, int64_t hidden, const double *capacity
         e->ack.reverse = reverse;
     }
     return e;
+}
+
+/* components.Batching: components of more than `above` flows (< 0: none) wait for an arrival
+ * or for completions numbering `fraction` of their flows; above `frozen_above` flows too, their
+ * anchor is frozen between updates */
+void m4ray_engine_batching(engine *e, int64_t above, double fraction, int64_t frozen_above) {
+    e->batch_above = above;
+    e->batch_fraction = fraction;
+    e->frozen_above = frozen_above;
+}
+
+/* a batched component's anchor is frozen between its updates (Fluid.catch_up_frozen) */
+static int frozen(const engine *e, const comp *c) {
+    return e->batch_above >= 0 && c->n_flows > e->batch_above && c->n_flows > e->frozen_above;
+}
+
+static int due(const engine *e, const comp *c) {
+    return e->batch_above < 0 || c->arrived || c->n_flows <= e->batch_above ||
+           (double)c->left >= e->batch_fraction * (double)c->n_flows;
 }
 
 static int touch(engine *e, int64_t c) {
@@ -633,7 +687,7 @@ int64_t m4ray_engine_arrive(engine *e, const int64_t *links, int64_t n, double w
             e->cap_comps = cap;
         }
         root = e->n_comps++;
-        e->comps[root] = (comp){-1, -1, 0, t, t, 1, 0};
+        e->comps[root] = (comp){-1, -1, 0, t, t, 1, 0, 1, 0};
         e->n_live++;
     } else {
         /* the one with most flows; ties: the lowest id */
@@ -661,6 +715,7 @@ int64_t m4ray_engine_arrive(engine *e, const int64_t *links, int64_t n, double w
             keep->n_flows += gone->n_flows;
             if (gone->t_last < keep->t_last) keep->t_last = gone->t_last;
             if (gone->t_fluid < keep->t_fluid) keep->t_fluid = gone->t_fluid;
+            keep->left += gone->left;
             gone->alive = 0;
             gone->touched = 0; /* dropped from the touched list at the next prepare */
             e->n_live--;
@@ -689,6 +744,7 @@ int64_t m4ray_engine_arrive(engine *e, const int64_t *links, int64_t n, double w
         c->head = row;
     c->tail = row;
     c->n_flows++;
+    c->arrived = 1;
     e->n_active++;
     if (e->fluid) {
         double bits = wire_bytes * 8.0, cap = INFINITY, work = bits, bottleneck = INFINITY;
@@ -724,7 +780,7 @@ static int64_t comp_rows(const engine *e, const comp *c, int64_t *rows, int64_t 
 int m4ray_engine_complete(engine *e, int64_t row, double t) {
     int64_t ci = e->comp_of[row];
     comp *c = &e->comps[ci];
-    if (e->fluid && c->t_fluid < t) {
+    if (e->fluid && c->t_fluid < t && !frozen(e, c)) {
         int64_t *rows = malloc((c->n_flows + 1) * sizeof(int64_t));
         int64_t *off = malloc((c->n_flows + 2) * sizeof(int64_t));
         int64_t *idx = malloc((c->n_flows * e->max_len + 1) * sizeof(int64_t));
@@ -765,7 +821,10 @@ int m4ray_engine_complete(engine *e, int64_t row, double t) {
                    e->hidden * sizeof(double));
         }
     }
-    if (c->n_flows) return touch(e, ci);
+    if (c->n_flows) {
+        c->left++;
+        return touch(e, ci);
+    }
     c->alive = 0;
     c->touched = 0;
     e->n_live--;
@@ -811,12 +870,13 @@ static void gather(engine *e, const graph_out *g, int64_t k, const int64_t *n_fl
     }
 }
 
-/* Sizes of the next prepare: [components, flows, links, edges] (the touched components). */
+/* Sizes of the next prepare: [components, flows, links, edges] (the touched components that
+ * are due). */
 void m4ray_engine_pending(engine *e, int64_t *sizes) {
     int64_t k = 0, flows = 0, edges = 0;
     for (int64_t j = 0; j < e->n_touched; j++) {
         comp *c = &e->comps[e->touched[j]];
-        if (!c->touched) continue;
+        if (!c->touched || !due(e, c)) continue;
         k++;
         flows += c->n_flows;
         for (int64_t r = c->head; r >= 0; r = e->next[r]) edges += e->plen[r];
@@ -831,21 +891,30 @@ void m4ray_engine_pending(engine *e, int64_t *sizes) {
  * ascending, per component its flows / links / Δt (µs) in n_flows / n_links / dt, rows[F],
  * their path lengths plen[F], links[L] (each component's sorted), incidence [2][E] (flow row,
  * then local link, of every path link in order); with the anchor base[F] and features[F][3];
- * the graph's rows into g (fresh flows get their initial states first). Clears the touched
- * set; returns the number of links, or -2 on no memory. */
+ * the graph's rows into g (fresh flows get their initial states first). Takes the due
+ * components off the touched set; returns the number of links, or -2 on no memory. */
 int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flows,
                              int64_t *n_links, double *dt, int64_t *rows, int64_t *plen,
                              int64_t *links, int64_t *incidence, double *base,
                              double *features, const graph_out *g) {
-    int64_t k = 0;
-    for (int64_t j = 0; j < e->n_touched; j++)
-        if (e->comps[e->touched[j]].touched) comps[k++] = e->touched[j];
-    e->n_touched = 0;
+    int64_t k = 0, kept = 0;
+    for (int64_t j = 0; j < e->n_touched; j++) {
+        int64_t ci = e->touched[j];
+        comp *c = &e->comps[ci];
+        if (!c->touched) continue;
+        if (due(e, c))
+            comps[k++] = ci;
+        else
+            e->touched[kept++] = ci; /* waits, still touched */
+    }
+    e->n_touched = kept;
     qsort(comps, k, sizeof(int64_t), cmp_int64);
     int64_t F = 0, L = 0;
     for (int64_t j = 0; j < k; j++) {
         comp *c = &e->comps[comps[j]];
         c->touched = 0;
+        c->arrived = 0;
+        c->left = 0;
         int64_t l0 = L;
         for (int64_t r = c->head; r >= 0; r = e->next[r]) {
             rows[F] = r;
@@ -885,6 +954,8 @@ int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flo
             off[f + 1] = off[f] + plen[f];
         }
         fluid s = view(e->state, e->n_rows);
+        for (int64_t j = 0, f = 0; j < k; f += n_flows[j], j++)
+            if (frozen(e, &e->comps[comps[j]])) catch_up_frozen(&s, n_flows[j], rows + f, t);
         int rc = advance(&s, engine_acks(e), F, rows, off, idx, e->capacity, e->slot, t, e->hold,
                          base, features);
         if (rc) {

@@ -26,6 +26,8 @@ def library() -> ctypes.CDLL | None:
     acks = [f64, ptr, ptr]  # ACK fraction, reverse links (NULL: no ACK load), data rates
     lib.m4ray_fluid_catch_up.restype = ctypes.c_int
     lib.m4ray_fluid_catch_up.argtypes = [*common, *acks]
+    lib.m4ray_fluid_catch_up_frozen.restype = None
+    lib.m4ray_fluid_catch_up_frozen.argtypes = [ptr, i64, i64, ptr, f64]
     lib.m4ray_fluid_advance.restype = ctypes.c_int
     lib.m4ray_fluid_advance.argtypes = [*common, ctypes.c_int, ptr, ptr, *acks]
     # the engine core (NativeM4Engine)
@@ -34,6 +36,8 @@ def library() -> ctypes.CDLL | None:
     lib.m4ray_engine_new.argtypes += [f64] * 5
     lib.m4ray_engine_free.restype = None
     lib.m4ray_engine_free.argtypes = [ptr]
+    lib.m4ray_engine_batching.restype = None
+    lib.m4ray_engine_batching.argtypes = [ptr, i64, f64, i64]
     lib.m4ray_engine_arrive.restype = i64
     lib.m4ray_engine_arrive.argtypes = [ptr, ptr, i64, f64, f64, f64, f64]
     lib.m4ray_engine_complete.restype = ctypes.c_int

@@ -213,6 +213,31 @@ class Fluid:
             self._drain(rows[at], [links[i] for i in at], capacity_bps, float(t0), t)
         self.t_last[rows] = t
 
+    def catch_up_frozen(self, rows: np.ndarray, t: float) -> None:
+        """Move ``rows`` from their last update to ``t`` at their rates, not re-shared when one
+        drains (a batched component's flows between its updates,
+        :class:`~m4ray.models.components.Batching`): each drains on its own, in O(1). A drained
+        row keeps its rate until the next share sets it to zero (and, with ACK load, takes it
+        off its links then)."""
+        if self.native:
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+            library().m4ray_fluid_catch_up_frozen(
+                self._state.ctypes.data, self._state.shape[1], len(rows), rows.ctypes.data, float(t)
+            )
+            return
+        rows = np.asarray(rows, dtype=np.int64)
+        t0, left, rate = self.t_last[rows], self.left[rows], self.rate[rows]
+        live = (left > 0) & (rate > 0) & (t0 < t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            end = t0 + left / rate
+        done = live & (end <= t)
+        self.drained[rows[done]] = end[done]
+        going = live & ~done
+        left = np.where(done, 0.0, left)
+        left[going] = np.maximum(left[going] - rate[going] * (t - t0[going]), 0.0)
+        self.left[rows] = left
+        self.t_last[rows] = np.maximum(t0, t)
+
     def _drain(self, rows, links, capacity_bps, now: float, t: float) -> None:
         left, rate = self.left[rows], self.rate[rows]
         while True:

@@ -42,6 +42,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from m4ray.errors import InputError
+from m4ray.models.components import Batching
 from m4ray.models.step import StepGraph, StepOut, chunks, step
 from m4ray.runtime.memory import rss_mb
 from m4ray.sim.m4.backend import DEVICE_PATTERN, engine_for, load_model, resolve_device
@@ -72,6 +73,17 @@ class NewSession(BaseModel):
     network: dict[str, Any] = Field(
         default_factory=dict,
         description="ns-3 settings the model imitates (Ns3Config fields: transport, rdma, tcp)",
+    )
+    batch_above_flows: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_ID,
+        description="completion batching: a component of more flows updates at arrivals and once "
+        "batch_fraction of its flows completed, not at every completion (null: off); its other "
+        "flows are left out of an update's answer meanwhile and keep their last predictions",
+    )
+    batch_fraction: float = Field(
+        0.1, gt=0, le=1, description="completions, as a fraction of a batched component's flows"
     )
 
 
@@ -410,7 +422,10 @@ class M4Sessions:
         wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
         routing = Routing(topo, seed=spec.routing_seed, wire=wire)
         cfg = await self._cfg()
-        engine = engine_for(topo, cfg, ns3, routing)
+        batching = None
+        if spec.batch_above_flows is not None:
+            batching = Batching(spec.batch_above_flows, spec.batch_fraction)
+        engine = engine_for(topo, cfg, ns3, routing, batching=batching)
         session_id = uuid.uuid4().hex
         expire(self.sessions, time.monotonic(), self.session_idle_s)
         limit = _args().max_sessions

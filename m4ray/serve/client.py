@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from m4ray.errors import InputError, M4rayError, SimulationError
+from m4ray.models.components import Batching
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.backend import M4Backend
 from m4ray.sim.ns3.backend import Ns3Config
@@ -47,6 +48,7 @@ class SessionClient:
         *,
         timeout_s: float = 60.0,
         token: str | None = None,
+        batching: Batching | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -63,6 +65,9 @@ class SessionClient:
             "header_bytes": routing.wire.header_bytes,
             "network": asdict(network or Ns3Config()),
         }
+        if batching is not None:
+            body["batch_above_flows"] = batching.above_flows
+            body["batch_fraction"] = batching.fraction
         info = self.request("POST", "/sessions", body)
         self.session_id: str = info["session_id"]
         self.info = info
@@ -208,8 +213,9 @@ class HandleStepper:
 class M4ServedConfig:
     """``backend=m4_served``: ``via`` http (``url`` of the Serve app, with its route prefix, and
     its bearer ``token`` if it has one) or handle (the app named ``app_name`` on this Ray
-    cluster); update ``window_us`` as for ``backend=m4`` (default: 10 µs temporal batches, one
-    call each); the ns-3 ``network`` the model imitates; the call timeout."""
+    cluster); update ``window_us`` and completion batching (``batch_above_flows``,
+    ``batch_fraction``) as for ``backend=m4`` (default: 10 µs temporal batches, one call each);
+    the ns-3 ``network`` the model imitates; the call timeout."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
@@ -220,10 +226,17 @@ class M4ServedConfig:
     network: Ns3Config = field(default_factory=Ns3Config)
     timeout_s: float = 60.0
     token: str | None = None
+    batch_above_flows: int | None = 64
+    batch_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         if self.via not in ("http", "handle"):
             raise InputError(f"must be 'http' or 'handle', got '{self.via}'", field="via")
+        self.batching()  # bad values fail here, before any task
+
+    def batching(self) -> Batching | None:
+        """The engine's completion batching, as ``backend=m4``'s (None: every update)."""
+        return Batching.of(self.batch_above_flows, self.batch_fraction)
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
         if self.via == "handle":
@@ -232,10 +245,18 @@ class M4ServedConfig:
 
             stepper = HandleStepper(self.app_name, timeout_s=self.timeout_s)
             model_cfg = ModelConfig(**stepper.config["model"])
-            engine = engine_for(topology, model_cfg, self.network, routing, stepper)
+            engine = engine_for(
+                topology, model_cfg, self.network, routing, stepper, batching=self.batching()
+            )
             return M4Backend(engine, window_us=self.window_us)
         client = SessionClient(
-            self.url, topology, routing, self.network, timeout_s=self.timeout_s, token=self.token
+            self.url,
+            topology,
+            routing,
+            self.network,
+            timeout_s=self.timeout_s,
+            token=self.token,
+            batching=self.batching(),
         )
         backend = M4Backend(ServedEngine(client, routing), window_us=self.window_us)
         weakref.finalize(backend, client.close)

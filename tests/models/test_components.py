@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from m4ray.models import core
-from m4ray.models.components import Components
+from m4ray.models.components import Batching, Components
 from m4ray.models.config import ModelConfig
 from m4ray.sim.m4.engine import M4Engine, NativeM4Engine
 
@@ -68,3 +68,24 @@ def test_the_compiled_core_keeps_the_same_components_event_for_event():
             ids = [np.asarray(p.flow_ids).tolist() for p in pending]
             assert ids[0] == ids[1]
             assert np.asarray(pending[0].comps).tolist() == np.asarray(pending[1].comps).tolist()
+
+
+def test_batching_holds_a_large_component_until_an_arrival_or_enough_completions():
+    """Components of more than ``above_flows`` flows wait for an arrival or for completions
+    numbering ``fraction`` of their flows; smaller ones are due at every event."""
+    c = Components(12, Batching(above_flows=4, fraction=0.5))
+    for f in range(10):
+        c.join(f, [f, 10], t=0.0)  # one component of 10 flows over link 10
+    c.join(10, [11], t=0.0)  # a small one
+    assert c.take_touched() == [0, 1]  # arrivals: both due
+    c.leave(0, [0, 10])
+    c.leave(10, [11])  # the small one ends
+    assert c.take_touched() == []  # 1 of 9 completed: waits, still touched
+    for f in range(1, 5):
+        c.leave(f, [f, 10])
+    assert c.take_touched() == [0]  # 5 completions >= 0.5 x 5 flows
+    c.leave(5, [5, 10])
+    assert c.take_touched() == [0]  # 4 flows: not large any more
+    c.leave(6, [6, 10])
+    c.join(11, [11, 10], t=1.0)
+    assert c.take_touched() == [0] and c.take_touched() == []

@@ -17,6 +17,7 @@ from m4ray.sim.m4 import Arrival, M4Config
 from m4ray.sim.routing import Routing
 from m4ray.sim.scenario import Scenario, simulate
 from m4ray.sim.topologies import RailClusterSpec
+from m4ray.sim.topology import format_topology
 from m4ray.sim.trace import run_trace
 from m4ray.workload.simai import SimAIWorkloadSpec
 
@@ -60,13 +61,25 @@ def _flows(hosts, n=8, offset=0):
     ]
 
 
-@pytest.mark.parametrize("window_us", [0.0, 10.0])
-def test_served_backend_equals_in_process(url, rail, window_us):
-    # 10 us windows: each request carries several arrivals and completions, each at its own time
+@pytest.mark.parametrize(("window_us", "above"), [(0.0, 64), (10.0, 64), (0.0, 2)])
+def test_served_backend_equals_in_process(url, rail, window_us, above):
+    # 10 us windows: each request carries several arrivals and completions, each at its own time;
+    # above 2 flows: the session batches a burst's completions as the in-process engine does
     topo, routing, hosts = rail
     flows = _flows(hosts)
-    local = run_trace(topo, flows, M4Config(window_us=window_us), routing)
-    served = run_trace(topo, flows, M4ServedConfig(url=url, window_us=window_us), routing)
+    if above == 2:
+        flows = [
+            Flow(i, hosts[i % 16], hosts[(i * 7 + 3) % 16], 100_000 * (1 + i % 5), 0.0)
+            for i in range(24)
+            if i % 16 != (i * 7 + 3) % 16
+        ]
+    local = run_trace(topo, flows, M4Config(window_us=window_us, batch_above_flows=above), routing)
+    served = run_trace(
+        topo,
+        flows,
+        M4ServedConfig(url=url, window_us=window_us, batch_above_flows=above),
+        routing,
+    )
     np.testing.assert_allclose(
         served.column("fct_s").to_numpy(), local.column("fct_s").to_numpy(), rtol=1e-5
     )
@@ -175,6 +188,11 @@ def test_bad_requests_get_4xx_and_leave_sessions_alone(url, rail):
         assert r.status_code == 400 and "exactly one" in r.json()["detail"]
         r = http.post("/sessions", json={"topology": "3 1 0 1 1 A100\n2\n0 9 100Gbps 1us 0\n"})
         assert r.status_code == 400 and "topology:3: field 'dst'" in r.json()["detail"]
+        text = format_topology(topo)
+        r = http.post("/sessions", json={"topology": text, "batch_fraction": 0.0})
+        assert r.status_code == 422 and "batch_fraction" in str(r.json()["detail"])
+        r = http.post("/sessions", json={"topology": text, "batch_above_flows": -1})
+        assert r.status_code == 422 and "batch_above_flows" in str(r.json()["detail"])
         state = http.get(f"/sessions/{sid}").json()
         assert state["active"] == 2  # the rejected requests changed nothing
         schema = http.get("/openapi.json").json()

@@ -457,3 +457,23 @@ def test_a_run_id_names_the_checkpoints_weights_not_only_its_name(tmp_path):
     (ckpt / "model.pt").write_bytes((ckpt / "model.pt").read_bytes() + b"retrained")
     retrained = scenario(str(ckpt)).run_id
     assert first == again != retrained
+
+
+def test_completion_batching_is_checked_and_names_the_run():
+    """``batch_above_flows`` / ``batch_fraction``: bad values are clear errors naming the field;
+    the engine gets the batching asked for (none with null); each setting names its run."""
+    from m4ray.fingerprint import fingerprint
+    from m4ray.models.components import Batching
+
+    with pytest.raises(InputError, match="batch_above_flows"):
+        M4Config(batch_above_flows=-1)
+    for bad in (0.0, 1.5):
+        with pytest.raises(InputError, match=r"must be in \(0, 1\]") as err:
+            M4Config(batch_fraction=bad)
+        assert err.value.field == "batch_fraction"
+    assert M4Config().batching() == Batching(64, 0.1)
+    assert M4Config(batch_above_flows=None).batching() is None
+    topo, routing, _ = _rail()
+    backend = M4Config(batch_above_flows=8, batch_fraction=0.5).build(topo, routing)
+    assert backend.engine.batching == Batching(8, 0.5)
+    assert fingerprint(M4Config(batch_above_flows=None)) != fingerprint(M4Config())

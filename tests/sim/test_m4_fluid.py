@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from m4ray.models.components import Batching
 from m4ray.models.fairshare import Window, max_min_rates
 from m4ray.models.fluid import Fluid
 from m4ray.models.m4 import M4Model, ModelConfig
@@ -73,6 +74,7 @@ class _Direct:
         window_us: float | None = None,
         param: float = 0.0,
         ack_fraction: float = 0.0,
+        batching: Batching | None = None,
     ) -> None:
         self.model = model.double()
         self.window_bytes = window_bytes
@@ -80,6 +82,7 @@ class _Direct:
         self.window_us = window_us
         self.param = param
         self.ack_fraction = ack_fraction
+        self.batching = batching
         self.engines: list[M4Engine] = []
 
     def build(self, topology, routing):
@@ -92,6 +95,7 @@ class _Direct:
             window=None if self.window_bytes is None else Window(self.window_bytes),
             link_latency_s=topology.latency_s,
             ack_fraction=self.ack_fraction,
+            batching=self.batching,
             native=self.native,
         )
         self.engines.append(engine)

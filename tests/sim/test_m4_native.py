@@ -9,6 +9,7 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.models import core
+from m4ray.models.components import Batching
 from m4ray.models.fairshare import Window
 from m4ray.models.fluid import Fluid
 from m4ray.models.m4 import M4Model, ModelConfig
@@ -48,21 +49,34 @@ def _flows(hosts, rng, n: int) -> list[Flow]:
 
 
 @pytest.mark.parametrize(
-    ("fluid", "window", "hold", "window_us", "acks"),
+    ("fluid", "window", "hold", "window_us", "acks", "batching"),
     [
-        (True, True, False, 0.0, False),  # m4-v2's engine
-        (True, True, False, 0.0, True),  # with ACK load
-        (True, False, True, None, False),
-        (True, True, True, 10.0, False),
-        (False, False, True, 0.0, False),  # m4-small's
+        (True, True, False, 0.0, False, None),  # m4-v2's engine
+        (True, True, False, 0.0, True, None),  # with ACK load
+        (True, False, True, None, False, None),
+        (True, True, True, 10.0, False, None),
+        (False, False, True, 0.0, False, None),  # m4-small's
+        (True, True, False, 0.0, False, Batching(4, 0.25)),  # large components batched
+        (True, True, False, 0.0, False, Batching(4, 0.25, 8)),  # and their anchor frozen
+        (True, False, True, None, True, Batching(0, 0.5, 0)),
     ],
-    ids=["v2", "v2-acks", "fluid-per-event", "window-hold-10us", "no-anchor"],
+    ids=[
+        "v2",
+        "v2-acks",
+        "fluid-per-event",
+        "window-hold-10us",
+        "no-anchor",
+        "v2-batched",
+        "v2-batched-frozen",
+        "per-event-batched-frozen-acks",
+    ],
 )
-def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(
-    fluid, window, hold, window_us, acks
+def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(  # noqa: PLR0917
+    fluid, window, hold, window_us, acks, batching
 ):
     """Arrivals that merge components, completions that split links off, a link slowed mid-run,
-    every update policy: the compiled engine's FCTs equal the reference's exactly."""
+    every update policy, completion batching: the compiled engine's FCTs equal the reference's
+    exactly."""
     assert core.library() is not None  # the core builds here: no silent fallback
     topo = GrayFailure(n_degraded=2, reduction=4).apply(FatTreeSpec(k=4).build())
     routing = Routing(topo, seed=0)
@@ -78,6 +92,7 @@ def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(
             window_us=window_us,
             param=0.1,
             ack_fraction=0.05 if acks else 0.0,
+            batching=batching,
         )
         table = run_trace(topo, flows, cfg, routing)
         answers.append(table.column("fct_s").to_numpy())
@@ -221,3 +236,35 @@ def test_batched_completions_run_in_the_order_of_one_event_per_flow(window_us):
         answers.append(run_trace(topo, flows, cfg, routing).column("fct_s").to_numpy())
     np.testing.assert_array_equal(answers[1], answers[0])
     assert len(np.unique(answers[0])) < len(answers[0])  # some completions coincide
+
+
+def test_batching_large_components_steps_fewer_flows_and_stays_near_every_update():
+    """Completion batching (``M4Config.batch_above_flows``): above the largest component it
+    changes nothing (to the bit); batching every component steps far fewer flows, and the FCTs
+    stay near those of an update at every completion."""
+    topo = FatTreeSpec(k=4).build()
+    routing = Routing(topo, seed=0)
+    hosts = sorted(topo.hosts)
+    rng = np.random.default_rng(11)
+    flows = [  # one burst: every flow in one component at once, completing one by one
+        Flow(i, hosts[int(a)], hosts[int(b)], int(rng.choice([50_000, 400_000, 2_000_000])), 0.0)
+        for i, (a, b) in enumerate(rng.choice(len(hosts), size=(150, 2)))
+        if a != b
+    ]
+    model = _model(True, True)
+    runs = {}
+    for name, batching in [
+        ("every", None),
+        ("above-all", Batching(len(flows), 0.2)),
+        ("batched", Batching(0, 0.2)),
+    ]:
+        cfg = _Direct(model, 6_000, window_us=0.0, param=0.1, batching=batching)
+        fct = run_trace(topo, flows, cfg, routing).column("fct_s").to_numpy()
+        runs[name] = (fct, cfg.engines[0].n_stepped_flows)
+    every, stepped = runs["every"]
+    np.testing.assert_array_equal(runs["above-all"][0], every)
+    assert runs["above-all"][1] == stepped
+    batched, fewer = runs["batched"]
+    assert fewer < stepped / 3
+    error = np.abs(batched / every - 1)
+    assert np.median(error) < 0.02 and error.max() < 0.25, (np.median(error), error.max())

@@ -28,6 +28,7 @@ import numpy as np
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.fingerprint import added_field
+from m4ray.models.components import Batching
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.arrival import Arrival
@@ -163,6 +164,12 @@ class M4Config:
     ``cuda`` (or ``cuda:N``) runs the torch step on that GPU (:func:`~m4ray.models.step.step`,
     in ``precision``; the same answers to float rounding), ``auto`` picks ``cuda`` where torch
     sees one.
+    ``batch_above_flows``: completion batching (:class:`~m4ray.models.components.Batching`): a
+    component of more than this many flows is updated at an arrival, or once its completions
+    since its last update number ``batch_fraction`` of its flows, not at every completion; its
+    other flows keep their last predictions meanwhile (None: every completion updates). It
+    bounds a component's updates over its life to ~n/f stepped flows instead of ~n²/2: the
+    MoE job on Spectrum-X 512 GPUs ``bench/m4_batching.py`` measures.
     ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a run's id names
     the model that ran, not only its name: a checkpoint retrained in place does not reuse old
     results."""
@@ -178,6 +185,8 @@ class M4Config:
     weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
     precision: str = added_field("float64", "the numpy step's float type (2026-11-26)")
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
+    batch_above_flows: int | None = 64
+    batch_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         from m4ray.models.numpy_step import float_type
@@ -188,6 +197,7 @@ class M4Config:
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
         if self.share_steps < 1:
             raise InputError(f"must be >= 1, got {self.share_steps}", field="share_steps")
+        self.batching()  # bad values fail here, before any task
         if not re.fullmatch(DEVICE_PATTERN, self.device):
             raise InputError(
                 f"unknown device {self.device!r} (cpu, cuda, cuda:N or auto)", field="device"
@@ -236,8 +246,14 @@ class M4Config:
             stepper = SharedStepper(own, StepMemo())
         elif stepper.stepper.model is not model:
             raise SimulationError(f"the shared stepper runs another model than '{self.checkpoint}'")
-        engine = engine_for(topology, model.cfg, self.network, routing, stepper)
+        engine = engine_for(
+            topology, model.cfg, self.network, routing, stepper, batching=self.batching()
+        )
         return M4Backend(engine, window_us=self.window_us)
+
+    def batching(self) -> Batching | None:
+        """The engine's completion batching of large components (None: every update)."""
+        return Batching.of(self.batch_above_flows, self.batch_fraction)
 
 
 def resolve_device(device: str) -> str:
@@ -254,10 +270,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routing, stepper=None):
+def engine_for(
+    topology: Topology,
+    model_cfg,
+    network: Ns3Config,
+    routing: Routing,
+    stepper=None,
+    *,
+    batching: Batching | None = None,
+):
     """An m4 engine for ``topology`` described as ``network`` (the model's params13 and, for
     models whose anchor has a window, the network's sender window over the links' latencies;
-    with ACK load, the network's ACK bits per data bit)."""
+    with ACK load, the network's ACK bits per data bit), with ``batching`` of large
+    components' completions (:class:`~m4ray.models.components.Batching`; None: off)."""
     from m4ray.models.fairshare import Window, network_ack_fraction
     from m4ray.sim.m4.engine import M4Engine
 
@@ -270,6 +295,7 @@ def engine_for(topology: Topology, model_cfg, network: Ns3Config, routing: Routi
         window=Window.of(network, routing) if model_cfg.fluid_window else None,
         link_latency_s=topology.latency_s,
         ack_fraction=network_ack_fraction(network, routing.wire) if model_cfg.fluid_acks else 0.0,
+        batching=batching,
     )
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.models import core
-from m4ray.models.components import Component, Components
+from m4ray.models.components import Batching, Component, Components
 from m4ray.models.config import ModelConfig
 from m4ray.models.fairshare import Window, reverse_links
 from m4ray.models.fluid import N_FEATURES, Fluid, offsets
@@ -89,6 +89,7 @@ class M4Engine:
         window: Window | None = None,
         link_latency_s: np.ndarray | None = None,
         ack_fraction: float = 0.0,
+        batching: Batching | None = None,
         native: bool = True,
     ) -> None:
         if len(params13) != model_cfg.n_params:
@@ -115,7 +116,9 @@ class M4Engine:
         self._latency = None if link_latency_s is None else np.asarray(link_latency_s, float)
         self._wire = routing.wire if routing is not None else WireFormat()
         n_links = len(bw)
-        self._components = Components(n_links)  # links' users and owners, the components
+        self.batching = batching  # completion batching of large components (or None)
+        # links' users and owners, the components
+        self._components = Components(n_links, batching)
         self._slot = np.full(n_links, -1, dtype=np.int64)  # scratch: a link's row in a graph
         self._rows: dict[int, int] = {}  # active flow id -> row
         self._links_of: dict[int, tuple[int, ...]] = {}  # active flow id -> its path
@@ -202,7 +205,9 @@ class M4Engine:
         if flow_id not in self._rows:
             raise InputError(f"flow {flow_id} is not active", field="id")
         if self._fluid is not None:  # the flows left behind shared with it until now
-            self._fluid_catch_up(self._components.of(flow_id), t)
+            comp = self._components.of(flow_id)
+            if not self._frozen(len(comp.flows)):
+                self._fluid_catch_up(comp, t)
             self._fluid.release(self._rows[flow_id], self._links_of[flow_id])
         row = self._rows.pop(flow_id)
         self._fresh.pop(row, None)
@@ -250,8 +255,10 @@ class M4Engine:
         """The touched components at ``t`` as one graph (None when nothing changed)."""
         if not self._components.touched:
             return None
-        self._init_fresh()
         comps = self._components.take_touched()
+        if not comps:  # every touched component waits (batching)
+            return None
+        self._init_fresh()
         flow_ids: list[int] = []
         link_lists: list[list[int]] = []
         n_flows, n_links, dts = [], [], []
@@ -275,6 +282,9 @@ class M4Engine:
         dt = np.asarray(dts, dtype=float)
         base = fluid = None
         if self._fluid is not None:
+            frozen = np.repeat([self._frozen(n) for n in n_flows], n_flows)
+            if frozen.any():
+                self._fluid.catch_up_frozen(rows[frozen], t)
             csr = (offsets(plen), path_links)
             base, fluid = self._fluid.advance(rows, csr, self._capacity, t)
             for c in comps:
@@ -352,6 +362,12 @@ class M4Engine:
             return self.routing.path(flow.src, flow.dst, flow.id)
         except InputError as err:
             raise InputError(f"flow {flow.id}: {err.message}", field=err.field) from None
+
+    def _frozen(self, n_flows: int) -> bool:
+        """Whether a component of ``n_flows`` flows has its anchor frozen between its updates
+        (the flows drain at their rates, not re-shared; ``Fluid.catch_up_frozen``): batched and
+        above ``Batching.frozen_above`` flows."""
+        return self.batching is not None and self.batching.frozen(n_flows)
 
     def _fluid_catch_up(self, comp: Component, t: float) -> None:
         if comp.t_fluid >= t:  # every row of it is already at t (or later)
@@ -456,6 +472,11 @@ class NativeM4Engine(M4Engine):
         )
         if not self._core:
             raise MemoryError("m4 engine core: out of memory")
+        if self.batching is not None:
+            batching = self.batching
+            lib.m4ray_engine_batching(
+                self._core, batching.above_flows, batching.fraction, batching.frozen_above
+            )
         self._fluid = None  # the core keeps the anchor's rows
         self._anchored = bool(model_cfg.fluid)
         self._flow_of = np.full(64, -1, dtype=np.int64)  # row -> flow id
