@@ -333,11 +333,18 @@ static int catch_up(fluid *sp, const ackload *ack, int64_t n, const int64_t *row
         goto out;
     }
     int64_t m = 0;
+    int same = 1; /* one last-update time (the common case): no sort */
     for (int64_t i = 0; i < n; i++) {
         double t0 = s.f[T_LAST][rows[i]];
-        if (t0 < t) times[m++] = t0;
+        if (t0 < t) {
+            if (m && t0 != times[0]) same = 0;
+            times[m++] = t0;
+        }
     }
-    qsort(times, m, sizeof(double), cmp_double);
+    if (same && m > 1)
+        m = 1;
+    else
+        qsort(times, m, sizeof(double), cmp_double);
     for (int64_t u = 0; u < m && !rc; u++) {
         if (u && times[u] == times[u - 1]) continue;
         int64_t k = 0;
@@ -780,7 +787,8 @@ static int64_t comp_rows(const engine *e, const comp *c, int64_t *rows, int64_t 
 int m4ray_engine_complete(engine *e, int64_t row, double t) {
     int64_t ci = e->comp_of[row];
     comp *c = &e->comps[ci];
-    if (e->fluid && c->t_fluid < t && !frozen(e, c)) {
+    /* the flows left behind (none when it was alone) shared with it until now */
+    if (e->fluid && c->t_fluid < t && c->n_flows > 1 && !frozen(e, c)) {
         int64_t *rows = malloc((c->n_flows + 1) * sizeof(int64_t));
         int64_t *off = malloc((c->n_flows + 2) * sizeof(int64_t));
         int64_t *idx = malloc((c->n_flows * e->max_len + 1) * sizeof(int64_t));

@@ -206,7 +206,7 @@ class M4Engine:
             raise InputError(f"flow {flow_id} is not active", field="id")
         if self._fluid is not None:  # the flows left behind shared with it until now
             comp = self._components.of(flow_id)
-            if not self._frozen(len(comp.flows)):
+            if len(comp.flows) > 1 and not self._frozen(len(comp.flows)):
                 self._fluid_catch_up(comp, t)
             self._fluid.release(self._rows[flow_id], self._links_of[flow_id])
         row = self._rows.pop(flow_id)
