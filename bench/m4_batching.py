@@ -4,6 +4,7 @@ per-flow answers against m4 updated at every completion, beside flowSim, in one 
     .venv/bin/python bench/m4_batching.py                           # MoE, Spectrum-X 512 GPUs
     .venv/bin/python bench/m4_batching.py --gpus 1024               # the issue's rung (~4 min)
     .venv/bin/python bench/m4_batching.py --configs 0:0.05 0:0.1 0:0.25 64:0.1 64:0.1:float32
+    .venv/bin/python bench/m4_batching.py --gpus 1024 --lockstep    # rounds, not flows (~15 s)
 
 The job is the scale ladder's MoE job (``conf/experiment/scale.yaml``: Mixtral-like, TP 4,
 EP 8, data parallel over the rest) on SimAI's Spectrum-X template, replayed in full (per-flow
@@ -13,7 +14,10 @@ skips it); m4 with each ``--configs`` entry ``above:fraction[:precision]`` (comp
 than ``above`` flows update at arrivals and once ``fraction`` of their flows completed; the
 default is ``64:0.1``). Per-flow
 differences match flows by (DAG node, source, destination, size, occurrence), so a flow that
-started earlier or later in one run is still compared with itself.
+started earlier or later in one run is still compared with itself. ``--lockstep`` replays the
+job by rank symmetry instead (``m4ray.sim.lockstep``: each distinct collective step once, as one
+round of every group's flows from time 0): no per-flow table; the table gives the rounds, the
+largest round's flows, its seconds and its time, and the iteration.
 """
 
 from __future__ import annotations
@@ -82,6 +86,58 @@ def simulate(gpus: int, config) -> dict:
     }
 
 
+def lockstep(gpus: int, config) -> dict:
+    """The MoE job in lockstep: wall time, iteration, and each round's flows, seconds and time."""
+    from m4ray.sim import lockstep as ls
+
+    topo = ClusterTemplateSpec(template="spectrum_x", gpus=gpus).build()
+    routing = Routing(topo, wire=WireFormat(mtu_bytes=8948, header_bytes=54))
+    spec = synthetic_workload("moe", {**MOE, "lockstep": True}, gpus, 1.0)
+    replay = ls.LockstepReplay.of_spec(
+        spec, topo, routing, config, HierarchicalSpec().build(topo), send_latency_s=3e-6
+    )
+    rounds = []
+    timer = replay.timer
+    run_round = timer._run
+
+    def timed(batch, paths):
+        start = time.perf_counter()
+        out = run_round(batch, paths)
+        rounds.append((len(batch), time.perf_counter() - start, out))
+        return out
+
+    timer._run = timed
+    start = time.perf_counter()
+    result = replay.run()
+    return {
+        "wall": time.perf_counter() - start,
+        "iteration": result.completion_time_s,
+        "rounds": rounds,
+    }
+
+
+def lockstep_table(gpus: int, runs: list) -> None:
+    rows = []
+    for name, config in runs:
+        out = lockstep(gpus, config)
+        flows, seconds, at = max(out["rounds"])
+        rows.append(
+            [
+                name,
+                f"{out['wall']:.2f}",
+                len(out["rounds"]),
+                f"{flows:,}",
+                f"{seconds:.2f}",
+                f"{at * 1e6:.2f}",
+                f"{out['iteration'] * 1e3:.4f}",
+            ]
+        )
+        print(f"  {name}: {out['wall']:.1f} s", file=sys.stderr, flush=True)
+    print(f"MoE job, Spectrum-X {gpus} GPUs, lockstep")
+    headers = ["backend", "wall s", "rounds", "largest round", "its s", "its us", "iteration ms"]
+    print(format_table(headers, rows))
+
+
 def parse(entry: str) -> tuple[str, M4Config]:
     above, fraction, *rest = entry.split(":")
     precision = rest[0] if rest else "float64"
@@ -98,6 +154,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=512)
     parser.add_argument("--configs", nargs="*", default=["64:0.1", "64:0.1:float32"])
     parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument("--lockstep", action="store_true", help="replay by rank symmetry")
     args = parser.parse_args()
 
     runs = [("flowSim", FlowSimConfig())]
@@ -105,6 +162,9 @@ def main() -> None:
         runs.append(("m4, every completion", M4Config(batch_above_flows=None)))
     runs += [parse(entry) for entry in args.configs]
     simulate(32, M4Config())  # load the model, build the compiled parts
+    if args.lockstep:
+        lockstep_table(args.gpus, runs)
+        return
     out = {}
     for name, config in runs:
         out[name] = simulate(args.gpus, config)
