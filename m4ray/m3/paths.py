@@ -58,41 +58,42 @@ class PathScenario:
 class RoutedFlows:
     """A network-wide flow set with every flow's route, indexed by path and by link.
 
-    Holds arrays only (it travels to the Ray tasks that build path scenarios): ``paths`` are the
-    unique routes, ``path_of`` each flow's index into them, and CSR indexes of each route's
-    flows (:meth:`members`) and of (flow, hop) by directed link (:meth:`on_link`).
+    Holds arrays only (it travels to the Ray tasks that build path scenarios): the unique
+    routes as rows of a link table (``paths`` gives them as tuples, built on first use: a
+    200,000-flow workload on a fat-tree has ~130,000 of them, and sampling reads a few hundred),
+    ``path_of`` each flow's index into them, and CSR indexes of each route's flows
+    (:meth:`members`) and of (flow, hop) by directed link (:meth:`on_link`).
     """
 
     def __init__(self, flows: list[Flow], routing: Routing) -> None:
         if not flows:
             raise InputError("the workload has no flows", field="flows")
-        hosts = frozenset(routing.topo.hosts)
-        for i, flow in enumerate(flows):
-            for name in ("src", "dst"):
-                node = getattr(flow, name)
-                if node not in hosts:
-                    raise InputError(
-                        f"flow {flow.id} (#{i}) references node {node}, which is not a host of "
-                        f"the topology ({len(hosts)} hosts)",
-                        field=name,
-                    )
+        hosts = np.asarray(sorted(routing.topo.hosts), dtype=np.int64)
+        ends = np.array([(f.src, f.dst) for f in flows], dtype=np.int64).reshape(-1, 2)
+        for col, name in enumerate(("src", "dst")):
+            bad = np.flatnonzero(~np.isin(ends[:, col], hosts))
+            if len(bad):
+                i = int(bad[0])
+                raise InputError(
+                    f"flow {flows[i].id} (#{i}) references node {int(ends[i, col])}, which is "
+                    f"not a host of the topology ({len(hosts)} hosts)",
+                    field=name,
+                )
         topo = routing.topo
         self.capacity_bps = np.asarray(topo.bandwidth_bps, dtype=np.float64)
         self.latency_s = np.asarray(topo.latency_s, dtype=np.float64)
         self.n_flows = len(flows)
-        ends = np.array([(f.src, f.dst) for f in flows], dtype=np.int64).reshape(-1, 2)
         table = routing.links_many(ends[:, 0], ends[:, 1], [f.id for f in flows])
         # unique routes, numbered in order of first appearance
         row = np.dtype((np.void, table.itemsize * table.shape[1]))
         rows = np.ascontiguousarray(table).view(row).reshape(-1)
         self.path_of, first = first_appearance(rows)
-        self.paths: list[tuple[int, ...]] = [
-            tuple(x for x in table[i].tolist() if x >= 0) for i in first.tolist()
-        ]
-        self._index = {path: k for k, path in enumerate(self.paths)}
+        self._routes = table[first]  # one row per unique route, -1 padded
+        self._paths: list[tuple[int, ...]] | None = None
+        self._index: dict[tuple[int, ...], int] | None = None
         self._members = np.argsort(self.path_of, kind="stable")
         self._member_ptr = np.concatenate(
-            [[0], np.cumsum(np.bincount(self.path_of, minlength=len(self.paths)))]
+            [[0], np.cumsum(np.bincount(self.path_of, minlength=len(first)))]
         )
         # every (flow, hop) on every link, grouped by link, then by flow
         flow, hop = np.nonzero(table >= 0)
@@ -104,20 +105,45 @@ class RoutedFlows:
         self.start_s = np.array([f.start_s for f in flows], dtype=np.float64)
 
     @property
+    def paths(self) -> list[tuple[int, ...]]:
+        """The unique routes (tuples of directed links), in order of first appearance."""
+        if self._paths is None:
+            self._paths = [self._route(k) for k in range(len(self._routes))]
+        return self._paths
+
+    def _route(self, k: int) -> tuple[int, ...]:
+        return tuple(x for x in self._routes[k].tolist() if x >= 0)
+
+    @property
     def by_path(self) -> dict[tuple[int, ...], np.ndarray]:
         """Every route and its foreground flows (ascending)."""
         return {path: self.members(path) for path in self.paths}
 
     def members(self, path: tuple[int, ...]) -> np.ndarray:
         """The flows whose route is exactly ``path`` (its foreground), ascending."""
+        if self._index is None:
+            self._index = {route: k for k, route in enumerate(self.paths)}
         k = self._index.get(path)
         if k is None:
             raise InputError(f"no flow takes the path {list(path)}", field="path")
         return self._members[self._member_ptr[k] : self._member_ptr[k + 1]]
 
+    def _foreground(self, path: tuple[int, ...]) -> np.ndarray:
+        """:meth:`members` without the index of every route (what sampled paths need): among
+        the routes of the flows on ``path``'s first link, the one that is ``path``."""
+        flows, _ = self.on_link(path[0])
+        want = np.full(self._routes.shape[1], -1, dtype=self._routes.dtype)
+        want[: len(path)] = path
+        routes = np.unique(self.path_of[flows])
+        found = routes[(self._routes[routes] == want).all(axis=1)]
+        if not len(found):
+            raise InputError(f"no flow takes the path {list(path)}", field="path")
+        k = int(found[0])
+        return self._members[self._member_ptr[k] : self._member_ptr[k + 1]]
+
     def route(self, i: int) -> tuple[int, ...]:
         """The directed links flow ``i`` takes."""
-        return self.paths[self.path_of[i]]
+        return self._route(int(self.path_of[i]))
 
     def on_link(self, link: int) -> tuple[np.ndarray, np.ndarray]:
         """The flows crossing directed ``link`` (ascending) and the hop at which each does."""
@@ -130,12 +156,12 @@ class RoutedFlows:
         if n_paths < 1:
             raise InputError(f"must be >= 1, got {n_paths}", field="n_paths")
         picks = np.random.default_rng(seed).integers(self.n_flows, size=n_paths)
-        return list(Counter(self.paths[k] for k in self.path_of[picks].tolist()).items())
+        return list(Counter(self._route(k) for k in self.path_of[picks].tolist()).items())
 
     def scenario(self, path: tuple[int, ...], draws: int = 1) -> PathScenario:
         """The parking lot of ``path``: its foreground, then background (pseudo-)flows in flow
         order, each flow's stretches in route order."""
-        fg = self.members(path)
+        fg = self._foreground(path)
         parts = [self.on_link(link) for link in path]
         flow = np.concatenate([f for f, _ in parts])
         hop = np.concatenate([h for _, h in parts])
