@@ -3,7 +3,7 @@ per-flow answers against m4 updated at every completion, beside flowSim, in one 
 
     .venv/bin/python bench/m4_batching.py                           # MoE, Spectrum-X 512 GPUs
     .venv/bin/python bench/m4_batching.py --gpus 1024               # the rung (~4 min)
-    .venv/bin/python bench/m4_batching.py --configs 0:0.05 0:0.1 0:0.25 64:0.1 64:0.1:float32
+    .venv/bin/python bench/m4_batching.py --configs 0:0.1 64:0.1 128:0.1 256:0.1 128:0.1:float32
     .venv/bin/python bench/m4_batching.py --gpus 1024 --lockstep    # rounds, not flows (~15 s)
 
 The job is the scale ladder's MoE job (``conf/experiment/scale.yaml``: Mixtral-like, TP 4,
@@ -12,7 +12,7 @@ table) with the jumbo wire, one simulation at a time in this process. Rows: flow
 update at every completion (the reference, the default before batching; ``--no-reference``
 skips it); m4 with each ``--configs`` entry ``above:fraction[:precision]`` (components of more
 than ``above`` flows update at arrivals and once ``fraction`` of their flows completed; the
-default is ``64:0.1``). Per-flow
+default is ``128:0.1``). Per-flow
 differences match flows by (DAG node, source, destination, size, occurrence), so a flow that
 started earlier or later in one run is still compared with itself. ``--lockstep`` replays the
 job by rank symmetry instead (``m4ray.sim.lockstep``: each distinct collective step once, as one
@@ -152,7 +152,7 @@ def parse(entry: str) -> tuple[str, M4Config]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpus", type=int, default=512)
-    parser.add_argument("--configs", nargs="*", default=["64:0.1", "64:0.1:float32"])
+    parser.add_argument("--configs", nargs="*", default=["128:0.1", "128:0.1:float32"])
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--lockstep", action="store_true", help="replay by rank symmetry")
     args = parser.parse_args()

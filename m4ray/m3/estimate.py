@@ -204,7 +204,6 @@ def estimate(
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
     """Network-wide ``ns3`` or ``flowsim`` slowdowns and wall time, cached by content."""
     from m4ray.sim.flowsim import FlowSimConfig
-    from m4ray.sim.trace import run_trace
 
     host = topo.bandwidth_bps[np.isin(topo.link_src, topo.hosts)]
     edge, core = float(host.min()), float(topo.bandwidth_bps.max())
@@ -217,22 +216,28 @@ def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path
         frame = pd.read_parquet(path)
         return frame.slowdown.to_numpy(), float(frame.attrs_wall_s.iloc[0])
 
-    def simulate():
-        if name == "ns3":  # load ns-3 and compile its transport first: the clock times simulation
-            from m4ray.sim.ns3 import rdma
-
-            rdma.compiled()
-        began = time.perf_counter()
-        table = run_trace(topo, flows, backend, routing)
-        return table.column("slowdown").to_numpy(), time.perf_counter() - began
-
-    slowdown, wall = ray.get(ray.remote(max_calls=1)(simulate).remote())
+    # the flows go by the object store (a closure over 200,000 of them is a 10 MiB function)
+    task = ray.remote(max_calls=1)(_reference_task)
+    slowdown, wall = ray.get(task.remote(name, topo, ray.put(flows), backend, routing))
     cache.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame({"slowdown": slowdown, "attrs_wall_s": wall})
     tmp = path.with_name(f".{path.name}.tmp")
     frame.to_parquet(tmp)
     tmp.replace(path)
     return slowdown, wall
+
+
+def _reference_task(name: str, topo, flows, backend, routing) -> tuple[np.ndarray, float]:
+    """:func:`reference_run`'s simulation (a Ray task): slowdowns and seconds simulating."""
+    from m4ray.sim.trace import run_trace
+
+    if name == "ns3":  # load ns-3 and compile its transport first: the clock times simulation
+        from m4ray.sim.ns3 import rdma
+
+        rdma.compiled()
+    began = time.perf_counter()
+    table = run_trace(topo, flows, backend, routing)
+    return table.column("slowdown").to_numpy(), time.perf_counter() - began
 
 
 def summary(estimates: dict[str, Estimate], walls: dict[str, float]) -> pd.DataFrame:

@@ -226,7 +226,7 @@ class M4ServedConfig:
     network: Ns3Config = field(default_factory=Ns3Config)
     timeout_s: float = 60.0
     token: str | None = None
-    batch_above_flows: int | None = 64
+    batch_above_flows: int | None = 128
     batch_fraction: float = 0.1
 
     def __post_init__(self) -> None:

@@ -185,7 +185,7 @@ class M4Config:
     weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
     precision: str = added_field("float64", "the numpy step's float type (2026-11-26)")
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
-    batch_above_flows: int | None = 64
+    batch_above_flows: int | None = 128
     batch_fraction: float = 0.1
 
     def __post_init__(self) -> None:
