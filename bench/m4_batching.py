@@ -33,36 +33,25 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from composed import ladder_workload, wire  # noqa: E402
+
 from m4ray.sim.collectives import HierarchicalSpec  # noqa: E402
 from m4ray.sim.flowsim import FlowSimConfig  # noqa: E402
 from m4ray.sim.m4.backend import M4Config  # noqa: E402
 from m4ray.sim.replay import Replay  # noqa: E402
-from m4ray.sim.routing import Routing, WireFormat  # noqa: E402
+from m4ray.sim.routing import Routing  # noqa: E402
 from m4ray.sim.templates import ClusterTemplateSpec  # noqa: E402
 from m4ray.sweeps.report import format_table  # noqa: E402
 from m4ray.sweeps.scale import synthetic_workload  # noqa: E402
 
-MOE = {  # conf/experiment/scale.yaml's moe entry
-    "model": {
-        "name": "moe",
-        "num_layers": 2,
-        "hidden_size": 4096,
-        "num_heads": 32,
-        "sequence_len": 2048,
-        "vocab_size": 32000,
-        "num_microbatches": 1,
-        "num_experts": 8,
-        "top_k": 2,
-    },
-    "parallel": {"tp": 4, "pp": 1, "ep": 8},
-    "batch_per_replica": 1,
-}
+MOE = ladder_workload("moe")  # the scale experiment's job and wire, from conf/
+JUMBO = wire("jumbo")
 
 
 def simulate(gpus: int, config) -> dict:
     """One full replay of the MoE job on ``gpus`` GPUs; its wall time and per-flow FCTs."""
     topo = ClusterTemplateSpec(template="spectrum_x", gpus=gpus).build()
-    routing = Routing(topo, wire=WireFormat(mtu_bytes=8948, header_bytes=54))
+    routing = Routing(topo, wire=JUMBO)
     workload = synthetic_workload("moe", MOE, gpus, 1.0).build(n_hosts=len(topo.hosts))
     backend = config.build(topo, routing)
     start = time.perf_counter()
@@ -91,7 +80,7 @@ def lockstep(gpus: int, config) -> dict:
     from m4ray.sim import lockstep as ls
 
     topo = ClusterTemplateSpec(template="spectrum_x", gpus=gpus).build()
-    routing = Routing(topo, wire=WireFormat(mtu_bytes=8948, header_bytes=54))
+    routing = Routing(topo, wire=JUMBO)
     spec = synthetic_workload("moe", {**MOE, "lockstep": True}, gpus, 1.0)
     replay = ls.LockstepReplay.of_spec(
         spec, topo, routing, config, HierarchicalSpec().build(topo), send_latency_s=3e-6

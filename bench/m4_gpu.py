@@ -104,7 +104,7 @@ def step_table(args, devices: list[str]) -> None:
 
 
 def replay_table(args, devices: list[str]) -> None:
-    import yaml
+    from composed import ladder_workload, wire
 
     from m4ray.sim.collectives import HierarchicalSpec
     from m4ray.sim.flowsim import FlowSimConfig
@@ -112,14 +112,11 @@ def replay_table(args, devices: list[str]) -> None:
     from m4ray.sim.m4.backend import learned_transport
     from m4ray.sim.ns3.backend import Ns3Config
     from m4ray.sim.replay import Replay
-    from m4ray.sim.routing import Routing, WireFormat
+    from m4ray.sim.routing import Routing
     from m4ray.sim.templates import ClusterTemplateSpec
     from m4ray.sweeps.scale import synthetic_workload
 
-    ladder = yaml.safe_load((REPO / "conf" / "experiment" / "scale.yaml").read_text())["ladder"]
-    moe = ladder["workloads"]["moe"]
-    jumbo = yaml.safe_load((REPO / "conf" / "wire" / "jumbo.yaml").read_text())
-    wire = WireFormat(**{k: v for k, v in jumbo.items() if not k.startswith("_")})
+    moe, jumbo = ladder_workload("moe"), wire("jumbo")
     network = Ns3Config(transport=learned_transport(args.checkpoint))
     configs = {"flowsim": FlowSimConfig()}
     for device in devices:
@@ -130,7 +127,7 @@ def replay_table(args, devices: list[str]) -> None:
     for gpus in args.gpus:
         spec = ClusterTemplateSpec(template="spectrum_x", gpus=gpus)
         topo = spec.build()
-        routing = Routing(topo, wire=wire)
+        routing = Routing(topo, wire=jumbo)
         workload = synthetic_workload("moe", moe, gpus, 1.0).build(n_hosts=len(topo.hosts))
         algorithm = HierarchicalSpec().build(topo)
         ref = None

@@ -33,13 +33,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from composed import resolved  # noqa: E402
+
 from m4ray.sim.collectives import HierarchicalSpec  # noqa: E402
 from m4ray.sim.failures import GrayFailure  # noqa: E402
 from m4ray.sim.flowsim import FlowSimConfig  # noqa: E402
 from m4ray.sim.m4 import M4Config  # noqa: E402
 from m4ray.sim.nccl import SimAISpec  # noqa: E402
 from m4ray.sim.ns3.backend import Ns3Config  # noqa: E402
-from m4ray.sim.routing import WireFormat  # noqa: E402
 from m4ray.sim.scenario import Scenario, simulate  # noqa: E402
 from m4ray.sweeps.report import format_table  # noqa: E402
 from m4ray.workload.simai import SimAIWorkloadSpec  # noqa: E402
@@ -115,7 +116,7 @@ def grid_points(n: int) -> list[tuple[int, int]]:
 def grid(
     scale: float, n_scenarios: int, config, backend: str, collective: str = "hierarchical"
 ) -> list[Scenario]:
-    wire = WireFormat(mtu_bytes=8948, header_bytes=54)  # the experiment's jumbo wire
+    wire = resolved("+experiment=gray_failure").wire  # the experiment's (jumbo) wire
     points = grid_points(n_scenarios)
     spec, workload = COLLECTIVES[collective]
     return [

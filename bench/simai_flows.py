@@ -149,14 +149,10 @@ def study_ns3(conf: Path | None = None, preset: str = "ns3_simai"):
     (:func:`simai_conf_rdma`)."""
     import dataclasses
 
-    from hydra import compose, initialize_config_dir
-
-    from m4ray.config import CONF_DIR
-    from m4ray.sweeps.__main__ import resolve
+    from composed import resolved
 
     overrides = ["+experiment=gray_failure", f"backend@backend_options.ns3={preset}"]
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        ns3 = resolve(compose("sweep", overrides=overrides)).backend_options["ns3"]
+    ns3 = resolved(*overrides).backend_options["ns3"]
     if conf is None:
         return ns3
     return dataclasses.replace(ns3, rdma=dataclasses.replace(ns3.rdma, **simai_conf_rdma(conf)))
@@ -236,8 +232,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    from composed import wire as composed_wire
+
     from m4ray.sim.nccl import SimAISpec
-    from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
     from m4ray.sim.topologies import TopologyFileSpec
     from m4ray.sweeps.report import format_table
@@ -265,7 +262,7 @@ def main() -> None:
         ]
     ]
     conf = None if args.study_conf else run / "SimAI.conf"
-    wire = WireFormat(mtu_bytes=1000, header_bytes=40)  # SimAI's packets (conf/wire/simai.yaml)
+    wire = composed_wire("simai")  # SimAI's packets
     for name, (backend, config) in backend_configs(
         args.backends, args.checkpoint, conf, args.ns3_preset
     ).items():

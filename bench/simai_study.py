@@ -154,10 +154,11 @@ def main() -> None:
         print(compare_results(args.results))
         return
 
+    from composed import wire as composed_wire
+
     from m4ray.sim.collectives import HierarchicalSpec, RingSpec
     from m4ray.sim.failures import GrayFailure
     from m4ray.sim.nccl import SimAISpec
-    from m4ray.sim.routing import WireFormat
     from m4ray.sim.scenario import Scenario, simulate
     from m4ray.sim.topologies import RailClusterSpec, TopologyFileSpec
     from m4ray.sweeps.report import format_table
@@ -165,11 +166,7 @@ def main() -> None:
 
     simai = args.data / "simai"
     workload = SimAIWorkloadSpec(path=str(simai / "workload" / "microAllReduce.txt@52ed9ea.txt"))
-    wire = {
-        "simai": WireFormat(mtu_bytes=1000, header_bytes=40),
-        "default": WireFormat(),
-        "jumbo": WireFormat(mtu_bytes=8948, header_bytes=54),
-    }[args.wire]
+    wire = composed_wire(args.wire)  # conf/wire/<name>.yaml
     layers = {"simai": SimAISpec(), "hierarchical": HierarchicalSpec(), "ring": RingSpec()}
     chosen = {}
     for layer in args.collectives:

@@ -90,7 +90,6 @@ class RoutedFlows:
         self.path_of, first = first_appearance(rows)
         self._routes = table[first]  # one row per unique route, -1 padded
         self._paths: list[tuple[int, ...]] | None = None
-        self._index: dict[tuple[int, ...], int] | None = None
         self._members = np.argsort(self.path_of, kind="stable")
         self._member_ptr = np.concatenate(
             [[0], np.cumsum(np.bincount(self.path_of, minlength=len(first)))]
@@ -117,28 +116,22 @@ class RoutedFlows:
     @property
     def by_path(self) -> dict[tuple[int, ...], np.ndarray]:
         """Every route and its foreground flows (ascending)."""
-        return {path: self.members(path) for path in self.paths}
+        return {path: self._members_of(k) for k, path in enumerate(self.paths)}
 
     def members(self, path: tuple[int, ...]) -> np.ndarray:
-        """The flows whose route is exactly ``path`` (its foreground), ascending."""
-        if self._index is None:
-            self._index = {route: k for k, route in enumerate(self.paths)}
-        k = self._index.get(path)
-        if k is None:
-            raise InputError(f"no flow takes the path {list(path)}", field="path")
-        return self._members[self._member_ptr[k] : self._member_ptr[k + 1]]
+        """The flows whose route is exactly ``path`` (its foreground), ascending: among the
+        routes of the flows on its first link, the one that is ``path`` (no index of every
+        route, which sampling a few hundred of ~10^5 would not repay)."""
+        if path and len(path) <= self._routes.shape[1]:
+            want = np.full(self._routes.shape[1], -1, dtype=self._routes.dtype)
+            want[: len(path)] = path
+            routes = np.unique(self.path_of[self.on_link(path[0])[0]])
+            found = routes[(self._routes[routes] == want).all(axis=1)]
+            if len(found):
+                return self._members_of(int(found[0]))
+        raise InputError(f"no flow takes the path {list(path)}", field="path")
 
-    def _foreground(self, path: tuple[int, ...]) -> np.ndarray:
-        """:meth:`members` without the index of every route (what sampled paths need): among
-        the routes of the flows on ``path``'s first link, the one that is ``path``."""
-        flows, _ = self.on_link(path[0])
-        want = np.full(self._routes.shape[1], -1, dtype=self._routes.dtype)
-        want[: len(path)] = path
-        routes = np.unique(self.path_of[flows])
-        found = routes[(self._routes[routes] == want).all(axis=1)]
-        if not len(found):
-            raise InputError(f"no flow takes the path {list(path)}", field="path")
-        k = int(found[0])
+    def _members_of(self, k: int) -> np.ndarray:
         return self._members[self._member_ptr[k] : self._member_ptr[k + 1]]
 
     def route(self, i: int) -> tuple[int, ...]:
@@ -161,7 +154,7 @@ class RoutedFlows:
     def scenario(self, path: tuple[int, ...], draws: int = 1) -> PathScenario:
         """The parking lot of ``path``: its foreground, then background (pseudo-)flows in flow
         order, each flow's stretches in route order."""
-        fg = self._foreground(path)
+        fg = self.members(path)
         parts = [self.on_link(link) for link in path]
         flow = np.concatenate([f for f, _ in parts])
         hop = np.concatenate([h for _, h in parts])

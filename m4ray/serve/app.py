@@ -422,9 +422,7 @@ class M4Sessions:
         wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
         routing = Routing(topo, seed=spec.routing_seed, wire=wire)
         cfg = await self._cfg()
-        batching = None
-        if spec.batch_above_flows is not None:
-            batching = Batching(spec.batch_above_flows, spec.batch_fraction)
+        batching = Batching.of(spec.batch_above_flows, spec.batch_fraction)
         engine = engine_for(topo, cfg, ns3, routing, batching=batching)
         session_id = uuid.uuid4().hex
         expire(self.sessions, time.monotonic(), self.session_idle_s)

@@ -107,3 +107,14 @@ def test_unknown_hosts_and_empty_input_are_named():
         RoutedFlows([Flow(1, switch, 0, 100)], Routing(topo))
     with pytest.raises(InputError, match="no flows"):
         RoutedFlows([], Routing(topo))
+
+
+def test_members_finds_a_route_and_names_one_no_flow_takes(routed):
+    """A route's foreground by its links alone (the lookup sampled paths use), and a clear
+    error for a path no flow takes (empty, a prefix, one link too many, reversed)."""
+    for path, members in routed.by_path.items():
+        assert routed.members(path).tolist() == members.tolist()
+    some = max(routed.by_path, key=len)
+    for bad in [(), some[:-1], (*some, some[0]), tuple(reversed(some))]:
+        with pytest.raises(InputError, match="no flow takes the path"):
+            routed.members(bad)

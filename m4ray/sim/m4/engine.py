@@ -116,9 +116,7 @@ class M4Engine:
         self._latency = None if link_latency_s is None else np.asarray(link_latency_s, float)
         self._wire = routing.wire if routing is not None else WireFormat()
         n_links = len(bw)
-        self.batching = batching  # completion batching of large components (or None)
-        # links' users and owners, the components
-        self._components = Components(n_links, batching)
+        self._components = Components(n_links, batching)  # links' users and owners, components
         self._slot = np.full(n_links, -1, dtype=np.int64)  # scratch: a link's row in a graph
         self._rows: dict[int, int] = {}  # active flow id -> row
         self._links_of: dict[int, tuple[int, ...]] = {}  # active flow id -> its path
@@ -362,6 +360,11 @@ class M4Engine:
             return self.routing.path(flow.src, flow.dst, flow.id)
         except InputError as err:
             raise InputError(f"flow {flow.id}: {err.message}", field=err.field) from None
+
+    @property
+    def batching(self) -> Batching | None:
+        """Completion batching of large components (None: an update at every event)."""
+        return self._components.batching
 
     def _frozen(self, n_flows: int) -> bool:
         """Whether a component of ``n_flows`` flows has its anchor frozen between its updates
