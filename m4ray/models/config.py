@@ -3,8 +3,10 @@ inference engine and its numpy step (:mod:`m4ray.models.numpy_step`) read it wit
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from m4ray.errors import InputError
 from m4ray.models.fluid import N_FEATURES as N_FLUID
 
 
@@ -50,4 +52,69 @@ class ModelConfig:
         return cls(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0)
 
 
-__all__ = ["ModelConfig"]
+@dataclass(frozen=True, slots=True)
+class ParamsRange:
+    """The span of each network parameter (m4's params13: buffer, window, CC one-hot, CC
+    parameters) over a checkpoint's training scenarios, recorded in its ``model.json`` as
+    ``params_range``. The network reads the parameters raw, so a value far outside what it saw
+    (the SimAI study's 100 MB buffers against training's 1-16 MB) is extrapolated: an input the
+    model never learned a response to. :meth:`fit` brings such values to the nearest edge."""
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    source: str = ""
+
+    @classmethod
+    def of(cls, info: dict, *, file: str = "model.json") -> ParamsRange | None:
+        """The range in a checkpoint's ``model.json`` contents (None: it recorded none)."""
+        raw = info.get("params_range")
+        if raw is None:
+            return None
+        try:
+            low = tuple(float(x) for x in raw["low"])
+            high = tuple(float(x) for x in raw["high"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError(
+                "needs 'low' and 'high', lists of numbers", file=file, field="params_range"
+            ) from None
+        if len(low) != len(high) or not all(
+            math.isfinite(a) and math.isfinite(b) and a <= b
+            for a, b in zip(low, high, strict=False)
+        ):
+            raise InputError(
+                "'low' and 'high' need one finite entry per parameter, low <= high",
+                file=file,
+                field="params_range",
+            )
+        return cls(low, high, str(raw.get("source", "")))
+
+    @classmethod
+    def spanning(cls, rows, source: str = "") -> ParamsRange:
+        """The range of ``rows`` (one params13 vector per training scenario)."""
+        rows = [list(map(float, r)) for r in rows]
+        if not rows:
+            raise InputError("no scenarios to take a range from", field="params_range")
+        columns = list(zip(*rows, strict=True))
+        return cls(tuple(map(min, columns)), tuple(map(max, columns)), source)
+
+    def to_json(self) -> dict:
+        return {"low": list(self.low), "high": list(self.high), "source": self.source}
+
+    def fit(self, params, names) -> tuple[list[float], list[str]]:
+        """``params`` with every value outside the range set to its nearest edge, and one note
+        per value moved (``names``: the parameters' names, in order)."""
+        if len(params) != len(self.low):
+            raise InputError(
+                f"{len(params)} network parameters, the range has {len(self.low)}",
+                field="params13",
+            )
+        fitted, notes = [], []
+        for name, value, low, high in zip(names, params, self.low, self.high, strict=True):
+            kept = min(max(float(value), low), high)
+            if kept != value:
+                notes.append(f"{name} {value:g} read as {kept:g} (trained on {low:g}..{high:g})")
+            fitted.append(kept)
+        return fitted, notes
+
+
+__all__ = ["ModelConfig", "ParamsRange"]

@@ -43,11 +43,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from m4ray.errors import InputError
 from m4ray.models.components import Batching
+from m4ray.models.config import ParamsRange
 from m4ray.models.step import StepGraph, StepOut, chunks, step
 from m4ray.runtime.memory import rss_mb
-from m4ray.sim.m4.backend import DEVICE_PATTERN, engine_for, load_model, resolve_device
+from m4ray.sim.m4.backend import (
+    DEVICE_PATTERN,
+    engine_for,
+    load_model,
+    resolve_device,
+    trained_params_range,
+)
 from m4ray.sim.m4.engine import Arrival, M4Engine
-from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.ns3.backend import PARAMS13, Ns3Config, params13
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import parse_topology
 
@@ -85,6 +92,11 @@ class NewSession(BaseModel):
     batch_fraction: float = Field(
         0.1, gt=0, le=1, description="completions, as a fraction of a batched component's flows"
     )
+    extrapolate: bool = Field(
+        False,
+        description="network parameters outside the span the checkpoint was trained on are "
+        "brought to its edge (false; the session's notes say which) or fed as they are (true)",
+    )
 
 
 class SessionInfo(BaseModel):
@@ -93,6 +105,10 @@ class SessionInfo(BaseModel):
     n_hosts: int
     n_links: int
     checkpoint: str
+    notes: list[str] = Field(
+        default_factory=list,
+        description="network parameters read at the edge of the checkpoint's trained span",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -231,7 +247,10 @@ class M4Model:
         return await self.step_batch(graphs)
 
     def config(self) -> dict[str, Any]:
-        return {"checkpoint": self.checkpoint, "model": dataclasses.asdict(self.model.cfg)}
+        info = {"checkpoint": self.checkpoint, "model": dataclasses.asdict(self.model.cfg)}
+        if (span := trained_params_range(self.checkpoint)) is not None:
+            info["params_range"] = span.to_json()
+        return info
 
     def stats(self, reset: bool = False) -> dict[str, int]:
         """Batches, requests and flows stepped so far (since the last reset)."""
@@ -389,14 +408,17 @@ class M4Sessions:
         self.session_idle_s = args.session_idle_s
         self.sessions: dict[str, _Session] = {}
         self._model_cfg: ModelConfig | None = None
+        self._params_range: ParamsRange | None = None
 
     async def _cfg(self):
+        """The model's config and the params13 span it was trained on."""
         if self._model_cfg is None:
             from m4ray.models.m4 import ModelConfig
 
             info = await self.model.config.remote()
             self._model_cfg = ModelConfig(**info["model"])
-        return self._model_cfg
+            self._params_range = ParamsRange.of(info, file=f"{self.checkpoint}/model.json")
+        return self._model_cfg, self._params_range
 
     @api.get("/health", responses=_errors(401), dependencies=[Depends(authorized)])
     async def health(self) -> dict[str, Any]:
@@ -421,9 +443,15 @@ class M4Sessions:
             raise HTTPException(400, f"network: {err}") from None
         wire = WireFormat(mtu_bytes=spec.mtu_bytes, header_bytes=spec.header_bytes)
         routing = Routing(topo, seed=spec.routing_seed, wire=wire)
-        cfg = await self._cfg()
+        cfg, span = await self._cfg()
+        span = None if spec.extrapolate else span
         batching = Batching.of(spec.batch_above_flows, spec.batch_fraction)
-        engine = engine_for(topo, cfg, ns3, routing, batching=batching)
+        params = params13(ns3, routing)
+        notes = [] if span is None else span.fit(params, PARAMS13)[1]
+        engine = engine_for(
+            topo, cfg, ns3, routing, batching=batching, params_range=span,
+            checkpoint=self.checkpoint,
+        )  # fmt: skip
         session_id = uuid.uuid4().hex
         expire(self.sessions, time.monotonic(), self.session_idle_s)
         limit = _args().max_sessions
@@ -436,6 +464,7 @@ class M4Sessions:
             n_hosts=len(topo.hosts),
             n_links=len(topo.bandwidth_bps),
             checkpoint=self.checkpoint,
+            notes=notes,
         )
 
     @api.post(

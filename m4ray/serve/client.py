@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from m4ray.errors import InputError, M4rayError, SimulationError
+from m4ray.fingerprint import added_field
 from m4ray.models.components import Batching
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.m4.backend import M4Backend
@@ -49,6 +50,7 @@ class SessionClient:
         timeout_s: float = 60.0,
         token: str | None = None,
         batching: Batching | None = None,
+        extrapolate: bool = False,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -64,6 +66,7 @@ class SessionClient:
             "mtu_bytes": routing.wire.mtu_bytes,
             "header_bytes": routing.wire.header_bytes,
             "network": asdict(network or Ns3Config()),
+            "extrapolate": extrapolate,
         }
         if batching is not None:
             body["batch_above_flows"] = batching.above_flows
@@ -215,7 +218,8 @@ class M4ServedConfig:
     its bearer ``token`` if it has one) or handle (the app named ``app_name`` on this Ray
     cluster); update ``window_us`` and completion batching (``batch_above_flows``,
     ``batch_fraction``) as for ``backend=m4`` (default: 10 µs temporal batches, one call each);
-    the ns-3 ``network`` the model imitates; the call timeout."""
+    the ns-3 ``network`` the model imitates; the call timeout; ``extrapolate`` as for
+    ``backend=m4`` (network parameters outside the checkpoint's trained span: at its edge)."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
@@ -228,6 +232,7 @@ class M4ServedConfig:
     token: str | None = None
     batch_above_flows: int | None = 128
     batch_fraction: float = 0.1
+    extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
 
     def __post_init__(self) -> None:
         if self.via not in ("http", "handle"):
@@ -240,14 +245,17 @@ class M4ServedConfig:
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
         if self.via == "handle":
+            from m4ray.models.config import ParamsRange
             from m4ray.models.m4 import ModelConfig
             from m4ray.sim.m4.backend import engine_for
 
             stepper = HandleStepper(self.app_name, timeout_s=self.timeout_s)
             model_cfg = ModelConfig(**stepper.config["model"])
+            span = None if self.extrapolate else ParamsRange.of(stepper.config)
             engine = engine_for(
-                topology, model_cfg, self.network, routing, stepper, batching=self.batching()
-            )
+                topology, model_cfg, self.network, routing, stepper, batching=self.batching(),
+                params_range=span, checkpoint=stepper.config.get("checkpoint", "m4"),
+            )  # fmt: skip
             return M4Backend(engine, window_us=self.window_us)
         client = SessionClient(
             self.url,
@@ -257,6 +265,7 @@ class M4ServedConfig:
             timeout_s=self.timeout_s,
             token=self.token,
             batching=self.batching(),
+            extrapolate=self.extrapolate,
         )
         backend = M4Backend(ServedEngine(client, routing), window_us=self.window_us)
         weakref.finalize(backend, client.close)

@@ -200,6 +200,18 @@ def dataset_ccs(dataset: str) -> list[str]:
     return sorted({json.loads(p).get("cc", "dctcp") for p in params.to_pylist()})
 
 
+def dataset_params_range(dataset: str, version: str):
+    """The span of params13 over a dataset's recorded scenarios (``model.json``
+    ``params_range``: what the m4 backend brings a network's parameters into)."""
+    import pyarrow.parquet as pq
+
+    from m4ray.models.config import ParamsRange
+
+    table = pq.read_table(Path(dataset) / "scenarios.parquet", columns=["status", "params13"])
+    rows = [p for s, p in zip(*(c.to_pylist() for c in table.columns), strict=True) if s == "ok"]
+    return ParamsRange.spanning(rows, f"dataset {version}, {len(rows)} scenarios")
+
+
 def error_table(errors: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
     table = {}
     for who, err in errors.items():

@@ -14,6 +14,7 @@ from m4ray.errors import InputError
 from m4ray.serve.client import M4ServedConfig, SessionClient
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import Arrival, M4Config
+from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing
 from m4ray.sim.scenario import Scenario, simulate
 from m4ray.sim.topologies import RailClusterSpec
@@ -212,6 +213,23 @@ def test_topology_text_round_trips_into_a_session(url, rail):
     c = SessionClient(url, topo, routing)
     assert c.info["n_links"] == len(topo.bandwidth_bps)
     assert c.info["n_hosts"] == len(topo.hosts)
+    assert c.info["notes"] == []  # the default network is inside the checkpoint's trained span
+    c.close()
+
+
+def test_a_session_says_which_network_parameters_it_read_at_the_trained_edge(url, rail):
+    """A network outside the span the served checkpoint was trained on (100 MB buffers) is read
+    at its edge, as backend=m4 reads it, and the session's info names what moved; with
+    ``extrapolate`` the values are fed as they are and nothing is noted."""
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    topo, routing, _ = rail
+    deep = Ns3Config(rdma=RdmaConfig(buffer_bytes=100_000_000, pfc_threshold_bytes=12_500_000))
+    c = SessionClient(url, topo, routing, deep)
+    assert len(c.info["notes"]) == 1 and c.info["notes"][0].startswith("bfsz 10000 read as 159")
+    c.close()
+    c = SessionClient(url, topo, routing, deep, extrapolate=True)
+    assert c.info["notes"] == []
     c.close()
 
 

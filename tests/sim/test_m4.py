@@ -477,3 +477,47 @@ def test_completion_batching_is_checked_and_names_the_run():
     backend = M4Config(batch_above_flows=8, batch_fraction=0.5).build(topo, routing)
     assert backend.engine.batching == Batching(8, 0.5)
     assert fingerprint(M4Config(batch_above_flows=None)) != fingerprint(M4Config())
+
+
+def test_network_parameters_outside_the_trained_span_are_read_at_its_edge(tmp_path):
+    """A checkpoint records the params13 span its training scenarios covered; a network outside
+    it (the SimAI study's 100 MB buffers: training saw 1-16 MB) is read at the span's edge, with
+    a warning naming what moved, unless ``extrapolate`` asks for the raw values. A span that is
+    not two equal-length lists of numbers is a clear error naming the file and field."""
+    import dataclasses
+    import json
+    import shutil
+
+    from m4ray.models.config import ParamsRange
+    from m4ray.sim.m4.backend import _warn_fitted, trained_params_range
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    topo = RailClusterSpec(servers=2).build()
+    routing = Routing(topo)
+    deep = Ns3Config(rdma=RdmaConfig(buffer_bytes=100_000_000, pfc_threshold_bytes=12_500_000))
+    raw = params13(deep, routing)
+    span = trained_params_range("m4-v2")
+    assert span is not None and raw[0] == 10_000 > span.high[0]  # buffer in 10 KB units
+    _warn_fitted.cache_clear()
+    with pytest.warns(UserWarning, match=r"'m4-v2' was not trained on this network: bfsz 10000"):
+        engine = M4Config(network=deep).build(topo, routing).engine
+    expected = [min(max(v, lo), hi) for v, lo, hi in zip(raw, span.low, span.high, strict=True)]
+    assert engine.params[0].tolist() == expected and expected[0] == span.high[0]
+    assert expected[1:] == raw[1:]  # the window and DCTCP's K are inside it
+    as_is = M4Config(network=deep, extrapolate=True).build(topo, routing).engine
+    assert as_is.params[0].tolist() == raw
+    inside = dataclasses.replace(deep, rdma=RdmaConfig())
+    assert M4Config(network=inside).build(topo, routing).engine.params[0].tolist() == params13(
+        inside, routing
+    )
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("m4-v2"), bad)
+    info = json.loads((bad / "model.json").read_text())
+    info["params_range"] = {"low": [0.0] * 13, "high": [1.0] * 12}
+    (bad / "model.json").write_text(json.dumps(info))
+    with pytest.raises(InputError, match="one finite entry per parameter") as err:
+        M4Config(checkpoint=str(bad)).build(topo, routing)
+    assert err.value.field == "params_range" and "model.json" in str(err.value)
+    with pytest.raises(InputError, match="no scenarios"):
+        ParamsRange.spanning([])

@@ -8,11 +8,14 @@ import subprocess
 from pathlib import Path
 
 import mlflow
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from m4ray.errors import InputError
 from m4ray.models import checkpoint
+from m4ray.models.config import ParamsRange
 from m4ray.train.data import DataConfig, load_splits
 from m4ray.train.loop import flow_errors
 from tests.conftest import PYTHON, REPO
@@ -72,6 +75,13 @@ def test_one_epoch_with_two_workers_writes_checkpoint_and_mlflow_run(trained):
     assert version in card and "flowsim" in card
     meta = json.loads((run_dir / "export" / "model.json").read_text())
     assert meta["supported_cc"] == ["dctcp"]  # what the m4 backend will accept (check_cc)
+    # the params13 span of the dataset's scenarios (the backend reads others at its edge)
+    span = ParamsRange.of(meta)
+    scenarios = pd.read_parquet(dataset / "scenarios.parquet")
+    rows = np.stack(scenarios[scenarios.status == "ok"].params13.to_numpy())
+    assert span.low == tuple(float(v) for v in rows.min(axis=0))
+    assert span.high == tuple(float(v) for v in rows.max(axis=0))
+    assert version in span.source
     assert (run_dir / "plots" / "slowdown_error_cdf.png").stat().st_size > 10_000
 
 

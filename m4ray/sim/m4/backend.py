@@ -29,10 +29,11 @@ import numpy as np
 from m4ray.errors import InputError, SimulationError
 from m4ray.fingerprint import added_field
 from m4ray.models.components import Batching
+from m4ray.models.config import ParamsRange
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4.arrival import Arrival
-from m4ray.sim.ns3.backend import IMITATED, Ns3Config, params13
+from m4ray.sim.ns3.backend import IMITATED, PARAMS13, Ns3Config, params13
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
 
@@ -170,6 +171,9 @@ class M4Config:
     other flows keep their last predictions meanwhile (None: every completion updates). It
     bounds a component's updates over its life to ~n/f stepped flows instead of ~n²/2: the
     MoE job on Spectrum-X 512 GPUs ``bench/m4_batching.py`` measures.
+    ``extrapolate``: network parameters outside the span the checkpoint was trained on (its
+    ``model.json`` ``params_range``: the SimAI study's 100 MB buffers against training's
+    1-16 MB) are brought to the span's edge, with a warning (False), or fed as they are (True).
     ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a run's id names
     the model that ran, not only its name: a checkpoint retrained in place does not reuse old
     results."""
@@ -187,6 +191,7 @@ class M4Config:
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
     batch_above_flows: int | None = 128
     batch_fraction: float = 0.1
+    extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
 
     def __post_init__(self) -> None:
         from m4ray.models.numpy_step import float_type
@@ -247,13 +252,52 @@ class M4Config:
         elif stepper.stepper.model is not model:
             raise SimulationError(f"the shared stepper runs another model than '{self.checkpoint}'")
         engine = engine_for(
-            topology, model.cfg, self.network, routing, stepper, batching=self.batching()
+            topology,
+            model.cfg,
+            self.network,
+            routing,
+            stepper,
+            batching=self.batching(),
+            params_range=None if self.extrapolate else trained_params_range(self.checkpoint),
+            checkpoint=self.checkpoint,
         )
         return M4Backend(engine, window_us=self.window_us)
 
     def batching(self) -> Batching | None:
         """The engine's completion batching of large components (None: every update)."""
         return Batching.of(self.batch_above_flows, self.batch_fraction)
+
+
+def fitted_params(
+    params: list[float], params_range: ParamsRange | None, checkpoint: str = "m4"
+) -> list[float]:
+    """``params`` (params13) brought into the checkpoint's trained ``params_range``
+    (:meth:`ParamsRange.fit`), with a warning, once per checkpoint and value, naming what moved;
+    unchanged where the range is None."""
+    if params_range is None:
+        return list(params)
+    fitted, notes = params_range.fit(params, PARAMS13)
+    if notes:
+        _warn_fitted(checkpoint, tuple(notes))
+    return fitted
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_fitted(checkpoint: str, notes: tuple[str, ...]) -> None:
+    warnings.warn(
+        f"m4 checkpoint '{checkpoint}' was not trained on this network: "
+        + "; ".join(notes)
+        + " (backend_options.m4.extrapolate=true feeds them as they are)",
+        stacklevel=3,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def trained_params_range(name: str) -> ParamsRange | None:
+    """The params13 span checkpoint ``name`` recorded (``model.json`` ``params_range``; None
+    for checkpoints that recorded none)."""
+    path = checkpoint_dir(name) / "model.json"
+    return ParamsRange.of(json.loads(path.read_text()), file=str(path))
 
 
 def resolve_device(device: str) -> str:
@@ -278,18 +322,22 @@ def engine_for(
     stepper=None,
     *,
     batching: Batching | None = None,
+    params_range: ParamsRange | None = None,
+    checkpoint: str = "m4",
 ):
     """An m4 engine for ``topology`` described as ``network`` (the model's params13 and, for
     models whose anchor has a window, the network's sender window over the links' latencies;
     with ACK load, the network's ACK bits per data bit), with ``batching`` of large
-    components' completions (:class:`~m4ray.models.components.Batching`; None: off)."""
+    components' completions (:class:`~m4ray.models.components.Batching`; None: off).
+    ``params_range``: the span of params13 the model was trained on (:func:`fitted_params`);
+    None feeds them as they are."""
     from m4ray.models.fairshare import Window, network_ack_fraction
     from m4ray.sim.m4.engine import M4Engine
 
     return M4Engine(
         topology.bandwidth_bps,
         model_cfg,
-        params13(network, routing),
+        fitted_params(params13(network, routing), params_range, checkpoint),
         stepper,
         routing,
         window=Window.of(network, routing) if model_cfg.fluid_window else None,
