@@ -88,13 +88,14 @@ def written(text: str) -> dict[str, str]:
 
 
 def write(card: Path, sections: dict[str, tuple[list[str], str, float]], order: list[str]) -> None:
-    """Write ``sections`` into the card's generated block; sections in ``order`` that were not
-    run keep their earlier text (``--only``)."""
+    """Write ``sections`` into the card's generated block; sections that were not run keep
+    their earlier text (``--only``), those of ``order`` in its place and any others after them
+    (a section of a bench this run could not run, e.g. one that needs ``--shared``)."""
     text = card.read_text()
     earlier = written(text)
     old = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END) + "\n?", re.S)
     parts = [BEGIN, "## Measured (bench/m4_card.py)", ""]
-    for name in order:
+    for name in [*order, *(n for n in earlier if n not in order)]:
         if name not in sections:
             if name in earlier:
                 parts.append(earlier[name])

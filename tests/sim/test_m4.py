@@ -413,20 +413,23 @@ def test_the_step_memo_answers_repeated_graphs_as_the_pass_did(model):
 
 @pytest.mark.parametrize("name", ["m4-v2", "m4-v3"])
 def test_the_rdma_checkpoints_have_cards_the_benches_wrote(name):
-    """m4-v2 is the default of backend=m4 (m4-v3 is more accurate on the gray-failure study but
-    3x slower per scenario, which would take `make run` past its 10 minutes); each records the
-    ns-3 transport it learned (the default backend describes that one), and its card's measured
-    section is bench/m4_card.py's: each subsection quotes the command (an existing bench or the
-    sweep) whose output follows."""
+    """m4-v2 is the default of backend=m4; each records the ns-3 transport it learned (the
+    default backend describes that one) and the span of network parameters it was trained on
+    (the backend reads others at its edge), and its card's measured section is bench/m4_card.py's:
+    each subsection quotes the command (an existing bench or the sweep) whose output follows."""
     import json
     import re
     from pathlib import Path
+
+    from m4ray.models.config import ParamsRange
 
     assert M4Config().checkpoint == "m4-v2"
     directory = checkpoint_dir(name)
     info = json.loads((directory / "model.json").read_text())
     assert info["transport"] == M4Config().network.transport == "rdma"
     assert info["model"]["fluid"] is True
+    span = ParamsRange.of(info)
+    assert span.low[0] < 200 and 1500 < span.high[0] < 1600  # buffers of 1-16 MB, in 10 KB
     card = (directory / "model_card.md").read_text()
     marker = "<!-- bench/m4_card.py: "
     section = card[card.index(marker + "begin") : card.index(marker + "end")]
