@@ -112,7 +112,10 @@ def class_paths(lot: LotNetwork, a: np.ndarray, b: np.ndarray) -> tuple[list[Pat
     """The lot route of each class ``(a, b)`` present (bottleneck lowered to the NIC cap), and
     each flow's index into them."""
     width = lot.n_links + 1
-    keys, inverse = np.unique(np.asarray(a) * width + np.asarray(b), return_inverse=True)
+    # np.unique's sorted keys and inverse, by counting (the keys are < width², a few dozen)
+    code = np.asarray(a, dtype=np.int64) * width + np.asarray(b, dtype=np.int64)
+    present = np.bincount(code, minlength=width * width) > 0
+    keys, inverse = np.flatnonzero(present), (np.cumsum(present) - 1)[code]
     paths = []
     for key in keys.tolist():
         paths.append(_capped(lot.path(*divmod(key, width)), lot.nic_cap_bps))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -55,6 +56,31 @@ class PathScenario:
         return int(self.foreground.sum())
 
 
+_INT_COLUMNS = ("src", "dst", "id", "size_bytes")
+
+
+def _column(flows: list[Flow], name: str, dtype) -> np.ndarray:
+    """One attribute of every flow as an array (3x faster than a list of tuples)."""
+    return np.fromiter(map(attrgetter(name), flows), dtype=dtype, count=len(flows))
+
+
+def _index_type(n: int):
+    """The smallest signed integer type holding ``0..n`` (a 16-bit key sorts by radix)."""
+    return np.int16 if n <= np.iinfo(np.int16).max else np.int64
+
+
+def _route_keys(table: np.ndarray, n_links: int) -> np.ndarray:
+    """One key per row of a route table (links, -1 padded) that is equal exactly where the
+    rows are: the links packed into one int64 where they fit (ids + 1 in ``bits`` each),
+    else the rows' bytes."""
+    bits = max(1, int(n_links).bit_length())
+    if bits * table.shape[1] <= 63:
+        shifts = np.arange(table.shape[1], dtype=np.int64) * bits
+        return ((table + 1) << shifts).sum(axis=1)
+    row = np.dtype((np.void, table.itemsize * table.shape[1]))
+    return np.ascontiguousarray(table).view(row).reshape(-1)
+
+
 class RoutedFlows:
     """A network-wide flow set with every flow's route, indexed by path and by link.
 
@@ -69,7 +95,8 @@ class RoutedFlows:
         if not flows:
             raise InputError("the workload has no flows", field="flows")
         hosts = np.asarray(sorted(routing.topo.hosts), dtype=np.int64)
-        ends = np.array([(f.src, f.dst) for f in flows], dtype=np.int64).reshape(-1, 2)
+        src, dst, ids, size = (_column(flows, name, np.int64) for name in _INT_COLUMNS)
+        ends = np.stack([src, dst], axis=1)
         for col, name in enumerate(("src", "dst")):
             bad = np.flatnonzero(~np.isin(ends[:, col], hosts))
             if len(bad):
@@ -83,11 +110,9 @@ class RoutedFlows:
         self.capacity_bps = np.asarray(topo.bandwidth_bps, dtype=np.float64)
         self.latency_s = np.asarray(topo.latency_s, dtype=np.float64)
         self.n_flows = len(flows)
-        table = routing.links_many(ends[:, 0], ends[:, 1], [f.id for f in flows])
+        table = routing.links_many(src, dst, ids)
         # unique routes, numbered in order of first appearance
-        row = np.dtype((np.void, table.itemsize * table.shape[1]))
-        rows = np.ascontiguousarray(table).view(row).reshape(-1)
-        self.path_of, first = first_appearance(rows)
+        self.path_of, first = first_appearance(_route_keys(table, len(self.capacity_bps)))
         self._routes = table[first]  # one row per unique route, -1 padded
         self._paths: list[tuple[int, ...]] | None = None
         self._members = np.argsort(self.path_of, kind="stable")
@@ -95,13 +120,13 @@ class RoutedFlows:
             [[0], np.cumsum(np.bincount(self.path_of, minlength=len(first)))]
         )
         # every (flow, hop) on every link, grouped by link, then by flow
-        flow, hop = np.nonzero(table >= 0)
+        flow, hop = np.nonzero(table >= 0)  # row-major: by flow, then hop
         link = table[flow, hop]
-        order = np.lexsort((hop, flow, link))
+        order = np.argsort(link.astype(_index_type(len(self.capacity_bps))), kind="stable")
         self._link_flow, self._link_hop = flow[order], hop[order]
         self._link_ptr = np.searchsorted(link[order], np.arange(len(self.capacity_bps) + 1))
-        self.size_bytes = np.array([f.size_bytes for f in flows], dtype=np.int64)
-        self.start_s = np.array([f.start_s for f in flows], dtype=np.float64)
+        self.size_bytes = size
+        self.start_s = _column(flows, "start_s", np.float64)
 
     @property
     def paths(self) -> list[tuple[int, ...]]:
@@ -125,7 +150,7 @@ class RoutedFlows:
         if path and len(path) <= self._routes.shape[1]:
             want = np.full(self._routes.shape[1], -1, dtype=self._routes.dtype)
             want[: len(path)] = path
-            routes = np.unique(self.path_of[self.on_link(path[0])[0]])
+            routes = self.path_of[self.on_link(path[0])[0]]  # repeats: cheaper than unique
             found = routes[(self._routes[routes] == want).all(axis=1)]
             if len(found):
                 return self._members_of(int(found[0]))

@@ -128,6 +128,21 @@ def path_drain_times(
 def first_appearance(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each item's code with distinct keys numbered in order of first appearance, and the index
     of each code's first item."""
+    keys = np.asarray(keys)
+    if keys.ndim == 1 and keys.dtype.kind in "iu" and len(keys):
+        low, high = int(keys.min()), int(keys.max())
+        if high - low < np.iinfo(np.int16).max:  # small keys (a path's classes): a radix sort
+            small = (keys - low).astype(np.int16)
+            order = np.argsort(small, kind="stable")
+            ordered = small[order]
+            new = np.r_[True, ordered[1:] != ordered[:-1]]
+            first = order[new]  # each distinct key's first item, in key order
+            inverse = np.empty(len(keys), dtype=np.int64)
+            inverse[order] = np.cumsum(new) - 1
+            by_first = np.argsort(first)
+            rank = np.empty(len(first), dtype=np.int64)
+            rank[by_first] = np.arange(len(first))
+            return rank[inverse], first[by_first]
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     by_first = np.argsort(first)
     rank = np.empty(len(first), dtype=np.int64)

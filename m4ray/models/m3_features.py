@@ -93,7 +93,12 @@ def percentiles(values: np.ndarray) -> np.ndarray:
 def grouped_percentiles(values: np.ndarray, key: np.ndarray, n_keys: int):
     """``(n_keys, 100)`` percentiles of ``values`` per integer ``key`` (one sort for all), and the
     mask of keys with no value (their row is zeros)."""
-    ordered = np.asarray(values)[np.lexsort((values, key))]
+    values, key = np.asarray(values), np.asarray(key)
+    # by value, then stably by key (np.lexsort's order; ties are equal values, so any order
+    # among them reads the same): a small-int key sorts by radix, 4x faster than lexsort
+    by_value = np.argsort(values)
+    small = key.astype(np.int16) if n_keys <= np.iinfo(np.int16).max else key
+    ordered = values[by_value[np.argsort(small[by_value], kind="stable")]]
     count = np.bincount(key, minlength=n_keys)
     offset = np.concatenate([[0], np.cumsum(count)[:-1]])
     empty = count == 0

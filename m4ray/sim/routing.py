@@ -174,7 +174,11 @@ class Routing:
         ``path(src[i], dst[i], flow_key[i]).links``, padded with -1 (same choices, same errors
         naming the first bad flow by its index)."""
         src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
-        keys = np.array([int(k) & _MASK for k in np.asarray(flow_key).tolist()], dtype=np.uint64)
+        keys = np.asarray(flow_key)
+        if keys.dtype == np.int64:  # two's complement: the same bits as int(k) & _MASK
+            keys = keys.view(np.uint64)
+        else:
+            keys = np.array([int(k) & _MASK for k in keys.tolist()], dtype=np.uint64)
         is_host = np.zeros(self.topo.n_nodes + 1, dtype=bool)
         is_host[list(self._host_set)] = True
         for name, nodes in (("src", src), ("dst", dst)):

@@ -118,3 +118,56 @@ def test_members_finds_a_route_and_names_one_no_flow_takes(routed):
     for bad in [(), some[:-1], (*some, some[0]), tuple(reversed(some))]:
         with pytest.raises(InputError, match="no flow takes the path"):
             routed.members(bad)
+
+
+def test_the_fast_bookkeeping_equals_numpys_unique_and_lexsort():
+    """The counting and radix forms m3's per-path bookkeeping uses give what np.unique and
+    np.lexsort give, item for item: first appearances of small and large integer keys, a path's
+    classes, route keys that are equal exactly where route rows are, and percentiles by group."""
+    from m4ray.m3.lot import LotNetwork, class_paths
+    from m4ray.m3.paths import _route_keys
+    from m4ray.m3.pathsim import first_appearance
+    from m4ray.models.m3_features import grouped_percentiles, nearest_ranks
+
+    def unique_first(keys):
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        by_first = np.argsort(first)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[by_first] = np.arange(len(first))
+        return rank[inverse.reshape(-1)], first[by_first]
+
+    rng = np.random.default_rng(3)
+    for keys in (rng.integers(0, 49, 7000), rng.integers(-5, 5, 9), np.array([4]),
+                 rng.integers(0, 10**9, 500)):  # fmt: skip
+        for got, want in zip(first_appearance(keys), unique_first(keys), strict=True):
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+
+    class Lot:  # class_paths reads these two and the path of each class
+        n_links, nic_cap_bps = 6, 1e12
+
+        def path(self, a, b):
+            return LotNetwork(
+                capacity_bps=(1e10,) * 6, latency_s=(1e-6,) * 6, nic_cap_bps=1e12
+            ).path(a, b)
+
+    a = rng.integers(0, 6, 3000)
+    b = np.minimum(a + 1 + rng.integers(0, 3, 3000), 6)
+    paths, inverse = class_paths(Lot(), a, b)
+    keys, want = np.unique(a * 7 + b, return_inverse=True)
+    assert np.array_equal(inverse, want) and len(paths) == len(keys)
+
+    table = rng.integers(-1, 40, (4000, 5))
+    table[1000:2000] = table[:1000]  # repeated routes
+    keys = _route_keys(table, 40)
+    as_bytes = np.ascontiguousarray(table).view(np.dtype((np.void, 40))).reshape(-1)
+    assert np.array_equal(first_appearance(keys)[0], first_appearance(as_bytes)[0])
+
+    values = np.round(rng.lognormal(0, 1, 20000), 2)  # ties: equal values
+    key = rng.integers(0, 30, 20000)
+    ordered = values[np.lexsort((values, key))]
+    count = np.bincount(key, minlength=32)
+    offset = np.concatenate([[0], np.cumsum(count)[:-1]])
+    pct, empty = grouped_percentiles(values, key, 32)
+    full = count > 0
+    assert np.array_equal(empty, ~full) and not pct[~full].any()
+    assert np.array_equal(pct[full], ordered[offset[full, None] + nearest_ranks(count[full])])
