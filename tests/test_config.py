@@ -148,3 +148,20 @@ def test_simai_timing_preset_sets_simai_ns3_over_the_study_settings():
         True,
         "m4ray",
     )
+
+
+def test_every_backend_setting_can_be_overridden_by_name():
+    """Each field of a backend's config class has its key in the backend's YAML, so
+    ``backend_options.<backend>.<field>=...`` works for all of them (Hydra refuses a key the
+    YAML lacks); ``weights`` alone is derived (m4's checkpoint digest), not set."""
+    import dataclasses
+    import importlib
+
+    cfg = sweep_cfg("+experiment=gray_failure")
+    for name, section in cfg.backend_options.items():
+        keys = set(OmegaConf.to_container(section, resolve=False))
+        module, cls = OmegaConf.select(section, "_target_").rsplit(".", 1)
+        fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
+        assert fields - keys <= {"weights"}, (name, sorted(fields - keys))
+    sweep = resolve(sweep_cfg("+experiment=gray_failure", "backend_options.m4.extrapolate=true"))
+    assert sweep.backend_options["m4"].extrapolate is True
