@@ -169,15 +169,14 @@ def path_features(routed: RoutedFlows, sampled, wire: WireFormat, network: NetCo
     return out
 
 
-def warm_up(ray, tasks: int) -> int:
+def warm_up(ray, tasks: int) -> None:
     """Start the Ray workers the estimate's tasks run on (as many as the cluster has CPUs, at
     most ``tasks``) and load path flowSim in each, so that the estimate's clock times the
     estimate, as the references' clocks time their simulation (:func:`_reference_task`), not
-    process start-up. Returns how many were started."""
+    process start-up."""
     n = max(1, min(tasks, int(ray.cluster_resources().get("CPU", 1))))
     task = ray.remote(num_cpus=1)(_warm)
     ray.get([task.remote() for _ in range(n)])  # each holds a CPU a moment: one per worker
-    return n
 
 
 def _warm() -> None:

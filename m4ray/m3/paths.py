@@ -96,13 +96,12 @@ class RoutedFlows:
             raise InputError("the workload has no flows", field="flows")
         hosts = np.asarray(sorted(routing.topo.hosts), dtype=np.int64)
         src, dst, ids, size = (_column(flows, name, np.int64) for name in _INT_COLUMNS)
-        ends = np.stack([src, dst], axis=1)
-        for col, name in enumerate(("src", "dst")):
-            bad = np.flatnonzero(~np.isin(ends[:, col], hosts))
+        for nodes, name in ((src, "src"), (dst, "dst")):
+            bad = np.flatnonzero(~np.isin(nodes, hosts))
             if len(bad):
                 i = int(bad[0])
                 raise InputError(
-                    f"flow {flows[i].id} (#{i}) references node {int(ends[i, col])}, which is "
+                    f"flow {flows[i].id} (#{i}) references node {int(nodes[i])}, which is "
                     f"not a host of the topology ({len(hosts)} hosts)",
                     field=name,
                 )

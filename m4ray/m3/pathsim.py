@@ -129,21 +129,19 @@ def first_appearance(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each item's code with distinct keys numbered in order of first appearance, and the index
     of each code's first item."""
     keys = np.asarray(keys)
-    if keys.ndim == 1 and keys.dtype.kind in "iu" and len(keys):
-        low, high = int(keys.min()), int(keys.max())
-        if high - low < np.iinfo(np.int16).max:  # small keys (a path's classes): a radix sort
-            small = (keys - low).astype(np.int16)
-            order = np.argsort(small, kind="stable")
-            ordered = small[order]
-            new = np.r_[True, ordered[1:] != ordered[:-1]]
-            first = order[new]  # each distinct key's first item, in key order
-            inverse = np.empty(len(keys), dtype=np.int64)
-            inverse[order] = np.cumsum(new) - 1
-            by_first = np.argsort(first)
-            rank = np.empty(len(first), dtype=np.int64)
-            rank[by_first] = np.arange(len(first))
-            return rank[inverse], first[by_first]
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    small = keys.ndim == 1 and keys.dtype.kind in "iu" and len(keys) > 0
+    if small:
+        low = int(keys.min())
+        small = int(keys.max()) - low < np.iinfo(np.int16).max
+    if small:  # small keys (a path's classes): np.unique's sort by radix, stably
+        order = np.argsort((keys - low).astype(np.int16), kind="stable")
+        ordered = keys[order]
+        new = np.r_[True, ordered[1:] != ordered[:-1]]
+        first = order[new]  # each distinct key's first item, in key order
+        inverse = np.empty(len(keys), dtype=np.int64)
+        inverse[order] = np.cumsum(new) - 1
+    else:
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     by_first = np.argsort(first)
     rank = np.empty(len(first), dtype=np.int64)
     rank[by_first] = np.arange(len(first))

@@ -54,7 +54,7 @@ from m4ray.sim.m4.backend import (
     trained_params_range,
 )
 from m4ray.sim.m4.engine import Arrival, M4Engine
-from m4ray.sim.ns3.backend import PARAMS13, Ns3Config, params13
+from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topology import parse_topology
 
@@ -446,8 +446,6 @@ class M4Sessions:
         cfg, span = await self._cfg()
         span = None if spec.extrapolate else span
         batching = Batching.of(spec.batch_above_flows, spec.batch_fraction)
-        params = params13(ns3, routing)
-        notes = [] if span is None else span.fit(params, PARAMS13)[1]
         engine = engine_for(
             topo, cfg, ns3, routing, batching=batching, params_range=span,
             checkpoint=self.checkpoint,
@@ -464,7 +462,7 @@ class M4Sessions:
             n_hosts=len(topo.hosts),
             n_links=len(topo.bandwidth_bps),
             checkpoint=self.checkpoint,
-            notes=notes,
+            notes=engine.params_notes,
         )
 
     @api.post(

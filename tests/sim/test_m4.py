@@ -507,8 +507,9 @@ def test_network_parameters_outside_the_trained_span_are_read_at_its_edge(tmp_pa
     expected = [min(max(v, lo), hi) for v, lo, hi in zip(raw, span.low, span.high, strict=True)]
     assert engine.params[0].tolist() == expected and expected[0] == span.high[0]
     assert expected[1:] == raw[1:]  # the window and DCTCP's K are inside it
+    assert len(engine.params_notes) == 1 and engine.params_notes[0].startswith("bfsz 10000 ")
     as_is = M4Config(network=deep, extrapolate=True).build(topo, routing).engine
-    assert as_is.params[0].tolist() == raw
+    assert as_is.params[0].tolist() == raw and as_is.params_notes == []
     inside = dataclasses.replace(deep, rdma=RdmaConfig())
     assert M4Config(network=inside).build(topo, routing).engine.params[0].tolist() == params13(
         inside, routing

@@ -270,16 +270,16 @@ class M4Config:
 
 def fitted_params(
     params: list[float], params_range: ParamsRange | None, checkpoint: str = "m4"
-) -> list[float]:
+) -> tuple[list[float], list[str]]:
     """``params`` (params13) brought into the checkpoint's trained ``params_range``
-    (:meth:`ParamsRange.fit`), with a warning, once per checkpoint and value, naming what moved;
-    unchanged where the range is None."""
+    (:meth:`ParamsRange.fit`), with a warning, once per checkpoint and value, naming what moved,
+    and those notes; unchanged (no notes) where the range is None."""
     if params_range is None:
-        return list(params)
+        return list(params), []
     fitted, notes = params_range.fit(params, PARAMS13)
     if notes:
         _warn_fitted(checkpoint, tuple(notes))
-    return fitted
+    return fitted, notes
 
 
 @functools.lru_cache(maxsize=64)
@@ -287,7 +287,7 @@ def _warn_fitted(checkpoint: str, notes: tuple[str, ...]) -> None:
     warnings.warn(
         f"m4 checkpoint '{checkpoint}' was not trained on this network: "
         + "; ".join(notes)
-        + " (backend_options.m4.extrapolate=true feeds them as they are)",
+        + " (extrapolate=true feeds them as they are)",
         stacklevel=3,
     )
 
@@ -329,15 +329,16 @@ def engine_for(
     models whose anchor has a window, the network's sender window over the links' latencies;
     with ACK load, the network's ACK bits per data bit), with ``batching`` of large
     components' completions (:class:`~m4ray.models.components.Batching`; None: off).
-    ``params_range``: the span of params13 the model was trained on (:func:`fitted_params`);
-    None feeds them as they are."""
+    ``params_range``: the span of params13 the model was trained on (:func:`fitted_params`;
+    the engine's ``params_notes`` say what was read at its edge); None feeds them as they are."""
     from m4ray.models.fairshare import Window, network_ack_fraction
     from m4ray.sim.m4.engine import M4Engine
 
-    return M4Engine(
+    params, notes = fitted_params(params13(network, routing), params_range, checkpoint)
+    engine = M4Engine(
         topology.bandwidth_bps,
         model_cfg,
-        fitted_params(params13(network, routing), params_range, checkpoint),
+        params,
         stepper,
         routing,
         window=Window.of(network, routing) if model_cfg.fluid_window else None,
@@ -345,6 +346,8 @@ def engine_for(
         ack_fraction=network_ack_fraction(network, routing.wire) if model_cfg.fluid_acks else 0.0,
         batching=batching,
     )
+    engine.params_notes = notes
+    return engine
 
 
 class _Batch:

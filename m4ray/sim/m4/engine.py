@@ -101,6 +101,8 @@ class M4Engine:
         self.cfg = model_cfg
         self.stepper = stepper
         self.params = np.asarray(params13, dtype=np.float64).reshape(1, -1)
+        # what engine_for read at the edge of the checkpoint's trained span (ParamsRange.fit)
+        self.params_notes: list[str] = []
         bw = np.asarray(link_bandwidth_bps, dtype=np.float64)
         self._link_init = initial_link_state(model_cfg, bw)
         self._h_link = self._link_init.copy()
