@@ -159,9 +159,10 @@ def study_ns3(conf: Path | None = None, preset: str = "ns3_simai"):
 
 
 def simai_conf_rdma(path: Path) -> dict:
-    """The DCTCP settings of a SimAI.conf (CC_MODE 8) as ``ns3.rdma`` fields: K per port rate
-    (KMAX_MAP, KB; KMIN = KMAX there), EWMA_GAIN, DCTCP_RATE_AI and MIN_RATE. Its BUFFER_SIZE
-    is left alone: SimAI's PFC threshold underflows at small buffers, so no buffer binds."""
+    """The DCTCP settings of a SimAI.conf (CC_MODE 8) as ``ns3.rdma`` fields: its marking per
+    port rate (KMIN_MAP, KMAX_MAP in KB, PMAX_MAP: the step at K where KMIN = KMAX everywhere,
+    else RED), EWMA_GAIN, DCTCP_RATE_AI and MIN_RATE. Its BUFFER_SIZE is left alone: SimAI's
+    PFC threshold underflows at small buffers, so no buffer binds."""
     values = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         parts = line.split()
@@ -182,11 +183,19 @@ def simai_conf_rdma(path: Path) -> dict:
 
     if field("CC_MODE")[0] != "8":
         raise ValueError(f"{path}, line {values['CC_MODE'][0]}: CC_MODE is not 8 (DCTCP)")
-    kmax = field("KMAX_MAP")
-    n = int(kmax[0])
-    points = [[float(kmax[1 + 2 * i]), float(kmax[2 + 2 * i]) * 1000] for i in range(n)]
+
+    def points(key: str, scale: float) -> list[list[float]]:
+        row = field(key)
+        return [[float(row[1 + 2 * i]), float(row[2 + 2 * i]) * scale] for i in range(int(row[0]))]
+
+    kmin, kmax, pmax = points("KMIN_MAP", 1000), points("KMAX_MAP", 1000), points("PMAX_MAP", 1)
+    step = sorted(kmin) == sorted(kmax)  # PMAX then never matters
+    if not step and len({p for _, p in pmax}) != 1:
+        raise ValueError(f"{path}, line {values['PMAX_MAP'][0]}: RED's PMAX differs by rate")
     return {
-        "ecn_k_bytes": points,
+        "ecn_k_bytes": kmax if step else kmin,
+        "ecn_k_max_bytes": None if step else kmax,
+        "ecn_p_max": 1.0 if step else pmax[0][1],
         "dctcp_gain": float(field("EWMA_GAIN")[0]),
         "rate_ai_bps": rate(field("DCTCP_RATE_AI")[0], "DCTCP_RATE_AI"),
         "min_rate_bps": rate(field("MIN_RATE")[0], "MIN_RATE"),

@@ -12,7 +12,8 @@ Inputs are SimAI's own files under ``<data>/simai/``: the degraded topologies
 ``workload/microAllReduce.txt@52ed9ea.txt`` (TP group 16), at full size, through each collective
 layer asked for (``--collectives``: ``simai``, SimAI's own NCCL flows, and the rail-aligned
 ``hierarchical`` by default). ns-3 uses the study's network (``conf/backend/ns3_simai.yaml``:
-DCTCP, K = 100 KB at every rate, g = 1/16, rate AI 2 Gbit/s, minimum rate 1 Gbit/s, 100 MB
+DCTCP with the RED of the study's SimAI.conf (K_min 1 KB per Gbit/s, K_max 4 K_min,
+P_max 0.2), g = 1/16, rate AI 2 Gbit/s, minimum rate 1 Gbit/s, 100 MB
 buffers, 1000 B payload; NVSwitches mark no ECN and send no PFC; SimAI's ns-3 timing: ACKs
 with the data at switches, whole-ns packets, its DCTCP α and window) on SimAI's 1,040 B packets,
 each flow sent 3.01 µs after its parent as SimAI's logs show. SimAI's totals (µs) for three

@@ -124,8 +124,8 @@ def test_flowsim_can_take_the_ns3_backends_window():
 
 def test_simai_timing_preset_sets_simai_ns3_over_the_study_settings():
     """``backend@backend_options.ns3=ns3_simai_timing`` with ``wire=simai``: the study's DCTCP
-    settings (K 100 KB, 100 MB buffers) plus SimAI's ns-3 timing, and m4 told the same network;
-    the default study preset keeps the m4ray timing."""
+    settings (RED from 1 KB per Gbit/s, 100 MB buffers) plus SimAI's ns-3 timing, and m4 told
+    the same network; the default study preset keeps the m4ray timing."""
     sweep = resolve(
         sweep_cfg(
             "+experiment=gray_failure", "backend@backend_options.ns3=ns3_simai_timing", "wire=simai"
@@ -139,7 +139,12 @@ def test_simai_timing_preset_sets_simai_ns3_over_the_study_settings():
     )
     assert (rdma.ack_bytes, rdma.window_rule, rdma.buffer_bytes) == (48, "simai", 100_000_000)
     assert rdma.done_at_ack and rdma.feed_when_idle
-    assert rdma.ecn_k_bytes == [[25.0e9, 100000]]
+    assert rdma.ecn_k_bytes == [[40.0e9, 40000], [2400.0e9, 2400000]]
+    assert (rdma.ecn_red(40e9), rdma.ecn_red(400e9), rdma.ecn_p_max) == (
+        (40_000, 160_000),
+        (400_000, 1_600_000),
+        0.2,
+    )
     assert sweep.backend_options["m4"].network.rdma == rdma
     assert (sweep.wire.mtu_bytes, sweep.wire.header_bytes) == (1000, 40)
     default = resolve(sweep_cfg("+experiment=gray_failure")).backend_options["ns3"].rdma

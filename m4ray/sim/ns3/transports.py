@@ -99,6 +99,14 @@ class RdmaConfig:
     # queue pair) when its wire goes idle, as SimAI's device does; False: as the wire starts the
     # previous one, keeping one packet ready (no gap either way)
     feed_when_idle: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
+    # RED marking under DCTCP, as the reference's switches judge every CC (KMIN_MAP, KMAX_MAP,
+    # PMAX_MAP): none while what stays queued is at most K_min (ecn_k_bytes), every packet above
+    # K_max (these points, linear in rate), probability rising to ecn_p_max between; null: the
+    # step at K on the queue the packet leaves (K_min = K_max in the reference)
+    ecn_k_max_bytes: list[list[float]] | None = field(
+        default=None, metadata={SINCE: "SimAI's study RED (issue 29)"}
+    )
+    ecn_p_max: float = added_field(1.0, "SimAI's study RED (issue 29)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -116,6 +124,7 @@ class RdmaConfig:
             (self.max_rate_bps is None or self.max_rate_bps > 0, "max_rate_bps", "> 0 or null"),
             (0 <= self.pfc_dynamic_shift <= 16, "pfc_dynamic_shift", "in [0, 16]"),
             (self.window_rule in ("m4ray", "simai"), "window_rule", "'m4ray' or 'simai'"),
+            (0 < self.ecn_p_max <= 1, "ecn_p_max", "in (0, 1]"),
             (
                 0 < self.pfc_threshold_bytes < self.buffer_bytes,
                 "pfc_threshold_bytes",
@@ -130,6 +139,14 @@ class RdmaConfig:
             raise InputError("HPCC needs a window (window_bytes null or > 0)", field="ns3.rdma.cc")
         points = self.ecn_k_bytes
         check_points(points, "ns3.rdma.ecn_k_bytes")
+        if self.ecn_k_max_bytes is not None:
+            if self.cc != "dctcp":
+                raise InputError(
+                    f"RED points are DCTCP's ({self.cc} has its own marking)",
+                    field="ns3.rdma.ecn_k_max_bytes",
+                )
+            check_points(self.ecn_k_max_bytes, "ns3.rdma.ecn_k_max_bytes")
+            points = [*points, *self.ecn_k_max_bytes]
         if max(p[1] for p in points) >= self.buffer_bytes:
             raise InputError(
                 f"K {max(p[1] for p in points):g} B is not below the buffer "
@@ -144,6 +161,13 @@ class RdmaConfig:
     def ecn_k(self, rate_bps: float) -> int:
         """Marking threshold (bytes) of a port sending at ``rate_bps``."""
         return round(interpolate(self.ecn_k_bytes, rate_bps))
+
+    def ecn_red(self, rate_bps: float) -> tuple[int, int] | None:
+        """(K_min, K_max) bytes of DCTCP's RED at ``rate_bps``, or None (step marking)."""
+        if self.ecn_k_max_bytes is None:
+            return None
+        kmin = self.ecn_k(rate_bps)
+        return kmin, max(kmin + 1, round(interpolate(self.ecn_k_max_bytes, rate_bps)))
 
     def window(self, routing: Routing) -> int:
         """The window every flow gets (bytes; 0 = none)."""
@@ -327,17 +351,19 @@ class RdmaFabric:
                 NEVER_MARK if on_nvswitch else cfg.ecn_k(cable.bandwidth_bps),
                 cable.error_rate,
             )
-            if cfg.cc == "dcqcn" and not on_nvswitch:  # RED in place of the step (both ways)
-                kmin, kmax = params.red(cable.bandwidth_bps)
+            red = cfg.ecn_red(cable.bandwidth_bps)
+            if (cfg.cc == "dcqcn" or red) and not on_nvswitch:  # RED, not the step (both ways)
+                kmin, kmax = red or params.red(cable.bandwidth_bps)
+                p_max = cfg.ecn_p_max if red else params.p_max
                 if kmax >= cfg.buffer_bytes:
                     raise InputError(
                         f"K_max {kmax} B at {cable.bandwidth_bps:g} bit/s is not below the "
                         f"buffer ({cfg.buffer_bytes} B): RED would never mark",
-                        field="ns3.rdma.cc_params.k_max_bytes",
+                        field="ns3.rdma." + ("ecn_k_max_bytes" if red else "cc_params.k_max_bytes"),
                     )
                 link = self.net.n_links() - 2
-                self.net.SetRed(link, kmin, kmax, params.p_max)
-                self.net.SetRed(link + 1, kmin, kmax, params.p_max)
+                self.net.SetRed(link, kmin, kmax, p_max)
+                self.net.SetRed(link + 1, kmin, kmax, p_max)
         self._window = cfg.window(routing)
         self._vector = ns.cppyy.gbl.std.vector["unsigned int"]
 

@@ -135,10 +135,28 @@ def test_hpcc_holds_the_incast_queue_well_below_dctcps(simulate):
     assert 0 < queue["hpcc"] < 0.25 * queue["dctcp"], queue
 
 
+def test_dctcp_with_red_marks_less_and_queues_more_than_its_step_at_k_min(simulate):
+    """DCTCP under the reference's RED (``ecn_k_max_bytes``, ``ecn_p_max``: what SimAI's
+    study configures) on the 8:1 incast with the default window: the step at K = 20 KB marks
+    every packet that leaves more queued; RED from K_min = 20 KB to K_max = 2 MB at p_max 0.05
+    marks a few, so the queue a packet finds there runs deeper."""
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    counters = {}
+    for name, red in (("step", {}), ("red", {"ecn_k_max_bytes": [[100e9, 2e6]]})):
+        cfg = _rdma("dctcp", ecn_k_bytes=[[100e9, 20_000]], ecn_p_max=0.05, **red)
+        result, counters[name] = simulate(star(9, 100e9), flows, JUMBO, cfg)
+        assert all(finish is not None for finish, _ in result.values())
+    assert 0 < counters["red"]["marks"] < 0.5 * counters["step"]["marks"], counters
+    assert counters["red"]["mean_queue_bytes"] > 1.5 * counters["step"]["mean_queue_bytes"]
+
+
 @pytest.mark.parametrize(
     ("settings", "field"),
     [
         ({"cc": "bbr"}, "ns3.rdma.cc"),
+        ({"cc": "dcqcn", "ecn_k_max_bytes": [[1e9, 1e5]]}, "ns3.rdma.ecn_k_max_bytes"),
+        ({"ecn_k_max_bytes": [[1e9, -1]]}, "ns3.rdma.ecn_k_max_bytes"),
+        ({"ecn_p_max": 0}, "ns3.rdma.ecn_p_max"),
         ({"cc": "hpcc", "cc_params": {"k_min_bytes": 1}}, "ns3.rdma.cc_params.k_min_bytes"),
         ({"cc": "dctcp", "cc_params": {"eta": 0.9}}, "ns3.rdma.cc_params.eta"),
         ({"cc": "hpcc", "cc_params": {"target_utilization": 1.5}}, None),
