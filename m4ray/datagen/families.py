@@ -35,7 +35,7 @@ from m4ray.datagen.sampling import (
 from m4ray.datagen.schema import TABLES
 from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import InputError, choice_error
-from m4ray.fingerprint import added_field, fingerprint
+from m4ray.fingerprint import SINCE, added_field, fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
 from m4ray.sim.failures import degrade
 from m4ray.sim.nccl import SimAISpec
@@ -51,6 +51,9 @@ ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec, "simai": SimAI
 LAYOUTS = ("all", "rails", "servers", "random")
 
 
+RED_KB_PER_GBPS = (0.5, 2.0)  # NetworkRanges.red_kb_per_gbps's default range
+
+
 @dataclass(kw_only=True, slots=True)
 class NetworkRanges:
     """Ranges of the ns-3 RDMA parameters sampled per scenario (KB = 1000 bytes).
@@ -59,6 +62,11 @@ class NetworkRanges:
     of it, HPCC's dynamic-threshold share of an idle switch); ``ecn_k_kb`` is one marking
     threshold for every link rate; ``window_kb`` the fixed window (``null``: the topology's
     largest BDP). The values drawn are what ``params13`` records.
+
+    ``red_share`` of the DCTCP scenarios mark as the SimAI gray-failure study's switches do
+    (``conf/backend/ns3_simai.yaml``): RED per link rate, K_min = ``red_kb_per_gbps`` KB per
+    Gbit/s (drawn), K_max = 4 K_min, P_max 0.2, in place of the step at ``ecn_k_kb``. At 0 (the
+    default) nothing more is drawn, so earlier datasets keep their scenarios.
     """
 
     buffer_kb: list[float] = field(default_factory=lambda: [1000.0, 4000.0])
@@ -66,9 +74,15 @@ class NetworkRanges:
     window_kb: list[float] | None = field(default_factory=lambda: [5.0, 15.0])
     dctcp_gain: list[float] = field(default_factory=lambda: [0.0625, 0.0625])
     cc: CcRanges = field(default_factory=CcRanges)  # the congestion controls drawn
+    red_share: float = added_field(0.0, "the study's RED marking (issue 29)")
+    red_kb_per_gbps: list[float] | None = field(  # null: [0.5, 2.0] (the study's: 1)
+        default=None, metadata={SINCE: "the study's RED marking (issue 29)"}
+    )
 
     def __post_init__(self) -> None:
         check_range(self.buffer_kb, "network.buffer_kb", lo=0, open_=True)
+        check_range([self.red_share, self.red_share], "network.red_share", lo=0, hi=1)
+        check_range(self._red_range(), "network.red_kb_per_gbps", lo=0, open_=True)
         check_range(self.ecn_k_kb, "network.ecn_k_kb", lo=0, open_=True)
         if self.window_kb is not None:
             check_range(self.window_kb, "network.window_kb", lo=0, open_=True)
@@ -82,21 +96,39 @@ class NetworkRanges:
             self.cc = CcRanges(**self.cc)
         self.cc.check("network.cc")
 
+    def _red_range(self) -> list[float]:
+        # not filled in by __post_init__: a default left None keeps the family's ids
+        return list(RED_KB_PER_GBPS if self.red_kb_per_gbps is None else self.red_kb_per_gbps)
+
     def sample(self, rng: np.random.Generator, wall_limit_s: float) -> Ns3Config:
         buffer = round(uniform(rng, self.buffer_kb) * 1000)
         window = None if self.window_kb is None else round(uniform(rng, self.window_kb) * 1000)
         k = float(round(uniform(rng, self.ecn_k_kb) * 1000))
         gain = uniform(rng, self.dctcp_gain)
         cc, params = self.cc.draw(rng)
+        marking: dict[str, Any] = {"ecn_k_bytes": [[10e9, k]]}
+        if self.red_share > 0 and cc == "dctcp" and rng.random() < self.red_share:
+            per_bps = uniform(rng, self._red_range()) * 1000 / 1e9  # K_min bytes per bit/s
+            # proportional to the rate up to 400 Gbit/s, held above (and lower where K_max
+            # would reach the buffer: the ports must mark below it)
+            top = min(400e9, 0.9 * buffer / (4 * per_bps))
+            marking = {
+                "ecn_k_bytes": [[1e9, round(per_bps * 1e9)], [top, round(per_bps * top)]],
+                "ecn_k_max_bytes": [
+                    [1e9, round(4 * per_bps * 1e9)],
+                    [top, round(4 * per_bps * top)],
+                ],
+                "ecn_p_max": 0.2,
+            }
         return Ns3Config(
             rdma=RdmaConfig(
                 buffer_bytes=buffer,
                 pfc_threshold_bytes=buffer // 8,
-                ecn_k_bytes=[[10e9, k]],
                 window_bytes=window,
                 dctcp_gain=gain,
                 cc=cc,
                 cc_params=params,
+                **marking,
             ),
             wall_limit_s=wall_limit_s,
         )

@@ -12,6 +12,7 @@ from m4ray.datagen.job import DatagenConfig, expand, family_seeds
 from m4ray.datagen.periods import ack_coupled, busy_periods
 from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError
+from m4ray.fingerprint import canonical, fingerprint
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import m4_fabric
 from m4ray.sweeps.grid import child_seeds
@@ -297,3 +298,32 @@ def test_networks_draw_every_listed_congestion_control_with_its_own_parameters()
     with pytest.raises(InputError) as err:
         NetworkRanges(cc={"ccs": ["reno"]})
     assert err.value.field == "network.cc.ccs"
+
+
+def test_a_red_share_draws_the_study_marking_and_none_keeps_every_draw_and_id():
+    """``network.red_share``: that share of DCTCP scenarios mark with the SimAI study's RED
+    (K_min per Gbit/s drawn, K_max = 4 K_min, P_max 0.2); at 0 the draws, the configs and the
+    family's fingerprint are what they were before the option existed."""
+    red = NetworkRanges(red_share=1.0, red_kb_per_gbps=[1.0, 1.0])
+    rdma = red.sample(np.random.default_rng(0), 60.0).rdma
+    assert rdma.ecn_red(40e9) == (40_000, 160_000) and rdma.ecn_p_max == 0.2
+    assert rdma.ecn_red(400e9) == (400_000, 1_600_000)
+    shares = [
+        NetworkRanges(red_share=0.5).sample(np.random.default_rng(s), 60.0).rdma.ecn_k_max_bytes
+        for s in range(40)
+    ]
+    assert 5 < sum(k is not None for k in shares) < 35
+    for seed in range(3):
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert NetworkRanges().sample(a, 60.0) == NetworkRanges(red_share=0.0).sample(b, 60.0)
+        assert a.random() == b.random()  # nothing more drawn
+    assert {"red_share", "red_kb_per_gbps"}.isdisjoint(canonical(NetworkRanges(red_share=0.0)))
+    assert fingerprint(NetworkRanges()) != fingerprint(red)
+    bad_values = [
+        ({"red_share": 1.5}, "red_share"),
+        ({"red_kb_per_gbps": [0, 1]}, "red_kb_per_gbps"),
+    ]
+    for bad, name in bad_values:
+        with pytest.raises(InputError) as err:
+            NetworkRanges(**bad)
+        assert err.value.field == f"network.{name}"
