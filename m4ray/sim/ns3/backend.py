@@ -179,6 +179,11 @@ class Ns3Backend:
         retransmits; TCP: none)."""
         return self.fabric.counters()
 
+    def sent_bytes(self) -> np.ndarray:
+        """Bytes each directed link has sent so far (RDMA; a link's busy share of a run is
+        ``8 * bytes / (bandwidth * time)``: ``bench/ns3_utilisation.py``)."""
+        return self.fabric.sent_bytes()
+
 
 @dataclass(frozen=True, slots=True)
 class Recording:

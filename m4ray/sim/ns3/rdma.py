@@ -195,6 +195,7 @@ struct Port {  // one directed link's sending end
     double red_p = 0;
     Ptr<UniformRandomVariable> mark_rng;
     uint64_t tx_bytes = 0;        // bytes sent (switches: HPCC's INT)
+    uint64_t sent_bytes = 0;      // every frame put on the wire (data, ACKs, control)
     std::deque<Ptr<Packet>> hi, data;
     uint64_t hi_bytes = 0, data_bytes = 0;
     std::vector<uint32_t> qps;    // hosts: flows sending on this port
@@ -293,6 +294,7 @@ class RdmaNetwork : public Fabric {
     }
     void SetLoss(uint32_t link, double rate) { m_ports[link].loss = rate; }
     uint32_t n_links() const { return m_ports.size(); }
+    uint64_t SentBytes(uint32_t link) const { return m_ports[link].sent_bytes; }
 
     // What holds a stalled run: paused links (with the bytes their ingress holds at the far
     // end) and the flows still unacknowledged, for the wall-clock guard's error.
@@ -401,7 +403,10 @@ class RdmaNetwork : public Fabric {
         } else if (!port.paused) {
             p = m_switch[port.node] ? Dequeue(link) : NextQp(link);
         }
-        if (p) port.device->Send(p, port.device->GetBroadcast(), 0x0800);
+        if (p) {
+            port.sent_bytes += p->GetSize() + 2;
+            port.device->Send(p, port.device->GetBroadcast(), 0x0800);
+        }
     }
 
     Ptr<Packet> Dequeue(uint32_t link) {

@@ -376,6 +376,11 @@ class RdmaFabric:
             self._window,
         )
 
+    def sent_bytes(self) -> np.ndarray:
+        """Bytes each directed link has put on its wire so far (data, ACKs and control frames,
+        PPP header included; the topology's link ids)."""
+        return np.array([self.net.SentBytes(link) for link in range(self.net.n_links())])
+
     def counters(self) -> dict[str, int]:
         """Drops, retransmission timeouts, PFC pauses, ECN marks, retransmitted packets, NACKs
         the longest data queue of any fabric switch port and the mean queue a data packet found
@@ -463,6 +468,9 @@ class TcpFabric:
 
     def counters(self) -> dict[str, int]:
         return {}
+
+    def sent_bytes(self) -> np.ndarray:
+        raise InputError("per-link bytes are counted by the RDMA transport only", field="transport")
 
     def _port(self, host: int) -> int:
         port = self._next_port.get(host, FIRST_PORT)

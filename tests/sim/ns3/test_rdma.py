@@ -297,3 +297,31 @@ def test_feed_when_idle_leaves_no_gap_between_packets(simulate):
     result, counters = simulate(star(5, 100e9), flows, DEFAULT, cfg)
     assert max(result[f.id][0] / result[f.id][1] for f in flows) == pytest.approx(4.0, rel=0.1)
     assert counters["drops"] == counters["timeouts"] == 0 and counters["marks"] > 0
+
+
+def _sent(topo, flows, wire, cfg):
+    routing = Routing(topo, wire=wire)
+    backend = cfg.build(topo, routing)
+    for flow in flows:
+        backend.schedule(flow.start_s, lambda f=flow: backend.send(f, lambda *_: None))
+    backend.run()
+    path = routing.path(0, 1, flows[0].id)
+    return backend.sent_bytes(), path.links, routing.path(1, 0, flows[0].id).links
+
+
+def test_each_link_counts_the_bytes_it_put_on_its_wire(ray_local):
+    """``sent_bytes``: a 1 MB flow over five hops puts its wire bytes (payload, headers, PPP) on
+    every link of its path, its ACKs (one per packet) on the links back (the run stops at the
+    last byte's delivery, so the last few ACKs are still on their way), nothing elsewhere."""
+    flows = [Flow(0, 0, 1, 1_000_000, 0.0)]
+    cfg = Ns3Config()
+    sent, forward, back = ray_local.get(
+        ray_local.remote(_sent).remote(chain(10e9), flows, DEFAULT, cfg)
+    )
+    packets = -(-1_000_000 // DEFAULT.mtu_bytes)
+    assert set(sent[list(forward)].tolist()) == {DEFAULT.wire_bytes(1_000_000)}
+    acks = sent[list(back)]
+    assert (acks <= packets * cfg.rdma.ack_bytes).all()
+    assert (acks >= 0.99 * packets * cfg.rdma.ack_bytes).all()
+    assert (acks % cfg.rdma.ack_bytes == 0).all() and (acks[:-1] >= acks[1:]).all()
+    assert sent.sum() == sent[list(forward)].sum() + sent[list(back)].sum()
