@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from composed import resolved
 
 from m4ray.sim.failures import gray_failure_gpus
-from m4ray.sim.scenario import Scenario, simulate
-from m4ray.sweeps.grid import expand
+from m4ray.sim.scenario import simulate
+from m4ray.sweeps.gray_failure import scenarios_of
 from m4ray.sweeps.report import format_table
 
 GROUP = range(16)  # the reported group's ranks (EndToEnd.csv is rank 0's)
@@ -65,15 +65,8 @@ def main() -> None:
         f"workload.scale={args.scale}",
         *args.overrides,
     )
-    template = Scenario(
-        topology=cfg.topology,
-        workload=cfg.workload,
-        collective=cfg.collective,
-        wire=cfg.wire,
-        send_latency_s=cfg.send_latency_s,
-    )
     backends = ["ns3", "flowsim"]
-    scenarios = expand(cfg.grid, template, backends, cfg.backend_options, cfg.seed)
+    scenarios = scenarios_of(cfg, backends)
     built = {}
     busy = {}
     for scenario in scenarios:

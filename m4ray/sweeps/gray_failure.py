@@ -49,10 +49,8 @@ def describe_workload(spec: Any, n_hosts: int, algorithm: Any = None) -> str:
 SECTIONS: dict[str, type] = {}  # the sweep's own fields only
 
 
-def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
-    started = time.perf_counter()
-    run_dir = Path(cfg.paths.run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+def scenarios_of(cfg: SweepConfig, backends: list[str] | None = None) -> list[Scenario]:
+    """The sweep's scenarios: its grid over its template, for ``backends`` (default: its own)."""
     template = Scenario(
         topology=cfg.topology,
         workload=cfg.workload,
@@ -60,7 +58,15 @@ def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
         wire=cfg.wire,
         send_latency_s=cfg.send_latency_s,
     )
-    scenarios = expand(cfg.grid, template, cfg.backends, cfg.backend_options, cfg.seed)
+    chosen = cfg.backends if backends is None else backends
+    return expand(cfg.grid, template, chosen, cfg.backend_options, cfg.seed)
+
+
+def run(cfg: SweepConfig, raw_config: dict[str, Any]) -> Path:
+    started = time.perf_counter()
+    run_dir = Path(cfg.paths.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    scenarios = scenarios_of(cfg)
     base = cfg.topology.build()
     # fail fast on a bad workload, before any task starts
     files = write_topologies(cfg, base, run_dir)
