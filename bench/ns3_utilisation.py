@@ -11,6 +11,7 @@ back, GPU to rail switch and back, rail to spine and back; degraded GPUs apart),
 the run each kept its wire busy: ``8 * bytes sent / (bandwidth * completion time)`` (ns-3 counts
 every frame it sends, ACKs included; flowSim's bytes are its flows' wire bytes). A link that must
 carry the same bytes in both and is busy for a smaller share in ns-3 sat idle for the rest.
+Beside it, how many data packets ns-3's ports of each kind marked CE (all links of the kind).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def main() -> None:
         backend, topo, routing = built[scenario.backend]
         if scenario.backend == "ns3":
             sent = backend.sent_bytes().astype(float)
+            marked = backend.marked_packets()
         else:  # the flows' wire bytes on every link of their paths
             sent = np.zeros(topo.n_links)
             for src, dst, size, fid in zip(
@@ -101,6 +103,8 @@ def main() -> None:
         for kind in sorted(set(kinds.values())):
             links = [link for link, k in kinds.items() if k == kind]
             busy.setdefault(kind, {})[scenario.backend] = (share[links].mean(), sent[links].mean())
+            if scenario.backend == "ns3":
+                busy[kind]["marks"] = (float(marked[links].sum()), None)
         busy.setdefault("completion (ms)", {})[scenario.backend] = (t * 1e3, None)
     rows = []
     for kind, per in busy.items():
@@ -109,13 +113,14 @@ def main() -> None:
             value, _ = per[name]
             cells.append(f"{value:.2f}" if kind.startswith("completion") else f"{value:.0%}")
         if kind.startswith("completion"):
-            cells.append("")
+            cells += ["", ""]
         else:
             ratio = per["ns3"][1] / per["flowsim"][1] if per["flowsim"][1] else float("nan")
-            cells.append(f"{ratio:.3f}")
+            cells += [f"{ratio:.3f}", f"{per['marks'][0]:,.0f}"]
         rows.append([kind, *cells])
     print(f"N = {args.n}, R = {args.r}, scale {args.scale}: busy share of the run per link kind")
-    print(format_table(["link kind", "ns-3 busy", "flowSim busy", "bytes ns-3 / flowSim"], rows))
+    header = ["link kind", "ns-3 busy", "flowSim busy", "bytes ns-3 / flowSim", "ns-3 CE marks"]
+    print(format_table(header, rows))
 
 
 if __name__ == "__main__":

@@ -184,6 +184,10 @@ class Ns3Backend:
         ``8 * bytes / (bandwidth * time)``: ``bench/ns3_utilisation.py``)."""
         return self.fabric.sent_bytes()
 
+    def marked_packets(self) -> np.ndarray:
+        """Data packets each directed link has marked CE so far (RDMA)."""
+        return self.fabric.marked_packets()
+
 
 @dataclass(frozen=True, slots=True)
 class Recording:

@@ -196,6 +196,7 @@ struct Port {  // one directed link's sending end
     Ptr<UniformRandomVariable> mark_rng;
     uint64_t tx_bytes = 0;        // bytes sent (switches: HPCC's INT)
     uint64_t sent_bytes = 0;      // every frame put on the wire (data, ACKs, control)
+    uint64_t marked = 0;          // data packets this port marked CE
     std::deque<Ptr<Packet>> hi, data;
     uint64_t hi_bytes = 0, data_bytes = 0;
     std::vector<uint32_t> qps;    // hosts: flows sending on this port
@@ -295,6 +296,7 @@ class RdmaNetwork : public Fabric {
     void SetLoss(uint32_t link, double rate) { m_ports[link].loss = rate; }
     uint32_t n_links() const { return m_ports.size(); }
     uint64_t SentBytes(uint32_t link) const { return m_ports[link].sent_bytes; }
+    uint64_t Marked(uint32_t link) const { return m_ports[link].marked; }
 
     // What holds a stalled run: paused links (with the bytes their ingress holds at the far
     // end) and the flows still unacknowledged, for the wall-clock guard's error.
@@ -425,6 +427,7 @@ class RdmaNetwork : public Fabric {
         if (mark) {
             h.flags |= kCe;
             ++marks;
+            ++port.marked;
         }
         if (h.type == kData && h.aux != kNoAux) {  // HPCC: this egress's telemetry
             IntRecord& rec = m_int[h.aux];

@@ -381,6 +381,10 @@ class RdmaFabric:
         PPP header included; the topology's link ids)."""
         return np.array([self.net.SentBytes(link) for link in range(self.net.n_links())])
 
+    def marked_packets(self) -> np.ndarray:
+        """Data packets each directed link has marked CE so far (the topology's link ids)."""
+        return np.array([self.net.Marked(link) for link in range(self.net.n_links())])
+
     def counters(self) -> dict[str, int]:
         """Drops, retransmission timeouts, PFC pauses, ECN marks, retransmitted packets, NACKs
         the longest data queue of any fabric switch port and the mean queue a data packet found
@@ -471,6 +475,9 @@ class TcpFabric:
 
     def sent_bytes(self) -> np.ndarray:
         raise InputError("per-link bytes are counted by the RDMA transport only", field="transport")
+
+    def marked_packets(self) -> np.ndarray:
+        raise InputError("per-link marks are counted by the RDMA transport only", field="transport")
 
     def _port(self, host: int) -> int:
         port = self._next_port.get(host, FIRST_PORT)

@@ -221,3 +221,23 @@ def test_a_go_back_overtaken_by_late_acks_does_not_stall_a_flow(ray_local):
     remote = ray_local.remote(_record_rail_scenario)
     row = ray_local.get(remote.remote(2465215527, 76))
     assert row == {"cc": "timely", "flows": 16864}
+
+
+def _marks(topo, flows, wire, cfg):
+    routing = Routing(topo, wire=wire)
+    backend = cfg.build(topo, routing)
+    for flow in flows:
+        backend.schedule(flow.start_s, lambda f=flow: backend.send(f, lambda *_: None))
+    backend.run()
+    into = routing.path(0, 8, 0).links[-1]  # the switch's port to the receiver
+    return backend.marked_packets(), into, backend.counters()["marks"]
+
+
+def test_each_port_counts_the_packets_it_marked(ray_local):
+    """``marked_packets``: the 8:1 incast marks at the receiver's switch port only, and the
+    per-port counts add up to the run's marks."""
+    flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
+    marked, into, total = ray_local.get(
+        ray_local.remote(_marks).remote(star(9, 100e9), flows, JUMBO, _rdma("dctcp"))
+    )
+    assert total > 0 and marked.sum() == total == marked[into]
