@@ -13,7 +13,7 @@ from m4ray.sim.ns3.cc import HpccParams, TimelyParams
 from m4ray.sim.ns3.transports import PARAMS13, RdmaConfig
 from m4ray.sim.routing import Routing, WireFormat
 
-from .test_rdma import DEFAULT, JUMBO, _simulate, chain, nvswitch_star, star
+from .test_rdma import DEFAULT, JUMBO, _simulate, chain, nvswitch_star, per_link, star
 
 CCS = ["dctcp", "dcqcn", "hpcc", "timely"]
 
@@ -223,21 +223,11 @@ def test_a_go_back_overtaken_by_late_acks_does_not_stall_a_flow(ray_local):
     assert row == {"cc": "timely", "flows": 16864}
 
 
-def _marks(topo, flows, wire, cfg):
-    routing = Routing(topo, wire=wire)
-    backend = cfg.build(topo, routing)
-    for flow in flows:
-        backend.schedule(flow.start_s, lambda f=flow: backend.send(f, lambda *_: None))
-    backend.run()
-    into = routing.path(0, 8, 0).links[-1]  # the switch's port to the receiver
-    return backend.marked_packets(), into, backend.counters()["marks"]
-
-
 def test_each_port_counts_the_packets_it_marked(ray_local):
     """``marked_packets``: the 8:1 incast marks at the receiver's switch port only, and the
     per-port counts add up to the run's marks."""
     flows = [Flow(i, i, 8, 2_000_000, 0.0) for i in range(8)]
-    marked, into, total = ray_local.get(
-        ray_local.remote(_marks).remote(star(9, 100e9), flows, JUMBO, _rdma("dctcp"))
+    _, marked, total, (path,) = ray_local.get(
+        ray_local.remote(per_link).remote(star(9, 100e9), flows, JUMBO, _rdma("dctcp"), [(0, 8)])
     )
-    assert total > 0 and marked.sum() == total == marked[into]
+    assert total > 0 and marked.sum() == total == marked[path[-1]]  # the port to the receiver

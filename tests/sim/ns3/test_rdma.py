@@ -299,14 +299,17 @@ def test_feed_when_idle_leaves_no_gap_between_packets(simulate):
     assert counters["drops"] == counters["timeouts"] == 0 and counters["marks"] > 0
 
 
-def _sent(topo, flows, wire, cfg):
+def per_link(topo, flows, wire, cfg, pairs):
+    """Bytes sent and CE marks per directed link, the run's marks, and the links of each
+    ``(src, dst)`` pair's path (flow 0's ECMP key), in a worker process."""
     routing = Routing(topo, wire=wire)
     backend = cfg.build(topo, routing)
     for flow in flows:
         backend.schedule(flow.start_s, lambda f=flow: backend.send(f, lambda *_: None))
     backend.run()
-    path = routing.path(0, 1, flows[0].id)
-    return backend.sent_bytes(), path.links, routing.path(1, 0, flows[0].id).links
+    paths = [routing.path(a, b, 0).links for a, b in pairs]
+    marks = backend.counters()["marks"]
+    return backend.sent_bytes(), backend.marked_packets(), marks, paths
 
 
 def test_each_link_counts_the_bytes_it_put_on_its_wire(ray_local):
@@ -315,8 +318,8 @@ def test_each_link_counts_the_bytes_it_put_on_its_wire(ray_local):
     last byte's delivery, so the last few ACKs are still on their way), nothing elsewhere."""
     flows = [Flow(0, 0, 1, 1_000_000, 0.0)]
     cfg = Ns3Config()
-    sent, forward, back = ray_local.get(
-        ray_local.remote(_sent).remote(chain(10e9), flows, DEFAULT, cfg)
+    sent, _, _, (forward, back) = ray_local.get(
+        ray_local.remote(per_link).remote(chain(10e9), flows, DEFAULT, cfg, [(0, 1), (1, 0)])
     )
     packets = -(-1_000_000 // DEFAULT.mtu_bytes)
     assert set(sent[list(forward)].tolist()) == {DEFAULT.wire_bytes(1_000_000)}
