@@ -81,7 +81,8 @@ class NetworkRanges:
 
     def __post_init__(self) -> None:
         check_range(self.buffer_kb, "network.buffer_kb", lo=0, open_=True)
-        check_range([self.red_share, self.red_share], "network.red_share", lo=0, hi=1)
+        if not 0 <= self.red_share <= 1:
+            raise InputError(f"must be in [0, 1], got {self.red_share}", field="network.red_share")
         check_range(self._red_range(), "network.red_kb_per_gbps", lo=0, open_=True)
         check_range(self.ecn_k_kb, "network.ecn_k_kb", lo=0, open_=True)
         if self.window_kb is not None:
@@ -112,14 +113,11 @@ class NetworkRanges:
             # proportional to the rate up to 400 Gbit/s, held above (and lower where K_max
             # would reach the buffer: the ports must mark below it)
             top = min(400e9, 0.9 * buffer / (4 * per_bps))
-            marking = {
-                "ecn_k_bytes": [[1e9, round(per_bps * 1e9)], [top, round(per_bps * top)]],
-                "ecn_k_max_bytes": [
-                    [1e9, round(4 * per_bps * 1e9)],
-                    [top, round(4 * per_bps * top)],
-                ],
-                "ecn_p_max": 0.2,
-            }
+
+            def line(factor: float) -> list[list[float]]:  # factor x K_min, linear to top
+                return [[rate, round(factor * per_bps * rate)] for rate in (1e9, top)]
+
+            marking = {"ecn_k_bytes": line(1), "ecn_k_max_bytes": line(4), "ecn_p_max": 0.2}
         return Ns3Config(
             rdma=RdmaConfig(
                 buffer_bytes=buffer,

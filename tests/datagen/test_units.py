@@ -306,8 +306,8 @@ def test_a_red_share_draws_the_study_marking_and_none_keeps_every_draw_and_id():
     family's fingerprint are what they were before the option existed."""
     red = NetworkRanges(red_share=1.0, red_kb_per_gbps=[1.0, 1.0])
     rdma = red.sample(np.random.default_rng(0), 60.0).rdma
-    assert rdma.ecn_red(40e9) == (40_000, 160_000) and rdma.ecn_p_max == 0.2
-    assert rdma.ecn_red(400e9) == (400_000, 1_600_000)
+    assert rdma.red_marking(40e9) == (40_000, 160_000, 0.2, "ecn_k_max_bytes")
+    assert rdma.red_marking(400e9)[:2] == (400_000, 1_600_000)
     shares = [
         NetworkRanges(red_share=0.5).sample(np.random.default_rng(s), 60.0).rdma.ecn_k_max_bytes
         for s in range(40)

@@ -162,12 +162,17 @@ class RdmaConfig:
         """Marking threshold (bytes) of a port sending at ``rate_bps``."""
         return round(interpolate(self.ecn_k_bytes, rate_bps))
 
-    def ecn_red(self, rate_bps: float) -> tuple[int, int] | None:
-        """(K_min, K_max) bytes of DCTCP's RED at ``rate_bps``, or None (step marking)."""
+    def red_marking(self, rate_bps: float) -> tuple[int, int, float, str] | None:
+        """RED at a port sending at ``rate_bps``: (K_min, K_max bytes, P_max, the field that
+        sets K_max) — DCQCN's, or DCTCP's with ``ecn_k_max_bytes`` — or None (DCTCP's step)."""
+        if self.cc == "dcqcn":
+            params = self.cc_config()
+            return (*params.red(rate_bps), params.p_max, "cc_params.k_max_bytes")
         if self.ecn_k_max_bytes is None:
             return None
         kmin = self.ecn_k(rate_bps)
-        return kmin, max(kmin + 1, round(interpolate(self.ecn_k_max_bytes, rate_bps)))
+        kmax = max(kmin + 1, round(interpolate(self.ecn_k_max_bytes, rate_bps)))
+        return kmin, kmax, self.ecn_p_max, "ecn_k_max_bytes"
 
     def window(self, routing: Routing) -> int:
         """The window every flow gets (bytes; 0 = none)."""
@@ -351,15 +356,14 @@ class RdmaFabric:
                 NEVER_MARK if on_nvswitch else cfg.ecn_k(cable.bandwidth_bps),
                 cable.error_rate,
             )
-            red = cfg.ecn_red(cable.bandwidth_bps)
-            if (cfg.cc == "dcqcn" or red) and not on_nvswitch:  # RED, not the step (both ways)
-                kmin, kmax = red or params.red(cable.bandwidth_bps)
-                p_max = cfg.ecn_p_max if red else params.p_max
+            red = None if on_nvswitch else cfg.red_marking(cable.bandwidth_bps)
+            if red is not None:  # RED in place of the step (both ways)
+                kmin, kmax, p_max, source = red
                 if kmax >= cfg.buffer_bytes:
                     raise InputError(
                         f"K_max {kmax} B at {cable.bandwidth_bps:g} bit/s is not below the "
                         f"buffer ({cfg.buffer_bytes} B): RED would never mark",
-                        field="ns3.rdma." + ("ecn_k_max_bytes" if red else "cc_params.k_max_bytes"),
+                        field=f"ns3.rdma.{source}",
                     )
                 link = self.net.n_links() - 2
                 self.net.SetRed(link, kmin, kmax, p_max)
