@@ -56,12 +56,16 @@ def _build(source: Path, target: Path) -> None:
         out.replace(target)  # atomic: concurrent builders (Ray workers) race harmlessly
 
 
-def load(source: Path, what: str) -> ctypes.CDLL | None:
-    """``source`` built (once per content) and loaded, or ``None`` with the warning
-    "``what`` unavailable, using Python: <why>" (also when ``M4RAY_NATIVE=0``, silently)."""
+def load(source: Path, what: str, includes: tuple[Path, ...] = ()) -> ctypes.CDLL | None:
+    """``source`` built (once per content, its ``includes`` counted in) and loaded, or ``None``
+    with the warning "``what`` unavailable, using Python: <why>" (also when ``M4RAY_NATIVE=0``,
+    silently)."""
     if os.environ.get("M4RAY_NATIVE", "1") == "0":
         return None
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    content = hashlib.sha256(source.read_bytes())
+    for path in includes:
+        content.update(path.read_bytes())
+    digest = content.hexdigest()[:12]
     target = cache_dir() / f"{source.stem.lstrip('_')}-{digest}.so"
     try:
         if not target.exists():

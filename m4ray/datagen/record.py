@@ -82,11 +82,12 @@ def deliver(scenario: DatagenScenario, *, record: bool = False, jitter_s: float 
 
 
 class _Jittered(Replay):
-    """A replay whose every send waits its latency plus its own uniform draw below ``bound``."""
+    """A replay whose every send waits its latency plus its own uniform draw below ``bound``
+    (in Python: the compiled loop takes one send latency)."""
 
     def __init__(self, *args, rng: np.random.Generator, bound: float, **kwargs) -> None:
         self._rng, self._bound = rng, bound
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, compiled=False, **kwargs)
 
     @property
     def send_latency_s(self) -> float:

@@ -14,7 +14,7 @@
 
 #define REL_TIE 1e-9
 
-int m4ray_max_min(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_links,
+static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_links,
                   const double *capacity, const double *caps, double *rate) {
     /* Each level scans only the flows still open and the links still loaded (both kept in
      * their first order), so a computation costs the levels times what is left, not times
@@ -109,19 +109,157 @@ out:
     return status;
 }
 
+/* Uncapped max-min with a workspace kept between calls (flowSim's, or one made per call): the
+ * same levels, tie rule and arithmetic as max_min_scan, but each level finds its flows through
+ * the flows of the links at the level (a link-to-flows index built once per call), so a level
+ * costs the loaded links plus the flows it freezes, not every open flow's links again. The
+ * per-link arrays are indexed by link id and left zero (load, frozen) between calls. */
+typedef struct {
+    int64_t n_links, cap_n, cap_e;
+    double *rem;                          /* per link: capacity not yet given */
+    int64_t *load, *frozen, *start, *end; /* per link: open flows, frozen now, its flows' span */
+    int64_t *links, *lf;                  /* loaded links (first-use order); flows by link */
+    int64_t *hits;                        /* flows frozen at this level */
+    char *state;                          /* per flow: 0 open, 1 frozen */
+} mmws;
+
+static void mm_free(mmws *w) {
+    if (!w) return;
+    free(w->rem), free(w->load), free(w->frozen), free(w->start), free(w->end);
+    free(w->links), free(w->lf), free(w->hits), free(w->state);
+    free(w);
+}
+
+static mmws *mm_new(int64_t n_links) {
+    mmws *w = calloc(1, sizeof(mmws));
+    if (!w) return NULL;
+    w->n_links = n_links;
+    w->rem = malloc((n_links + 1) * sizeof(double));
+    w->load = calloc(n_links + 1, sizeof(int64_t));
+    w->frozen = calloc(n_links + 1, sizeof(int64_t));
+    w->start = malloc((n_links + 1) * sizeof(int64_t));
+    w->end = malloc((n_links + 1) * sizeof(int64_t));
+    if (!w->rem || !w->load || !w->frozen || !w->start || !w->end) {
+        mm_free(w);
+        return NULL;
+    }
+    return w;
+}
+
+static int mm_reserve(mmws *w, int64_t n, int64_t n_edges) {
+    if (n + 1 > w->cap_n) {
+        int64_t c = 2 * (n + 1);
+        void *h = realloc(w->hits, c * sizeof(int64_t)), *st = realloc(w->state, c);
+        if (h) w->hits = h;
+        if (st) w->state = st;
+        if (!h || !st) return 2;
+        w->cap_n = c;
+    }
+    if (n_edges + 1 > w->cap_e) {
+        int64_t c = 2 * (n_edges + 1);
+        void *l = realloc(w->links, c * sizeof(int64_t)), *f = realloc(w->lf, c * sizeof(int64_t));
+        if (l) w->links = l;
+        if (f) w->lf = f;
+        if (!l || !f) return 2;
+        w->cap_e = c;
+    }
+    return 0;
+}
+
+static int max_min_fill(mmws *w, int64_t n, const int64_t *off, const int64_t *idx,
+                        const double *capacity, double *rate) {
+    int64_t n_edges = off[n], n_used = 0;
+    if (mm_reserve(w, n, n_edges)) return 2;
+    double *rem = w->rem;
+    int64_t *load = w->load, *frozen = w->frozen, *links = w->links, *lf = w->lf;
+    for (int64_t e = 0; e < n_edges; ++e) {
+        int64_t l = idx[e];
+        if (load[l]++ == 0) {
+            links[n_used++] = l;
+            rem[l] = capacity[l];
+        }
+    }
+    int64_t pos = 0;
+    for (int64_t k = 0; k < n_used; ++k) {
+        int64_t l = links[k];
+        w->start[l] = w->end[l] = pos;
+        pos += load[l];
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        w->state[i] = 0;
+        for (int64_t e = off[i]; e < off[i + 1]; ++e) lf[w->end[idx[e]]++] = i;
+    }
+    int64_t n_open = n;
+    while (n_open > 0 && n_used > 0) {
+        double level = INFINITY;
+        for (int64_t k = 0; k < n_used; ++k) {
+            int64_t l = links[k];
+            double share = rem[l] / (double)load[l];
+            if (share < level) level = share;
+        }
+        double at = level > 0.0 ? level : 0.0;
+        int64_t n_hit = 0;
+        for (int64_t k = 0; k < n_used; ++k) {
+            int64_t l = links[k];
+            if (!(rem[l] / (double)load[l] <= level * (1 + REL_TIE))) continue;
+            for (int64_t p = w->start[l]; p < w->end[l]; ++p) {
+                int64_t i = lf[p];
+                if (w->state[i]) continue;
+                w->state[i] = 1;
+                w->hits[n_hit++] = i;
+            }
+        }
+        if (!n_hit) break; /* no link at its own level: cannot happen with finite shares */
+        for (int64_t j = 0; j < n_hit; ++j) {
+            int64_t i = w->hits[j];
+            rate[i] = at;
+            for (int64_t e = off[i]; e < off[i + 1]; ++e) frozen[idx[e]] += 1;
+        }
+        n_open -= n_hit;
+        int64_t loaded = 0;
+        for (int64_t k = 0; k < n_used; ++k) {
+            int64_t l = links[k];
+            if (frozen[l]) {
+                load[l] -= frozen[l];
+                rem[l] -= (double)frozen[l] * at;
+                frozen[l] = 0;
+            }
+            if (load[l] > 0) links[loaded++] = l;
+        }
+        n_used = loaded;
+    }
+    for (int64_t k = 0; k < n_used; ++k) load[links[k]] = 0; /* only after a break */
+    if (n_open) /* flows crossing no link: rate 0, as the numpy reference leaves them */
+        for (int64_t i = 0; i < n; ++i)
+            if (!w->state[i]) rate[i] = 0.0;
+    return 0;
+}
+
+/* Max-min rates (module comment); uncapped through max_min_fill, capped by scanning. */
+int m4ray_max_min(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_links,
+                  const double *capacity, const double *caps, double *rate) {
+    if (caps) return max_min_scan(n, off, idx, n_links, capacity, caps, rate);
+    mmws *w = mm_new(n_links);
+    if (!w) return 2;
+    int rc = max_min_fill(w, n, off, idx, capacity, rate);
+    mm_free(w);
+    return rc;
+}
+
 /* flowSim's active flows, compiled: the twin of m4ray.sim.flowsim.FlowSim's numpy state (the
  * reference and the fallback). Flows are kept in arrival order as parallel arrays with their
- * links as CSR; rates are recomputed (m4ray_max_min, then ACK_PASSES - 1 more passes over the
+ * links as CSR; rates are recomputed (max-min, then ACK_PASSES - 1 more passes over the
  * capacity the ACKs leave, as FlowSim._share) only when something changed. Each step of the
- * Python loop (next completion, advance, complete) is one call here with the same arithmetic
- * in the same order, so finish times agree with the numpy path to the bit (a test holds them
- * to it). A flow carries a caller's tag (the Python side keeps its callback by it). */
+ * numpy loop (next completion, advance, complete) is one function here with the same arithmetic
+ * in the same order, so finish times agree with the numpy path to the bit (tests hold them to
+ * it); m4ray/sim/_dagloop.c drives them. A flow carries a caller's tag. */
 typedef struct {
     int64_t n, cap, n_idx, cap_idx, n_links, ack_passes;
     int64_t *tag, *len, *off, *idx, *finishing, n_finishing;
     double *delay, *caps, *remaining, *rates, *left;
     double *capacity, *ack_cap, *data, ack_fraction;
     int capped, dirty;
+    mmws *ws;
 } fluidsim;
 
 void m4ray_fluidsim_free(fluidsim *s) {
@@ -139,6 +277,7 @@ void m4ray_fluidsim_free(fluidsim *s) {
     free(s->capacity);
     free(s->ack_cap);
     free(s->data);
+    mm_free(s->ws);
     free(s);
 }
 
@@ -152,7 +291,8 @@ fluidsim *m4ray_fluidsim_new(int64_t n_links, const double *capacity, double ack
     s->ack_cap = malloc((n_links + 1) * sizeof(double));
     s->data = malloc((n_links + 1) * sizeof(double));
     s->off = calloc(1, sizeof(int64_t));
-    if (!s->capacity || !s->ack_cap || !s->data || !s->off) {
+    s->ws = mm_new(n_links);
+    if (!s->capacity || !s->ack_cap || !s->data || !s->off || !s->ws) {
         m4ray_fluidsim_free(s);
         return NULL;
     }
@@ -210,9 +350,14 @@ void m4ray_fluidsim_set_capacity(fluidsim *s, int64_t link, double bps) {
     s->dirty = 1;
 }
 
+static int fs_max_min(fluidsim *s, const double *capacity, const double *caps) {
+    if (caps) return max_min_scan(s->n, s->off, s->idx, s->n_links, capacity, caps, s->rates);
+    return max_min_fill(s->ws, s->n, s->off, s->idx, capacity, s->rates);
+}
+
 static int fs_share(fluidsim *s) {
     const double *caps = s->capped ? s->caps : NULL;
-    int rc = m4ray_max_min(s->n, s->off, s->idx, s->n_links, s->capacity, caps, s->rates);
+    int rc = fs_max_min(s, s->capacity, caps);
     if (rc || s->ack_fraction == 0.0) return rc;
     for (int64_t pass = 1; pass < s->ack_passes; ++pass) {
         /* FlowSim._share: data per link summed in flow order (np.bincount), then
@@ -226,7 +371,7 @@ static int fs_share(fluidsim *s) {
             double left = c - load, floor = 0.01 * c;
             s->ack_cap[l] = left >= floor ? left : floor;
         }
-        rc = m4ray_max_min(s->n, s->off, s->idx, s->n_links, s->ack_cap, caps, s->rates);
+        rc = fs_max_min(s, s->ack_cap, caps);
         if (rc) return rc;
     }
     return 0;

@@ -99,20 +99,6 @@ def _compiled() -> ctypes.CDLL | None:
             ctypes.c_void_p,
             ptr(np.float64, flags="C"),
         ]
-        # flowSim's fluid state (m4ray.sim.flowsim._FluidCore); pointers as plain addresses
-        i64, f64, vp = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
-        signatures = {
-            "m4ray_fluidsim_new": (vp, [i64, vp, f64, i64, ctypes.c_int]),
-            "m4ray_fluidsim_free": (None, [vp]),
-            "m4ray_fluidsim_add": (ctypes.c_int, [vp, i64, i64, vp, f64, f64, f64]),
-            "m4ray_fluidsim_set_capacity": (None, [vp, i64, f64]),
-            "m4ray_fluidsim_next": (ctypes.c_int, [vp, f64, vp, vp]),
-            "m4ray_fluidsim_advance": (None, [vp, f64]),
-            "m4ray_fluidsim_complete": (None, [vp, vp, vp]),
-        }
-        for name, (restype, argtypes) in signatures.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = restype, argtypes
     return lib
 
 

@@ -21,8 +21,6 @@ Units: seconds, bits, bits/s.
 
 from __future__ import annotations
 
-import ctypes
-import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -33,13 +31,13 @@ from m4ray.models.fairshare import (
     _REL_TIE,
     ACK_PASSES,
     Window,
-    _compiled,
     ack_capacity,
     ack_fraction,
     compiled_max_min_rates,
     reverse_links,
 )
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
+from m4ray.sim.dagloop import NativeLoop, library
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
@@ -122,10 +120,15 @@ class FlowSim(QueueClock):
         self._remaining = np.zeros(0)  # bits
         self._rates = np.zeros(0)  # bits/s, valid while not self._dirty
         self._dirty = False
-        self.n_events = 0  # arrivals + completions processed (for benchmarks)
-        # the same state in C (``_maxmin.c``: fluidsim), where it compiles: the arrays above
-        # then stay empty and each step of run() is one call
-        self._core = _FluidCore.make(self) if native_fluid() else None
+        self._n_events = 0  # arrivals + completions processed (for benchmarks)
+        # the same state and the event loop in C (``_dagloop.c``), where it compiles: the
+        # arrays above then stay empty, events wait in the loop's queue and run() is one call
+        # per Python callback (and a replay's flows can run there too: dag_loop)
+        self._core: NativeLoop | None = None
+        if native_fluid():
+            capped = window is not None or rate_cap_bps is not None
+            self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
+            self.events = self._core.queue
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -136,19 +139,31 @@ class FlowSim(QueueClock):
         if self.window is not None:
             window_cap, bits = self.window.limit(self.routing.wire, path, bits)
             cap = min(cap, window_cap)
-        self.n_events += 1
         if self._core is not None:
             self._core.add(flow.id, on_done, links=path.links, delay=delay, cap=cap, bits=bits)
             return
+        self._n_events += 1
         links = np.asarray(path.links, dtype=np.int64)
         self._new.append((flow.id, links, delay, on_done, cap, bits))
         self._dirty = True
 
+    @property
+    def n_events(self) -> int:
+        """Arrivals and completions processed so far (for benchmarks)."""
+        return self._n_events + (0 if self._core is None else self._core.n_events)
+
+    def dag_loop(self) -> NativeLoop | None:
+        """The compiled loop a replay's flows may run in (:mod:`m4ray.sim.dagloop`), or None:
+        Python's fluid state, or a sender window (not compiled)."""
+        return self._core if self.window is None else None
+
     def run(self, until: float | None = None) -> None:
-        state = self if self._core is None else self._core  # the numpy or the compiled state
-        next_completion, advance, complete = state._next_completion, state._advance, state._complete
-        events = self.events
         horizon = float("inf") if until is None else until
+        if self._core is not None:
+            self._core.run(self, horizon)
+            return
+        next_completion, advance, complete = self._next_completion, self._advance, self._complete
+        events = self.events
         while True:
             t_event = events.peek_time()
             t_done, finishing = next_completion()
@@ -256,98 +271,13 @@ class FlowSim(QueueClock):
         self._done_cb = self._done_cb[keep]
         self._remaining = self._remaining[keep]
         self._dirty = True
-        self.n_events += len(callbacks)
+        self._n_events += len(callbacks)
         for flow_id, delay, on_done in callbacks:
             t = self._now + delay
             self.events.push(t, lambda f=flow_id, t=t, cb=on_done: cb(f, t))
 
 
 def native_fluid() -> bool:
-    """Whether flowSim runs its fluid state in C (``_maxmin.c`` built; ``M4RAY_NATIVE=0``: no)."""
-    return _compiled() is not None
-
-
-class _FluidCore:
-    """:class:`FlowSim`'s fluid state in C (``m4ray_fluidsim_*``): the numpy state's three
-    steps (next completion, advance, complete), one C call each, which :meth:`FlowSim.run`
-    drives the same way, so answers are equal to the bit (``tests/sim/test_flowsim.py``). A
-    flow's callback waits here under a tag the C side carries."""
-
-    def __init__(self, sim: FlowSim, lib, handle) -> None:
-        self.sim, self.lib, self.handle = sim, lib, handle
-        self.t_done = ctypes.c_double()
-        self.n_fin = ctypes.c_int64()
-        self.p_t_done, self.p_n_fin = ctypes.byref(self.t_done), ctypes.byref(self.n_fin)
-        self.tags = np.zeros(64, dtype=np.int64)
-        self.delays = np.zeros(64)
-        self.paths: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
-        self.pending: dict[int, tuple[int, DoneCallback]] = {}  # tag -> (flow id, callback)
-        self.next_tag = 0
-
-    @classmethod
-    def make(cls, sim: FlowSim) -> _FluidCore:
-        lib = _compiled()
-        capacity = np.ascontiguousarray(sim._capacity, dtype=np.float64)
-        capped = sim.window is not None or sim.rate_cap_bps is not None
-        handle = lib.m4ray_fluidsim_new(
-            len(capacity), capacity.ctypes.data, sim.ack_fraction, ACK_PASSES, int(capped)
-        )
-        if not handle:
-            raise MemoryError("compiled flowSim: out of memory")
-        core = cls(sim, lib, handle)
-        weakref.finalize(core, lib.m4ray_fluidsim_free, handle)
-        return core
-
-    def add(
-        self,
-        flow_id: int,
-        on_done: DoneCallback,
-        *,
-        links: tuple[int, ...],
-        delay: float,
-        cap: float,
-        bits: float,
-    ) -> None:
-        self.next_tag += 1
-        self.pending[self.next_tag] = (flow_id, on_done)
-        known = self.paths.get(links)  # a path's links as a C array, made once per path
-        if known is None:
-            array = np.array(links, dtype=np.int64)
-            known = (array, array.ctypes.data)
-            if len(self.paths) < 1 << 16:  # bounded, as Routing's own path memo
-                self.paths[links] = known
-        rc = self.lib.m4ray_fluidsim_add(
-            self.handle, self.next_tag, len(links), known[1], delay, cap, bits
-        )
-        if rc:
-            raise MemoryError("compiled flowSim: out of memory")
-
-    def set_capacity(self, link: int, bps: float) -> None:
-        self.lib.m4ray_fluidsim_set_capacity(self.handle, link, bps)
-
-    def _next_completion(self) -> tuple[float, int]:
-        """The next completion's time and how many flows finish with it."""
-        rc = self.lib.m4ray_fluidsim_next(self.handle, self.sim._now, self.p_t_done, self.p_n_fin)
-        if rc == 3:
-            raise SimulationError("active flows with zero rate: a link has no capacity left")
-        if rc:
-            raise MemoryError("compiled flowSim: out of memory")
-        return self.t_done.value, self.n_fin.value
-
-    def _advance(self, dt: float) -> None:
-        self.lib.m4ray_fluidsim_advance(self.handle, dt)
-
-    def _complete(self, n: int) -> None:
-        if n > len(self.tags):
-            self.tags = np.zeros(2 * n, dtype=np.int64)
-            self.delays = np.zeros(2 * n)
-        self.lib.m4ray_fluidsim_complete(
-            self.handle, self.tags.ctypes.data, self.delays.ctypes.data
-        )
-        sim = self.sim
-        sim.n_events += n
-        now, pending, push = sim._now, self.pending, sim.events.push
-        for tag, delay in zip(self.tags[:n].tolist(), self.delays[:n].tolist(), strict=True):
-            flow_id, on_done = pending.pop(tag)
-            t = now + delay
-            push(t, lambda f=flow_id, t=t, cb=on_done: cb(f, t))
+    """Whether flowSim runs its fluid state and event loop in C (``_dagloop.c`` built;
+    ``M4RAY_NATIVE=0``: no)."""
+    return library() is not None

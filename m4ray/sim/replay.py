@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import NetworkBackend
 from m4ray.sim.collectives import CollectiveAlgorithm, Transfer
+from m4ray.sim.dagloop import CompiledFlows
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
 from m4ray.sim.workload import Collective, Compute, Node, Send, Workload
+
+_PLANNED = 1 << 20  # transfers of decomposed collectives a replay keeps for reuse
 
 
 @dataclass(slots=True)
@@ -89,6 +92,7 @@ class Replay:
         *,
         send_latency_s: float = 3e-6,
         pair_keys: bool = False,
+        compiled: bool = True,
     ) -> None:
         hosts = routing.topo.hosts
         if workload.n_ranks > len(hosts):
@@ -122,15 +126,24 @@ class Replay:
         self._colls: dict[tuple[tuple[int, ...], int], _CollectiveRun] = {}
         self._arrived: dict[tuple[int, int, int], deque[float]] = defaultdict(deque)
         self._posted: dict[tuple[int, int, int], deque[int]] = defaultdict(deque)
+        self._plans: dict[tuple, list[Transfer]] = {}  # _decompose's
+        self._planned = 0
+        # compiled: the flows in the backend's compiled loop where it has one (m4ray.sim.dagloop;
+        # equal to the bit), else here
+        self._compiled = CompiledFlows.of(self) if compiled else None
 
     # ------------------------------------------------------------------ driving
     def run(self) -> ReplayResult:
         for node in self.workload.nodes:
             if not node.deps:
                 self.ready[node.rank].append(node.id)
-        for rank in range(self.workload.n_ranks):
-            self._issue(rank)
-        self.backend.run()
+        try:
+            for rank in range(self.workload.n_ranks):
+                self._issue(rank)
+            self.backend.run()
+        finally:  # a failure keeps the flows logged so far
+            if self._compiled is not None:
+                self.flows = self._compiled.flow_log()
         if len(self.end_s) != len(self.nodes):
             stuck = sorted(set(self.nodes) - set(self.end_s))
             raise SimulationError(
@@ -223,6 +236,10 @@ class Replay:
         ack: bool = False,
     ) -> int:
         """Start a flow now; ``on_done`` fires at delivery, or with ``ack`` at its last ACK."""
+        if self._compiled is not None:
+            return self._compiled.start_flow(
+                src, dst, size, node_id=node_id, on_done=on_done, parent=parent, ack=ack
+            )
         flow_id = next(self._flow_ids)
         flow = Flow(flow_id, self.host_of[src], self.host_of[dst], size, self.backend.now())
         log = self.flows
@@ -283,7 +300,11 @@ class Replay:
                     f"{first.id} is {first.kind} of {first.size_bytes} B, node {other.id} is "
                     f"{other.kind} of {other.size_bytes} B"
                 )
-        run.transfers = self.algorithm.decompose(first.kind, first.group, first.size_bytes)
+        run.transfers = self._decompose(first.kind, first.group, first.size_bytes)
+        if self._compiled is not None:
+            del self._colls[key]
+            self._compiled.launch(run)
+            return
         run.waiting = [len(t.deps) for t in run.transfers]
         run.children = [[] for _ in run.transfers]
         run.rank_left = dict.fromkeys(run.nodes, 0)
@@ -300,6 +321,20 @@ class Replay:
         for index, waiting in enumerate(run.waiting):
             if waiting == 0:
                 self._send_transfer(run, index)
+
+    def _decompose(self, kind, group: tuple[int, ...], size: int) -> list[Transfer]:
+        """The algorithm's transfers for one collective, kept for the next one like it (a job
+        repeats its collectives every iteration); at most ``_PLANNED`` transfers are kept."""
+        key = (kind, group, size)
+        transfers = self._plans.get(key)
+        if transfers is None:
+            transfers = self.algorithm.decompose(kind, group, size)
+            self._planned += len(transfers)
+            if self._planned > _PLANNED:
+                self._plans.clear()
+                self._planned = len(transfers)
+            self._plans[key] = transfers
+        return transfers
 
     def _send_transfer(self, run: _CollectiveRun, index: int) -> None:
         self.backend.schedule(self.send_latency_s, lambda: self._transfer_ready(run, index))

@@ -1,0 +1,555 @@
+/* flowSim's event loop and the DAG replay's flow-level bookkeeping, compiled: the twin of
+ * m4ray.sim.flowsim.FlowSim.run (the event queue and the fluid steps) and of the flow half of
+ * m4ray.sim.replay.Replay (a collective's transfers: send latency, ``after`` order, parents,
+ * each flow's path, ideal FCT and ACK trip, its row in the flow table). The Python versions stay
+ * the reference and the fallback; this file does the same arithmetic in the same order and keeps
+ * the same event order (time, then insertion rank, one counter for Python's events and its own),
+ * so answers are equal to the bit (tests/sim/test_dagloop.py holds them to it).
+ *
+ * What stays in Python: workload nodes (compute, sends, joining collectives), decomposing a
+ * collective into transfers, and every callback Python scheduled. m4ray_loop_run returns to
+ * Python whenever one of those is due (RET_* below) and picks up where it stopped when called
+ * again. Built and loaded by m4ray.native (with ../models/_maxmin.c, whose fluid state it drives);
+ * called through ctypes from m4ray.sim.dagloop. Units: seconds, bits, bits/s, bytes. */
+#include <string.h>
+
+#include "../models/_maxmin.c"
+
+enum { EV_PY = 0, EV_READY = 1, EV_DELIVER = 2, EV_ACKED = 3, EV_PYDONE = 4 };
+/* m4ray_loop_run's answers: nothing left (or the horizon), a Python event (id in *a), a flow
+ * Python sent through FlowSim.send delivered (its tag in *a), a flow Python started through the
+ * loop done (its tag in *a), a rank's part of a collective done (run in *a, rank in *b). */
+enum { RET_DONE = 0, RET_PY = 1, RET_PYDONE = 2, RET_FLOW = 3, RET_FINISH = 4 };
+/* errors: out of memory, active flows with zero rate, no route */
+enum { ERR_MEMORY = -2, ERR_RATE = -3, ERR_ROUTE = -4 };
+
+typedef struct {
+    double t;
+    int64_t seq, a, b;
+    int kind;
+} event;
+
+typedef struct { /* one collective's transfers (Replay._CollectiveRun) */
+    int64_t n, left;
+    int64_t *src, *dst, *size, *after, *node, *dep0; /* dep0: first dependency or -1 */
+    int64_t *waiting, *child_off, *child, *flow_of, *blk_head, *blk_tail, *blk_next;
+    int64_t *rank_left; /* per rank of the workload */
+} crun;
+
+typedef struct {
+    fluidsim *fluid;
+    event *ev;
+    int64_t n_ev, cap_ev, seq;
+    double now, rate_cap;
+    int64_t n_events; /* arrivals and completions (FlowSim.n_events) */
+    int draining;     /* inside the loop that runs every event due now */
+    int64_t p_run, p_index, p_stage; /* a transfer's completion paused for Python */
+    /* topology and routing (Routing.path) */
+    int64_t n_nodes, *out_off, *out_link, *link_dst;
+    double *lat, *bw;
+    uint64_t seed;
+    char **ok; /* per destination host: next-hop flags over out_link, NULL until given */
+    int64_t mtu, header, ack_bytes; /* ack_bytes < 0: flows done at delivery */
+    double send_latency;
+    int64_t n_ranks, *host_of;
+    /* the flow table (Replay.flows): row = flow id */
+    int64_t n_flows, cap_flows;
+    int64_t *f_node, *f_src, *f_dst, *f_size, *f_parent, *f_run, *f_index;
+    double *f_start, *f_finish, *f_ideal, *f_done, *f_ack;
+    crun *runs;
+    int64_t n_runs, cap_runs;
+    int64_t *links, *stack, cap_stack;
+} loop;
+
+/* ------------------------------------------------------------------ events */
+static int ev_less(const event *x, const event *y) {
+    return x->t < y->t || (x->t == y->t && x->seq < y->seq);
+}
+
+static int ev_push(loop *L, double t, int kind, int64_t a, int64_t b) {
+    if (L->n_ev == L->cap_ev) {
+        int64_t c = L->cap_ev ? 2 * L->cap_ev : 256;
+        event *q = realloc(L->ev, c * sizeof(event));
+        if (!q) return ERR_MEMORY;
+        L->ev = q, L->cap_ev = c;
+    }
+    event e = {t, L->seq++, a, b, kind};
+    int64_t i = L->n_ev++;
+    while (i > 0) {
+        int64_t up = (i - 1) / 2;
+        if (!ev_less(&e, &L->ev[up])) break;
+        L->ev[i] = L->ev[up];
+        i = up;
+    }
+    L->ev[i] = e;
+    return 0;
+}
+
+static event ev_pop(loop *L) {
+    event top = L->ev[0], last = L->ev[--L->n_ev];
+    int64_t i = 0, n = L->n_ev;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && ev_less(&L->ev[c + 1], &L->ev[c])) ++c;
+        if (!ev_less(&L->ev[c], &last)) break;
+        L->ev[i] = L->ev[c];
+        i = c;
+    }
+    if (n) L->ev[i] = last;
+    return top;
+}
+
+static double ev_peek(const loop *L) { return L->n_ev ? L->ev[0].t : INFINITY; }
+
+/* ------------------------------------------------------------------ life */
+static void run_free(crun *r) { /* the per-transfer columns are one block from r->src */
+    free(r->src);
+    free(r->child_off);
+    free(r->child);
+    free(r->rank_left);
+    r->src = NULL, r->waiting = NULL, r->child_off = NULL, r->child = NULL, r->rank_left = NULL;
+}
+
+void m4ray_loop_free(loop *L) {
+    if (!L) return;
+    m4ray_fluidsim_free(L->fluid);
+    free(L->ev);
+    free(L->out_off), free(L->out_link), free(L->link_dst), free(L->lat), free(L->bw);
+    if (L->ok)
+        for (int64_t v = 0; v < L->n_nodes; ++v) free(L->ok[v]);
+    free(L->ok);
+    free(L->host_of);
+    free(L->f_node), free(L->f_src), free(L->f_dst), free(L->f_size), free(L->f_parent);
+    free(L->f_run), free(L->f_index), free(L->f_start), free(L->f_finish), free(L->f_ideal);
+    free(L->f_done), free(L->f_ack);
+    for (int64_t r = 0; r < L->n_runs; ++r) run_free(&L->runs[r]);
+    free(L->runs);
+    free(L->links), free(L->stack);
+    free(L);
+}
+
+/* A loop over a fresh fluid state (m4ray_fluidsim_new's arguments), with no flows. */
+loop *m4ray_loop_new(int64_t n_links, const double *capacity, double ack_fraction,
+                     int64_t ack_passes, int capped) {
+    loop *L = calloc(1, sizeof(loop));
+    if (!L) return NULL;
+    L->fluid = m4ray_fluidsim_new(n_links, capacity, ack_fraction, ack_passes, capped);
+    L->ack_bytes = -1, L->rate_cap = INFINITY;
+    if (!L->fluid) {
+        free(L);
+        return NULL;
+    }
+    return L;
+}
+
+fluidsim *m4ray_loop_fluid(loop *L) { return L->fluid; }
+double m4ray_loop_now(const loop *L) { return L->now; }
+int64_t m4ray_loop_n_events(const loop *L) { return L->n_events; }
+int64_t m4ray_loop_n_flows(const loop *L) { return L->n_flows; }
+int64_t m4ray_loop_pending(const loop *L) { return L->n_ev; }
+double m4ray_loop_peek(const loop *L) { return ev_peek(L); }
+
+/* A Python event: runs at t (RET_PY with its id). */
+int m4ray_loop_push(loop *L, double t, int64_t id) { return ev_push(L, t, EV_PY, id, 0); }
+
+/* A flow Python sends through FlowSim.send (tag >= 0): its delivery comes back as RET_PYDONE. */
+int m4ray_loop_add(loop *L, int64_t tag, int64_t n, const int64_t *links, double delay,
+                   double cap, double bits) {
+    L->n_events += 1;
+    return m4ray_fluidsim_add(L->fluid, -tag - 1, n, links, delay, cap, bits);
+}
+
+/* The topology the replay's flows are routed over (Routing's arrays; seed already masked). */
+int m4ray_loop_topology(loop *L, int64_t n_nodes, const int64_t *out_off, const int64_t *out_link,
+                        int64_t n_links, const int64_t *link_dst, const double *lat,
+                        const double *bw, uint64_t seed, int64_t mtu, int64_t header) {
+    int64_t n_out = out_off[n_nodes];
+    L->n_nodes = n_nodes, L->seed = seed, L->mtu = mtu, L->header = header;
+    L->out_off = malloc((n_nodes + 1) * sizeof(int64_t));
+    L->out_link = malloc((n_out + 1) * sizeof(int64_t));
+    L->link_dst = malloc((n_links + 1) * sizeof(int64_t));
+    L->lat = malloc((n_links + 1) * sizeof(double));
+    L->bw = malloc((n_links + 1) * sizeof(double));
+    L->ok = calloc(n_nodes, sizeof(char *));
+    L->links = malloc((n_nodes + 1) * sizeof(int64_t));
+    if (!L->out_off || !L->out_link || !L->link_dst || !L->lat || !L->bw || !L->ok || !L->links)
+        return ERR_MEMORY;
+    memcpy(L->out_off, out_off, (n_nodes + 1) * sizeof(int64_t));
+    memcpy(L->out_link, out_link, n_out * sizeof(int64_t));
+    memcpy(L->link_dst, link_dst, n_links * sizeof(int64_t));
+    memcpy(L->lat, lat, n_links * sizeof(double));
+    memcpy(L->bw, bw, n_links * sizeof(double));
+    return 0;
+}
+
+/* Which out-links (flags over out_link) lead one hop closer to host dst (Routing._path). */
+int m4ray_loop_routes(loop *L, int64_t dst, const char *ok) {
+    int64_t n_out = L->out_off[L->n_nodes];
+    char *own = malloc(n_out + 1);
+    if (!own) return ERR_MEMORY;
+    memcpy(own, ok, n_out);
+    free(L->ok[dst]);
+    L->ok[dst] = own;
+    return 0;
+}
+
+int m4ray_loop_has_routes(const loop *L, int64_t dst) { return L->ok[dst] != NULL; }
+
+/* The replay's settings: ranks' hosts, SimAI's send latency, the ACK's bytes (< 0: none) and
+ * flowSim's per-flow rate cap (INFINITY: none). */
+int m4ray_loop_replay(loop *L, int64_t n_ranks, const int64_t *host_of, double send_latency,
+                      int64_t ack_bytes, double rate_cap) {
+    L->host_of = malloc((n_ranks + 1) * sizeof(int64_t));
+    if (!L->host_of) return ERR_MEMORY;
+    memcpy(L->host_of, host_of, n_ranks * sizeof(int64_t));
+    L->n_ranks = n_ranks, L->send_latency = send_latency, L->ack_bytes = ack_bytes;
+    L->rate_cap = rate_cap;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ flows */
+static uint64_t mix(uint64_t h, uint64_t v) { /* m4ray.sim.routing.mix64, one value */
+    h = (h ^ v) * 0xBF58476D1CE4E5B9ULL;
+    h = (h ^ (h >> 31)) * 0x94D049BB133111EBULL;
+    return h ^ (h >> 29);
+}
+
+/* Routing.path(src, dst, key).links into L->links; their count, or ERR_ROUTE. */
+static int64_t route(loop *L, int64_t src, int64_t dst, int64_t key) {
+    const char *ok = L->ok[dst];
+    if (!ok) return ERR_ROUTE;
+    int64_t node = src, n = 0;
+    while (node != dst) {
+        if (n >= L->n_nodes) return ERR_ROUTE;
+        int64_t lo = L->out_off[node], hi = L->out_off[node + 1], count = 0, p;
+        for (p = lo; p < hi; ++p) count += ok[p];
+        if (!count) return ERR_ROUTE;
+        uint64_t pick = 0;
+        if (count > 1) {
+            uint64_t h = 0x9E3779B97F4A7C15ULL;
+            h = mix(h, L->seed), h = mix(h, (uint64_t)src), h = mix(h, (uint64_t)dst);
+            h = mix(h, (uint64_t)key), h = mix(h, (uint64_t)node);
+            pick = h % (uint64_t)count;
+        }
+        for (p = lo;; ++p)
+            if (ok[p] && pick-- == 0) break;
+        int64_t link = L->out_link[p];
+        L->links[n++] = link;
+        node = L->link_dst[link];
+    }
+    return n;
+}
+
+typedef struct {
+    double latency, inverse, bottleneck;
+} pathinfo;
+
+static pathinfo describe(const loop *L, int64_t n) { /* Routing._describe */
+    pathinfo p = {0.0, 0.0, L->bw[L->links[0]]};
+    for (int64_t k = 0; k < n; ++k) p.latency += L->lat[L->links[k]];
+    for (int64_t k = 0; k < n; ++k) {
+        double b = L->bw[L->links[k]];
+        p.inverse += 1.0 / b;
+        if (b < p.bottleneck) p.bottleneck = b;
+    }
+    return p;
+}
+
+static int64_t wire_bytes(const loop *L, int64_t size) {
+    return size + (size + L->mtu - 1) / L->mtu * L->header;
+}
+
+static double delivery_delay(const loop *L, int64_t size, pathinfo p) {
+    int64_t first = wire_bytes(L, size < L->mtu ? size : L->mtu);
+    return p.latency + (double)(first * 8) * (p.inverse - 1.0 / p.bottleneck);
+}
+
+static int grow_flows(loop *L) {
+    if (L->n_flows < L->cap_flows) return 0;
+    int64_t c = L->cap_flows ? 2 * L->cap_flows : 1024;
+#define GROWF(p, T)                                   \
+    do {                                              \
+        void *q = realloc(L->p, c * sizeof(T));       \
+        if (!q) return ERR_MEMORY;                    \
+        L->p = q;                                     \
+    } while (0)
+    GROWF(f_node, int64_t);
+    GROWF(f_src, int64_t);
+    GROWF(f_dst, int64_t);
+    GROWF(f_size, int64_t);
+    GROWF(f_parent, int64_t);
+    GROWF(f_run, int64_t);
+    GROWF(f_index, int64_t);
+    GROWF(f_start, double);
+    GROWF(f_finish, double);
+    GROWF(f_ideal, double);
+    GROWF(f_done, double);
+    GROWF(f_ack, double);
+#undef GROWF
+    L->cap_flows = c;
+    return 0;
+}
+
+/* Replay._start_flow then FlowSim.send: a flow of ranks src -> dst starts now; done at its last
+ * ACK with ack (the algorithm's ack_bytes), else at delivery. run >= 0: transfer index of that
+ * run; run < 0: Python's flow, index its tag. Returns the flow id or an error. */
+int64_t m4ray_loop_start_flow(loop *L, int64_t src, int64_t dst, int64_t size, int64_t node,
+                              int64_t parent, int ack, int64_t run, int64_t index) {
+    if (grow_flows(L)) return ERR_MEMORY;
+    int64_t id = L->n_flows, hs = L->host_of[src], hd = L->host_of[dst];
+    int64_t n = route(L, hs, hd, id);
+    if (n < 0) return n;
+    pathinfo p = describe(L, n);
+    int64_t wire = wire_bytes(L, size);
+    double delay = delivery_delay(L, size, p);
+    double ideal = delay + (double)(wire * 8) / p.bottleneck;
+    double ack_s = 0.0;
+    if (ack && L->ack_bytes >= 0) {
+        int64_t nb = route(L, hd, hs, id);
+        if (nb < 0) return nb;
+        pathinfo back = describe(L, nb);
+        ack_s = back.latency + (double)(L->ack_bytes * 8) * back.inverse;
+        n = route(L, hs, hd, id); /* the data path again, into L->links */
+    }
+    L->n_flows += 1;
+    L->f_node[id] = node, L->f_src[id] = hs, L->f_dst[id] = hd, L->f_size[id] = size;
+    L->f_parent[id] = parent, L->f_run[id] = run, L->f_index[id] = index;
+    L->f_start[id] = L->now, L->f_finish[id] = NAN, L->f_done[id] = NAN;
+    L->f_ideal[id] = ideal, L->f_ack[id] = ack_s;
+    L->n_events += 1;
+    if (m4ray_fluidsim_add(L->fluid, id, n, L->links, delay, L->rate_cap, (double)wire * 8.0))
+        return ERR_MEMORY;
+    return id;
+}
+
+/* Columns of the flow table: ints (n x 6: node, src, dst, size, parent, flow id) and doubles
+ * (n x 4: start, finish, ideal FCT, done). */
+void m4ray_loop_flow_table(const loop *L, int64_t *ints, double *dbl) {
+    for (int64_t i = 0; i < L->n_flows; ++i) {
+        int64_t *o = ints + 6 * i;
+        o[0] = L->f_node[i], o[1] = L->f_src[i], o[2] = L->f_dst[i], o[3] = L->f_size[i];
+        o[4] = L->f_parent[i], o[5] = i;
+        double *d = dbl + 4 * i;
+        d[0] = L->f_start[i], d[1] = L->f_finish[i], d[2] = L->f_ideal[i], d[3] = L->f_done[i];
+    }
+}
+
+/* ------------------------------------------------------------------ collectives */
+/* Replay._launch's second half: a collective's n transfers (ranks, bytes, after or -1, the
+ * sender's node id, dependencies as CSR) start waiting; those with none are sent after the send
+ * latency, in index order. Returns the run's id, or an error. */
+int64_t m4ray_loop_launch(loop *L, int64_t n, const int64_t *src, const int64_t *dst,
+                          const int64_t *size, const int64_t *after, const int64_t *node,
+                          const int64_t *dep_off, const int64_t *dep) {
+    if (L->n_runs == L->cap_runs) {
+        int64_t c = L->cap_runs ? 2 * L->cap_runs : 16;
+        crun *q = realloc(L->runs, c * sizeof(crun));
+        if (!q) return ERR_MEMORY;
+        L->runs = q, L->cap_runs = c;
+    }
+    crun *r = &L->runs[L->n_runs];
+    memset(r, 0, sizeof(crun));
+    int64_t m = n + 1, n_dep = dep_off[n];
+    /* one block for the per-transfer columns */
+    r->src = malloc(13 * m * sizeof(int64_t));
+    r->child_off = calloc(n + 2, sizeof(int64_t));
+    r->child = malloc((n_dep + 1) * sizeof(int64_t));
+    r->rank_left = calloc(L->n_ranks + 1, sizeof(int64_t));
+    if (!r->src || !r->child_off || !r->child || !r->rank_left) {
+        run_free(r);
+        return ERR_MEMORY;
+    }
+    r->dst = r->src + m, r->size = r->src + 2 * m, r->after = r->src + 3 * m;
+    r->node = r->src + 4 * m, r->dep0 = r->src + 5 * m, r->waiting = NULL;
+    int64_t *waiting = r->src + 6 * m;
+    r->flow_of = r->src + 7 * m, r->blk_head = r->src + 8 * m, r->blk_tail = r->src + 9 * m;
+    r->blk_next = r->src + 10 * m;
+    int64_t *fill = r->src + 11 * m;
+    r->n = r->left = n;
+    for (int64_t i = 0; i < n; ++i) {
+        r->src[i] = src[i], r->dst[i] = dst[i], r->size[i] = size[i], r->after[i] = after[i];
+        r->node[i] = node[i];
+        r->dep0[i] = dep_off[i + 1] > dep_off[i] ? dep[dep_off[i]] : -1;
+        waiting[i] = dep_off[i + 1] - dep_off[i];
+        r->flow_of[i] = -1, r->blk_head[i] = -1, r->blk_tail[i] = -1, r->blk_next[i] = -1;
+        for (int64_t e = dep_off[i]; e < dep_off[i + 1]; ++e) r->child_off[dep[e] + 1] += 1;
+        r->rank_left[src[i]] += 1;
+        r->rank_left[dst[i]] += 1;
+    }
+    for (int64_t i = 0; i < n; ++i) r->child_off[i + 1] += r->child_off[i];
+    for (int64_t i = 0; i < n; ++i) fill[i] = r->child_off[i];
+    for (int64_t i = 0; i < n; ++i) /* children in transfer order, as Replay's lists */
+        for (int64_t e = dep_off[i]; e < dep_off[i + 1]; ++e) r->child[fill[dep[e]]++] = i;
+    r->waiting = waiting;
+    int64_t id = L->n_runs++;
+    for (int64_t i = 0; i < n; ++i)
+        if (waiting[i] == 0 && ev_push(L, L->now + L->send_latency, EV_READY, id, i))
+            return ERR_MEMORY;
+    return id;
+}
+
+/* Replay._transfer_ready, with the transfers it unblocks (depth first, in their order). */
+static int transfer_ready(loop *L, int64_t run, int64_t index) {
+    crun *r = &L->runs[run];
+    int64_t top = 0;
+    if (L->cap_stack < r->n + 1) {
+        int64_t *q = realloc(L->stack, (r->n + 1) * sizeof(int64_t));
+        if (!q) return ERR_MEMORY;
+        L->stack = q, L->cap_stack = r->n + 1;
+    }
+    L->stack[top++] = index;
+    while (top) {
+        int64_t i = L->stack[--top], after = r->after[i];
+        if (after >= 0 && r->flow_of[after] < 0) {
+            if (r->blk_tail[after] < 0)
+                r->blk_head[after] = i;
+            else
+                r->blk_next[r->blk_tail[after]] = i;
+            r->blk_tail[after] = i;
+            continue;
+        }
+        int64_t parent = r->dep0[i] >= 0 ? r->flow_of[r->dep0[i]] : -1;
+        int64_t f = m4ray_loop_start_flow(L, r->src[i], r->dst[i], r->size[i], r->node[i],
+                                          parent, L->ack_bytes >= 0, run, i);
+        if (f < 0) return (int)f;
+        r->flow_of[i] = f;
+        /* the ones blocked on i, first on top */
+        int64_t k = top;
+        for (int64_t w = r->blk_head[i]; w >= 0; w = r->blk_next[w]) L->stack[top++] = w;
+        for (int64_t lo = k, hi = top - 1; lo < hi; ++lo, --hi) {
+            int64_t s = L->stack[lo];
+            L->stack[lo] = L->stack[hi], L->stack[hi] = s;
+        }
+        r->blk_head[i] = r->blk_tail[i] = -1;
+    }
+    return 0;
+}
+
+/* Replay._transfer_done from stage L->p_stage: 1 the sender's rank, 2 the receiver's (each may
+ * finish its part: RET_FINISH, resumed by the next call), 3 the children. */
+static int transfer_done(loop *L, int64_t *a, int64_t *b) {
+    crun *r = &L->runs[L->p_run];
+    int64_t i = L->p_index;
+    while (L->p_stage) {
+        if (L->p_stage == 1 || L->p_stage == 2) {
+            int64_t rank = L->p_stage == 1 ? r->src[i] : r->dst[i];
+            L->p_stage += 1;
+            if (--r->rank_left[rank] == 0) {
+                *a = L->p_run, *b = rank;
+                return RET_FINISH;
+            }
+            continue;
+        }
+        L->p_stage = 0;
+        for (int64_t e = r->child_off[i]; e < r->child_off[i + 1]; ++e) {
+            int64_t c = r->child[e];
+            if (--r->waiting[c] == 0 &&
+                ev_push(L, L->now + L->send_latency, EV_READY, L->p_run, c))
+                return ERR_MEMORY;
+        }
+        if (--r->left == 0) run_free(r);
+    }
+    return -1; /* nothing for Python */
+}
+
+/* A flow's last ACK (or its delivery, without ACKs) at t. */
+static int acked(loop *L, int64_t f, double t, int64_t *a, int64_t *b) {
+    L->f_done[f] = t;
+    if (L->f_run[f] < 0) {
+        *a = L->f_index[f];
+        return RET_FLOW;
+    }
+    L->p_run = L->f_run[f], L->p_index = L->f_index[f], L->p_stage = 1;
+    return transfer_done(L, a, b);
+}
+
+/* One event due now; -1 when Python has nothing to do. */
+static int handle(loop *L, event e, int64_t *a, int64_t *b) {
+    switch (e.kind) {
+    case EV_PY:
+        *a = e.a;
+        return RET_PY;
+    case EV_PYDONE:
+        *a = e.a;
+        return RET_PYDONE;
+    case EV_READY:
+        return transfer_ready(L, e.a, e.b) ? ERR_MEMORY : -1;
+    case EV_DELIVER:
+        L->f_finish[e.a] = e.t;
+        if (L->f_ack[e.a] != 0.0)
+            return ev_push(L, L->now + L->f_ack[e.a], EV_ACKED, e.a, 0) ? ERR_MEMORY : -1;
+        return acked(L, e.a, e.t, a, b);
+    default: /* EV_ACKED */
+        return acked(L, e.a, e.t, a, b);
+    }
+}
+
+/* FlowSim.run until horizon (INFINITY: until nothing is left), returning to Python as the
+ * RET_* above say; *t is the time then. Call again to go on. */
+int m4ray_loop_run(loop *L, double horizon, double *t, int64_t *a, int64_t *b) {
+    int rc;
+    *a = *b = 0;
+    if (L->p_stage) {
+        rc = transfer_done(L, a, b);
+        if (rc != -1) goto out;
+    }
+    for (;;) {
+        if (L->draining) {
+            if (L->n_ev && L->ev[0].t <= L->now) {
+                event e = ev_pop(L);
+                rc = handle(L, e, a, b);
+                if (rc != -1) goto out;
+                continue;
+            }
+            L->draining = 0;
+        }
+        double t_event = ev_peek(L), t_done;
+        int64_t n_fin;
+        rc = m4ray_fluidsim_next(L->fluid, L->now, &t_done, &n_fin);
+        if (rc) {
+            rc = rc == 3 ? ERR_RATE : ERR_MEMORY;
+            goto out;
+        }
+        double t_next = t_event < t_done ? t_event : t_done;
+        if (t_next == INFINITY) {
+            rc = RET_DONE;
+            goto out;
+        }
+        if (t_next > horizon) {
+            m4ray_fluidsim_advance(L->fluid, horizon - L->now);
+            L->now = horizon;
+            rc = RET_DONE;
+            goto out;
+        }
+        if (t_done <= t_event) {
+            m4ray_fluidsim_advance(L->fluid, t_done - L->now);
+            L->now = t_done;
+            fluidsim *s = L->fluid;
+            int64_t *tags = malloc((n_fin + 1) * sizeof(int64_t));
+            double *delays = malloc((n_fin + 1) * sizeof(double));
+            if (!tags || !delays) {
+                free(tags), free(delays);
+                rc = ERR_MEMORY;
+                goto out;
+            }
+            m4ray_fluidsim_complete(s, tags, delays);
+            L->n_events += n_fin;
+            rc = 0;
+            for (int64_t k = 0; k < n_fin && !rc; ++k) {
+                double when = L->now + delays[k];
+                rc = tags[k] >= 0 ? ev_push(L, when, EV_DELIVER, tags[k], 0)
+                                  : ev_push(L, when, EV_PYDONE, -tags[k] - 1, 0);
+            }
+            free(tags), free(delays);
+            if (rc) goto out;
+        } else {
+            m4ray_fluidsim_advance(L->fluid, t_event - L->now);
+            L->now = t_event;
+            L->draining = 1;
+        }
+    }
+out:
+    *t = L->now;
+    return rc;
+}

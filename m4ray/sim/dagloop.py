@@ -1,0 +1,397 @@
+"""flowSim's event loop and the DAG replay's flows, compiled (``_dagloop.c``).
+
+Two layers, each the twin of Python code that stays the reference and the fallback:
+
+* :class:`NativeLoop` — :class:`~m4ray.sim.flowsim.FlowSim`'s event queue and fluid steps: one C
+  call runs arrivals, completions and its own events until a Python callback is due, then comes
+  back to run it. Python's events share the queue, and its order (time, then insertion rank).
+* :class:`CompiledFlows` — the flow half of :class:`~m4ray.sim.replay.Replay` on that loop: a
+  collective's transfers (send latency, ``after`` order, parents), every flow's path (the same
+  ECMP hash as :class:`~m4ray.sim.routing.Routing`), ideal FCT and ACK trip, and the flow table.
+  Python keeps workload nodes, decomposing collectives, and what they call back.
+
+Answers equal the Python replay's to the bit (``tests/sim/test_dagloop.py``): the same
+arithmetic in the same order, compiled without contraction (``m4ray.native``). A replay runs
+compiled where its backend offers a loop (flowSim in C, without a sender window) and its flows
+are keyed by id (not ``pair_keys``); ``Replay(compiled=False)`` or ``M4RAY_NATIVE=0`` keeps it in
+Python. Units: seconds, bits, bits/s, bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from m4ray import native
+from m4ray.errors import InputError, SimulationError
+
+if TYPE_CHECKING:
+    from m4ray.sim.replay import FlowLog, Replay, _CollectiveRun
+
+_RET_DONE, _RET_PY, _RET_PYDONE, _RET_FLOW, _RET_FINISH = range(5)
+_ERRORS = {
+    -2: (MemoryError, "compiled flowSim loop: out of memory"),
+    -3: (SimulationError, "active flows with zero rate: a link has no capacity left"),
+    -4: (SimulationError, "compiled replay: a flow found no route (routes not given)"),
+}
+_MASK = (1 << 64) - 1
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """``_dagloop.c`` built and loaded (once per process), or ``None`` without a compiler."""
+    here = Path(__file__)
+    maxmin = here.parents[1] / "models" / "_maxmin.c"
+    lib = native.load(here.with_name("_dagloop.c"), "compiled flowSim loop", (maxmin,))
+    if lib is None:
+        return None
+    i64, f64, vp, cint = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_int
+    signatures = {
+        "m4ray_loop_new": (vp, [i64, vp, f64, i64, cint]),
+        "m4ray_loop_free": (None, [vp]),
+        "m4ray_loop_fluid": (vp, [vp]),
+        "m4ray_loop_now": (f64, [vp]),
+        "m4ray_loop_n_events": (i64, [vp]),
+        "m4ray_loop_n_flows": (i64, [vp]),
+        "m4ray_loop_pending": (i64, [vp]),
+        "m4ray_loop_peek": (f64, [vp]),
+        "m4ray_loop_push": (cint, [vp, f64, i64]),
+        "m4ray_loop_add": (cint, [vp, i64, i64, vp, f64, f64, f64]),
+        "m4ray_loop_topology": (
+            cint,
+            [vp, i64, vp, vp, i64, vp, vp, vp, ctypes.c_uint64, i64, i64],
+        ),
+        "m4ray_loop_routes": (cint, [vp, i64, vp]),
+        "m4ray_loop_has_routes": (cint, [vp, i64]),
+        "m4ray_loop_replay": (cint, [vp, i64, vp, f64, i64, f64]),
+        "m4ray_loop_start_flow": (i64, [vp, i64, i64, i64, i64, i64, cint, i64, i64]),
+        "m4ray_loop_flow_table": (None, [vp, vp, vp]),
+        "m4ray_loop_launch": (i64, [vp, i64, vp, vp, vp, vp, vp, vp, vp]),
+        "m4ray_loop_run": (cint, [vp, f64, vp, vp, vp]),
+        "m4ray_fluidsim_set_capacity": (None, [vp, i64, f64]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def _check(rc: int) -> int:
+    if rc < 0 and rc in _ERRORS:
+        kind, message = _ERRORS[rc]
+        raise kind(message)
+    return rc
+
+
+def _ptr(array: np.ndarray) -> int:
+    return array.ctypes.data
+
+
+class NativeQueue:
+    """The :class:`~m4ray.sim.backend.EventQueue` a native flowSim schedules into: Python's
+    callbacks wait here under ids the loop's queue carries."""
+
+    def __init__(self, loop: NativeLoop) -> None:
+        self.loop = loop
+        self.fns: dict[int, Callable[[], None]] = {}
+        self.next_id = 0
+
+    def push(self, t: float, fn: Callable[[], None]) -> None:
+        self.next_id += 1
+        self.fns[self.next_id] = fn
+        _check(self.loop.lib.m4ray_loop_push(self.loop.handle, t, self.next_id))
+
+    def peek_time(self) -> float:
+        return self.loop.lib.m4ray_loop_peek(self.loop.handle)
+
+    def __len__(self) -> int:
+        return self.loop.lib.m4ray_loop_pending(self.loop.handle)
+
+
+class NativeLoop:
+    """A native flowSim's fluid state, event queue and loop (``m4ray_loop_*``)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int) -> None:
+        self.lib, self.handle = lib, handle
+        self.fluid = lib.m4ray_loop_fluid(handle)
+        self.queue = NativeQueue(self)
+        self.sends: dict[int, tuple[int, Callable[[int, float], None]]] = {}  # FlowSim.send's
+        self.flows: dict[int, Callable[[float], None]] = {}  # flows Python started in the loop
+        self.on_finish: Callable[[int, int], None] | None = None  # a rank's part done
+        self.paths: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
+        self.next_tag = 0
+        self._t, self._a, self._b = ctypes.c_double(), ctypes.c_int64(), ctypes.c_int64()
+        self._out = (ctypes.byref(self._t), ctypes.byref(self._a), ctypes.byref(self._b))
+
+    @classmethod
+    def make(cls, capacity: np.ndarray, ack_fraction: float, ack_passes: int, capped: bool):
+        """A loop over fresh fluid state, or None where nothing compiles."""
+        lib = library()
+        if lib is None:
+            return None
+        capacity = np.ascontiguousarray(capacity, dtype=np.float64)
+        handle = lib.m4ray_loop_new(
+            len(capacity), _ptr(capacity), ack_fraction, ack_passes, int(capped)
+        )
+        if not handle:
+            raise MemoryError("compiled flowSim loop: out of memory")
+        loop = cls(lib, handle)
+        weakref.finalize(loop, lib.m4ray_loop_free, handle)
+        return loop
+
+    @property
+    def n_events(self) -> int:
+        return self.lib.m4ray_loop_n_events(self.handle)
+
+    def add(
+        self,
+        flow_id: int,
+        on_done: Callable[[int, float], None],
+        *,
+        links: tuple[int, ...],
+        delay: float,
+        cap: float,
+        bits: float,
+    ) -> None:
+        """A flow from :meth:`FlowSim.send`: ``on_done(flow_id, t)`` at its delivery."""
+        self.next_tag += 1
+        self.sends[self.next_tag] = (flow_id, on_done)
+        known = self.paths.get(links)  # a path's links as a C array, made once per path
+        if known is None:
+            array = np.array(links, dtype=np.int64)
+            known = (array, _ptr(array))
+            if len(self.paths) < 1 << 16:  # bounded, as Routing's own path memo
+                self.paths[links] = known
+        _check(
+            self.lib.m4ray_loop_add(
+                self.handle, self.next_tag, len(links), known[1], delay, cap, bits
+            )
+        )
+
+    def set_capacity(self, link: int, bps: float) -> None:
+        self.lib.m4ray_fluidsim_set_capacity(self.fluid, link, bps)
+
+    def run(self, sim, horizon: float) -> None:
+        """FlowSim.run: the loop in C, Python's callbacks here as they fall due (``sim._now``
+        is the loop's time whenever one runs)."""
+        lib, handle, out = self.lib, self.handle, self._out
+        t, a, b = self._t, self._a, self._b
+        fns, sends, flows = self.queue.fns, self.sends, self.flows
+        while True:
+            rc = lib.m4ray_loop_run(handle, horizon, *out)
+            sim._now = t.value
+            if rc == _RET_PY:
+                fns.pop(a.value)()
+            elif rc == _RET_PYDONE:
+                flow_id, on_done = sends.pop(a.value)
+                on_done(flow_id, t.value)
+            elif rc == _RET_FLOW:
+                flows.pop(a.value)(t.value)
+            elif rc == _RET_FINISH:
+                self.on_finish(a.value, b.value)
+            elif rc == _RET_DONE:
+                return
+            else:
+                _check(rc)
+                raise SimulationError(f"compiled flowSim loop: unknown answer {rc}")
+
+
+class CompiledFlows:
+    """:class:`~m4ray.sim.replay.Replay`'s flows on a :class:`NativeLoop` (module docstring)."""
+
+    def __init__(self, replay: Replay, loop: NativeLoop) -> None:
+        self.replay, self.loop, self.lib, self.handle = replay, loop, loop.lib, loop.handle
+        routing = replay.routing
+        topo = routing.topo
+        self.routing = routing
+        out_links = topo.out_links
+        self.out_off = np.zeros(topo.n_nodes + 1, dtype=np.int64)
+        np.cumsum([len(links) for links in out_links], out=self.out_off[1:])
+        self.out_link = np.array([link for links in out_links for link in links], dtype=np.int64)
+        self.link_src = topo.link_src[self.out_link]
+        self.link_dst = topo.link_dst[self.out_link]
+        self.is_host = np.zeros(topo.n_nodes, dtype=bool)
+        self.is_host[list(topo.hosts)] = True
+        self.host_of = np.asarray(replay.host_of, dtype=np.int64)
+        link_dst = np.ascontiguousarray(topo.link_dst, dtype=np.int64)
+        lat = np.asarray(routing._lat, dtype=np.float64)
+        bw = np.asarray(routing._bw, dtype=np.float64)
+        _check(
+            self.lib.m4ray_loop_topology(
+                self.handle,
+                topo.n_nodes,
+                _ptr(self.out_off),
+                _ptr(self.out_link),
+                topo.n_links,
+                _ptr(link_dst),
+                _ptr(lat),
+                _ptr(bw),
+                routing.seed & _MASK,
+                routing.wire.mtu_bytes,
+                routing.wire.header_bytes,
+            )
+        )
+        ack = replay.ack_bytes if replay.ack_bytes is not None else -1
+        cap = replay.backend.rate_cap_bps
+        _check(
+            self.lib.m4ray_loop_replay(
+                self.handle,
+                len(self.host_of),
+                _ptr(self.host_of),
+                replay.send_latency_s,
+                ack,
+                np.inf if cap is None else cap,
+            )
+        )
+        self.routed: set[int] = set()
+        self.runs: dict[int, dict] = {}  # run id -> its nodes by rank
+        self.columns: dict[int, tuple[list, tuple[np.ndarray, ...]]] = {}  # _columns'
+        loop.on_finish = self._finish
+
+    @classmethod
+    def of(cls, replay: Replay) -> CompiledFlows | None:
+        """The replay's flows compiled, where its backend and keys allow (module docstring)."""
+        offer = getattr(replay.backend, "dag_loop", None)
+        loop = offer() if offer is not None else None
+        if loop is None or replay._pairs is not None or replay.routing._keys:
+            return None
+        if replay._acks_itself:
+            return None
+        return cls(replay, loop)
+
+    # ------------------------------------------------------------------ routes
+    def _route(self, pairs: np.ndarray) -> None:
+        """Check host pairs as Routing.path would, and give the loop the next hops toward
+        every destination it has not seen (both ways: ACKs come back)."""
+        routing = self.routing
+        for src, dst in np.unique(pairs, axis=0).tolist():
+            for name, node in (("src", src), ("dst", dst)):
+                if not (0 <= node < len(self.is_host)) or not self.is_host[node]:
+                    raise InputError(f"node {node} is not a host of the topology", field=name)
+            if src == dst:
+                raise InputError(f"source and destination are the same host {src}", field="dst")
+            if routing._distances_to(dst)[src] < 0:
+                raise InputError(f"hosts {src} and {dst} are not connected", field="dst")
+        for dst in np.unique(pairs).tolist():
+            if dst in self.routed:
+                continue
+            dist = routing._distances_to(dst).astype(np.int64)
+            ok = dist[self.link_dst] == dist[self.link_src] - 1
+            ok &= (self.link_dst == dst) | ~self.is_host[self.link_dst]
+            flags = np.ascontiguousarray(ok, dtype=np.int8)
+            _check(self.lib.m4ray_loop_routes(self.handle, dst, _ptr(flags)))
+            self.routed.add(dst)
+
+    # ------------------------------------------------------------------ flows
+    def start_flow(
+        self,
+        src: int,
+        dst: int,
+        size: int,
+        *,
+        node_id: int,
+        on_done: Callable[[float], None],
+        parent: int,
+        ack: bool,
+    ) -> int:
+        """Replay._start_flow for a flow Python starts (a workload's send)."""
+        self._route(self.host_of[[[src, dst]]])
+        self.loop.next_tag += 1
+        tag = self.loop.next_tag
+        self.loop.flows[tag] = on_done
+        return _check(
+            self.lib.m4ray_loop_start_flow(
+                self.handle, src, dst, size, node_id, parent, int(ack), -1, tag
+            )
+        )
+
+    def launch(self, run: _CollectiveRun) -> None:
+        """Replay._launch after decomposing: ranks with nothing to move are done now, then the
+        transfers wait in the loop."""
+        n = len(run.transfers)
+        src, dst, size, after, dep_off, deps = self._columns(run.transfers)
+        rank_node = np.zeros(len(self.host_of), dtype=np.int64)
+        for rank, node in run.nodes.items():
+            rank_node[rank] = node.id
+        busy = np.zeros(len(self.host_of), dtype=bool)
+        busy[src] = True
+        busy[dst] = True
+        node_of = rank_node[src]  # kept alive through the call
+        for rank, node in run.nodes.items():
+            if not busy[rank]:
+                self.replay._finish(node)
+        if not n:
+            return
+        run_id = _check(
+            self.lib.m4ray_loop_launch(
+                self.handle,
+                n,
+                _ptr(src),
+                _ptr(dst),
+                _ptr(size),
+                _ptr(after),
+                _ptr(node_of),
+                _ptr(dep_off),
+                _ptr(deps),
+            )
+        )
+        self.runs[run_id] = run.nodes
+
+    def _columns(self, transfers: list) -> tuple[np.ndarray, ...]:
+        """Transfers as arrays (src, dst, size, after or -1, dependencies as CSR), their hosts
+        routed (:meth:`_route`), kept while the replay keeps the list (``Replay._decompose``
+        hands the same list again for the same collective)."""
+        known = self.columns.get(id(transfers))
+        if known is not None and known[0] is transfers:
+            return known[1]
+        n = len(transfers)
+        src = np.fromiter((t.src for t in transfers), np.int64, n)
+        dst = np.fromiter((t.dst for t in transfers), np.int64, n)
+        size = np.fromiter((t.size_bytes for t in transfers), np.int64, n)
+        after = np.fromiter((-1 if t.after is None else t.after for t in transfers), np.int64, n)
+        dep_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter((len(t.deps) for t in transfers), np.int64, n), out=dep_off[1:])
+        deps = np.fromiter((d for t in transfers for d in t.deps), np.int64, int(dep_off[-1]))
+        columns = (src, dst, size, after, dep_off, deps if len(deps) else np.zeros(1, np.int64))
+        if n:
+            self._route(self.host_of[np.stack([src, dst], axis=1)])
+        if len(self.columns) > 64:
+            self.columns.clear()
+        self.columns[id(transfers)] = (transfers, columns)
+        return columns
+
+    def _finish(self, run_id: int, rank: int) -> None:
+        self.replay._finish(self.runs[run_id][rank])
+
+    def flow_log(self) -> FlowLog:
+        """The flow table so far, as the Python replay logs it."""
+        from m4ray.sim.replay import FlowLog
+
+        n = self.lib.m4ray_loop_n_flows(self.handle)
+        ints = np.zeros((n, 6), dtype=np.int64)
+        dbl = np.zeros((n, 4))
+        if n:
+            self.lib.m4ray_loop_flow_table(self.handle, _ptr(ints), _ptr(dbl))
+        node, src, dst, size, parent, flow_id = ints.T.tolist() if n else ([],) * 6
+        start, finish, ideal, done = dbl.T.tolist() if n else ([],) * 4
+        return FlowLog(
+            flow_id=flow_id,
+            node_id=node,
+            src=src,
+            dst=dst,
+            size_bytes=size,
+            start_s=start,
+            finish_s=finish,
+            ideal_fct_s=ideal,
+            parent_id=parent,
+            done_s=done,
+        )
+
+
+__all__ = ["CompiledFlows", "NativeLoop", "NativeQueue", "library"]

@@ -1,0 +1,169 @@
+"""The compiled flowSim loop and replay flows (``m4ray.sim.dagloop``, ``_dagloop.c``) against the
+Python replay they twin: flow for flow, to the bit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from m4ray.errors import InputError, SimulationError
+from m4ray.sim import flowsim
+from m4ray.sim.collectives import HierarchicalSpec, Ring
+from m4ray.sim.failures import GrayFailure
+from m4ray.sim.flowsim import FlowSimConfig
+from m4ray.sim.nccl import SimAISpec
+from m4ray.sim.replay import FlowLog, Replay
+from m4ray.sim.replays import schedule_onset
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import rail_cluster
+from m4ray.sim.topology import Cable, Topology
+from m4ray.sim.workload import Collective, CollectiveKind, Compute, Recv, Send, Workload
+from m4ray.workload.simai import SimAIWorkloadSpec
+
+pytestmark = pytest.mark.skipif(
+    not flowsim.native_fluid(), reason="no C compiler: flowSim runs in Python"
+)
+
+
+def both(monkeypatch, workload, topo, algorithm, *, settings=None, failure=None, base=None):
+    """The replay run all in Python (numpy fluid state, Python event queue) and compiled:
+    (python, compiled) results, replays and backends."""
+    out = []
+    for compiled in (False, True):
+        monkeypatch.setattr(flowsim, "native_fluid", lambda c=compiled: c)
+        routing = Routing(topo, seed=3)
+        backend = FlowSimConfig(**(settings or {})).build(topo, routing)
+        if failure is not None:
+            schedule_onset(backend, failure, base)
+        replay = Replay(workload, backend, routing, algorithm, compiled=compiled)
+        assert (replay._compiled is not None) == compiled
+        out.append((replay.run(), replay, backend))
+    return out
+
+
+def assert_same(python, compiled):
+    (a, _, ba), (b, _, bb) = python, compiled
+    assert dataclasses.asdict(b.flows) == dataclasses.asdict(a.flows)  # every column, exactly
+    assert b.completion_time_s == a.completion_time_s
+    assert b.rank_finish_s == a.rank_finish_s
+    assert b.node_end_s == a.node_end_s
+    assert bb.n_events == ba.n_events
+    assert len(a.flows.flow_id) > 0
+
+
+@pytest.mark.parametrize(
+    ("collective", "settings", "failure"),
+    [
+        ("simai", {}, GrayFailure(n_degraded=3, reduction=4)),
+        ("simai", {"ack_load": True}, GrayFailure(n_degraded=8, reduction=10)),
+        ("simai", {"rate_cap_bps": 150e9}, GrayFailure(n_degraded=0, reduction=1)),
+        ("simai-noack", {}, GrayFailure(n_degraded=5, reduction=2)),
+        ("hierarchical", {}, GrayFailure(n_degraded=4, reduction=4)),
+        ("ring", {"ack_load": True}, GrayFailure(n_degraded=2, reduction=5)),
+    ],
+)
+def test_compiled_replay_equals_the_python_replay_to_the_bit(
+    monkeypatch, collective, settings, failure
+):
+    """The study's job (SimAI's microAllReduce, shrunk) on a degraded rail cluster: every flow's
+    ids, hosts, parent, start, finish, ideal FCT and done time, the ranks' finish times and
+    flowSim's event count are the Python replay's exactly."""
+    base = rail_cluster(servers=4)
+    topo = failure.apply(base)
+    algorithm = {
+        "simai": SimAISpec(),
+        "simai-noack": SimAISpec(ack_bytes=None),
+        "hierarchical": HierarchicalSpec(),
+    }.get(collective)
+    algorithm = Ring() if algorithm is None else algorithm.build(topo)
+    workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.02).build(n_hosts=32)
+    python, compiled = both(monkeypatch, workload, topo, algorithm, settings=settings)
+    assert_same(python, compiled)
+    if collective.startswith("simai"):  # the loop followed parents: SimAI's flows wait on them
+        assert max(compiled[0].flows.parent_id) >= 0
+
+
+def test_sends_computes_and_a_failure_mid_run_match_too(monkeypatch):
+    """Point-to-point sends (started from Python into the loop, some received late), compute,
+    a collective, and link rates dropping mid-run (a Python event in the loop's queue)."""
+    base = rail_cluster(servers=2)
+    failure = GrayFailure(n_degraded=4, reduction=8, onset_s=30e-6)
+    nodes = [
+        Compute(id=0, rank=0, duration_s=5e-6),
+        Send(id=1, rank=0, peer=9, size_bytes=3_000_000, tag=1, deps=(0,)),
+        Recv(id=2, rank=9, peer=0, size_bytes=3_000_000, tag=1),
+        Send(id=3, rank=1, peer=2, size_bytes=700_000, tag=2),
+        Compute(id=4, rank=2, duration_s=200e-6),
+        Recv(id=5, rank=2, peer=1, size_bytes=700_000, tag=2, deps=(4,)),
+    ]
+    group = tuple(range(16))
+    nodes += [
+        Collective(
+            id=10 + r,
+            rank=r,
+            kind=CollectiveKind.ALL_REDUCE,
+            group=group,
+            size_bytes=4_000_000,
+            deps={0: (1,), 9: (2,)}.get(r, ()),
+        )
+        for r in group
+    ]
+    workload = Workload(n_ranks=16, nodes=nodes)
+    algorithm = SimAISpec().build(base)
+    python, compiled = both(monkeypatch, workload, base, algorithm, failure=failure, base=base)
+    assert_same(python, compiled)
+    assert compiled[0].node_end_s[5] == 200e-6  # posted late: the message was there
+
+
+def test_what_stays_in_python_says_so():
+    """A sender window (not compiled) or per-pair ECMP keys keep the replay in Python."""
+    topo = rail_cluster(servers=4)
+    workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.02).build(n_hosts=32)
+    routing = Routing(topo)
+    windowed = FlowSimConfig(window_bytes=30_000).build(topo, routing)
+    assert windowed.dag_loop() is None
+    assert Replay(workload, windowed, routing, Ring())._compiled is None
+    plain = FlowSimConfig().build(topo, routing)
+    assert Replay(workload, plain, routing, Ring(), pair_keys=True)._compiled is None
+    assert Replay(workload, plain, routing, Ring())._compiled is not None
+
+
+def test_bad_hosts_and_deadlocks_fail_as_in_python_keeping_the_flows():
+    """Ranks on hosts that cannot reach each other are named as Routing names them; a
+    deadlock after some flows still hands back the flows delivered before it."""
+    cut = Topology(
+        n_nodes=4,
+        switches=(2, 3),
+        cables=(Cable(0, 2, 100e9, 1e-6), Cable(1, 3, 100e9, 1e-6)),
+    )
+    lonely = Workload(n_ranks=2, nodes=[Send(id=0, rank=0, peer=1, size_bytes=1000, tag=0)])
+    for compiled in (False, True):
+        routing = Routing(cut)
+        backend = FlowSimConfig().build(cut, routing)
+        with pytest.raises(InputError, match="hosts 0 and 1 are not connected"):
+            Replay(lonely, backend, routing, Ring(), compiled=compiled).run()
+
+    star = Topology(
+        n_nodes=3, switches=(2,), cables=(Cable(0, 2, 100e9, 1e-6), Cable(1, 2, 100e9, 1e-6))
+    )
+    stuck = Workload(
+        n_ranks=2,
+        nodes=[
+            Send(id=0, rank=0, peer=1, size_bytes=50_000, tag=0),
+            Recv(id=1, rank=1, peer=0, size_bytes=50_000, tag=0),
+            Recv(id=2, rank=1, peer=0, size_bytes=50_000, tag=9, deps=(1,)),
+        ],
+    )
+    kept = []
+    for compiled in (False, True):
+        routing = Routing(star)
+        replay = Replay(
+            stuck, FlowSimConfig().build(star, routing), routing, Ring(), compiled=compiled
+        )
+        with pytest.raises(SimulationError, match="deadlocked"):
+            replay.run()
+        assert isinstance(replay.flows, FlowLog)
+        kept.append(dataclasses.asdict(replay.flows))
+    assert kept[0] == kept[1]
+    assert len(kept[1]["flow_id"]) == 1 and kept[1]["done_s"][0] > 0
