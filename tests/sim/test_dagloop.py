@@ -9,7 +9,7 @@ import pytest
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim import flowsim
-from m4ray.sim.collectives import HierarchicalSpec, Ring
+from m4ray.sim.collectives import HierarchicalSpec, Ring, Transfer
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.nccl import SimAISpec
@@ -57,8 +57,7 @@ def assert_same(python, compiled):
     [
         ("simai", {}, GrayFailure(n_degraded=3, reduction=4)),
         ("simai", {"ack_load": True}, GrayFailure(n_degraded=8, reduction=10)),
-        ("simai", {"rate_cap_bps": 150e9}, GrayFailure(n_degraded=0, reduction=1)),
-        ("simai-noack", {}, GrayFailure(n_degraded=5, reduction=2)),
+        ("simai-noack", {"rate_cap_bps": 150e9}, GrayFailure(n_degraded=5, reduction=2)),
         ("hierarchical", {}, GrayFailure(n_degraded=4, reduction=4)),
         ("ring", {"ack_load": True}, GrayFailure(n_degraded=2, reduction=5)),
     ],
@@ -66,18 +65,34 @@ def assert_same(python, compiled):
 def test_compiled_replay_equals_the_python_replay_to_the_bit(
     monkeypatch, collective, settings, failure
 ):
-    """The study's job (SimAI's microAllReduce, shrunk) on a degraded rail cluster: every flow's
-    ids, hosts, parent, start, finish, ideal FCT and done time, the ranks' finish times and
-    flowSim's event count are the Python replay's exactly."""
-    base = rail_cluster(servers=4)
+    """Two all-reduces and an all-gather over 16 GPUs on a degraded rail cluster (SimAI's
+    collective with two channels, and the others): every flow's ids, hosts, parent, start,
+    finish, ideal FCT and done time, the ranks' finish times and flowSim's event count are the
+    Python replay's exactly."""
+    base = rail_cluster(servers=2)
     topo = failure.apply(base)
     algorithm = {
-        "simai": SimAISpec(),
-        "simai-noack": SimAISpec(ack_bytes=None),
+        "simai": SimAISpec(channels=2),
+        "simai-noack": SimAISpec(channels=2, ack_bytes=None),
         "hierarchical": HierarchicalSpec(),
     }.get(collective)
     algorithm = Ring() if algorithm is None else algorithm.build(topo)
-    workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.02).build(n_hosts=32)
+    group = tuple(range(16))
+    kinds = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE)
+    sizes = (6_000_000, 1_000_000, 300_000)
+    nodes = [
+        Collective(
+            id=16 * k + r,
+            rank=r,
+            kind=kind,
+            group=group,
+            size_bytes=size,
+            deps=(16 * (k - 1) + r,) if k else (),
+        )
+        for k, (kind, size) in enumerate(zip(kinds, sizes, strict=True))
+        for r in group
+    ]
+    workload = Workload(n_ranks=16, nodes=nodes)
     python, compiled = both(monkeypatch, workload, topo, algorithm, settings=settings)
     assert_same(python, compiled)
     if collective.startswith("simai"):  # the loop followed parents: SimAI's flows wait on them
@@ -116,10 +131,47 @@ def test_sends_computes_and_a_failure_mid_run_match_too(monkeypatch):
     assert compiled[0].node_end_s[5] == 200e-6  # posted late: the message was there
 
 
+class Scripted:
+    """A collective whose transfers are given: ``after`` that blocks (a transfer ready before
+    the one it must follow has started), a chain of them, and ranks with nothing to move."""
+
+    def decompose(self, kind, group, size):
+        return [
+            Transfer(0, 8, 4_000_000),  # 0: long
+            Transfer(1, 2, 10_000),  # 1: short
+            Transfer(2, 9, 50_000, deps=(1,), after=3),  # ready early, blocked on 3
+            Transfer(8, 3, 20_000, deps=(0,)),  # 3: after the long one
+            Transfer(2, 10, 30_000, deps=(1,), after=2),  # blocked on 2, so on 3
+            Transfer(3, 11, 30_000, deps=(1,), after=2),  # blocked on 2 as well
+            Transfer(9, 0, 5_000, deps=(2, 4)),
+        ]
+
+
+def test_blocked_transfers_start_with_what_they_follow(monkeypatch):
+    """Transfers held by ``after`` start, depth first in order, the moment the one they follow
+    starts: the compiled loop as the Python replay, flow for flow."""
+    topo = rail_cluster(servers=2)
+    group = tuple(range(16))
+    nodes = [
+        Collective(id=r, rank=r, kind=CollectiveKind.ALL_REDUCE, group=group, size_bytes=1)
+        for r in group
+    ]
+    python, compiled = both(monkeypatch, Workload(n_ranks=16, nodes=nodes), topo, Scripted())
+    assert_same(python, compiled)
+    flows = compiled[0].flows
+    start = dict(zip(flows.flow_id, flows.start_s, strict=True))
+    order = flows.flow_id  # flow ids in start order
+    by_size = {size: fid for fid, size in zip(flows.flow_id, flows.size_bytes, strict=True)}
+    follows = by_size[20_000]
+    assert start[by_size[50_000]] == start[follows] > start[by_size[10_000]] + 10e-6
+    assert order.index(by_size[50_000]) == order.index(follows) + 1  # then its own blocked
+    assert compiled[0].node_end_s[5] == 0.0  # rank 5 moves nothing: done at once
+
+
 def test_what_stays_in_python_says_so():
     """A sender window (not compiled) or per-pair ECMP keys keep the replay in Python."""
     topo = rail_cluster(servers=4)
-    workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.02).build(n_hosts=32)
+    workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.005).build(n_hosts=32)
     routing = Routing(topo)
     windowed = FlowSimConfig(window_bytes=30_000).build(topo, routing)
     assert windowed.dag_loop() is None
