@@ -119,6 +119,7 @@ typedef struct {
     double *rem;                          /* per link: capacity not yet given */
     int64_t *load, *frozen, *start, *end; /* per link: open flows, frozen now, its flows' span */
     int64_t *links, *lf;                  /* loaded links (first-use order); flows by link */
+    double *sh;                           /* the loaded links' shares, as links */
     int64_t *hits;                        /* flows frozen at this level */
     char *state;                          /* per flow: 0 open, 1 frozen */
 } mmws;
@@ -126,7 +127,7 @@ typedef struct {
 static void mm_free(mmws *w) {
     if (!w) return;
     free(w->rem), free(w->load), free(w->frozen), free(w->start), free(w->end);
-    free(w->links), free(w->lf), free(w->hits), free(w->state);
+    free(w->links), free(w->lf), free(w->sh), free(w->hits), free(w->state);
     free(w);
 }
 
@@ -158,9 +159,11 @@ static int mm_reserve(mmws *w, int64_t n, int64_t n_edges) {
     if (n_edges + 1 > w->cap_e) {
         int64_t c = 2 * (n_edges + 1);
         void *l = realloc(w->links, c * sizeof(int64_t)), *f = realloc(w->lf, c * sizeof(int64_t));
+        void *h = realloc(w->sh, c * sizeof(double));
         if (l) w->links = l;
         if (f) w->lf = f;
-        if (!l || !f) return 2;
+        if (h) w->sh = h;
+        if (!l || !f || !h) return 2;
         w->cap_e = c;
     }
     return 0;
@@ -189,19 +192,21 @@ static int max_min_fill(mmws *w, int64_t n, const int64_t *off, const int64_t *i
         w->state[i] = 0;
         for (int64_t e = off[i]; e < off[i + 1]; ++e) lf[w->end[idx[e]]++] = i;
     }
+    /* each loaded link's share (sh, aligned with links) is computed once per change: the
+     * pass that applies a level's freezes also finds the next level */
+    double *sh = w->sh, level = INFINITY;
+    for (int64_t k = 0; k < n_used; ++k) {
+        int64_t l = links[k];
+        sh[k] = rem[l] / (double)load[l];
+        if (sh[k] < level) level = sh[k];
+    }
     int64_t n_open = n;
     while (n_open > 0 && n_used > 0) {
-        double level = INFINITY;
-        for (int64_t k = 0; k < n_used; ++k) {
-            int64_t l = links[k];
-            double share = rem[l] / (double)load[l];
-            if (share < level) level = share;
-        }
-        double at = level > 0.0 ? level : 0.0;
+        double at = level > 0.0 ? level : 0.0, bound = level * (1 + REL_TIE);
         int64_t n_hit = 0;
         for (int64_t k = 0; k < n_used; ++k) {
+            if (!(sh[k] <= bound)) continue;
             int64_t l = links[k];
-            if (!(rem[l] / (double)load[l] <= level * (1 + REL_TIE))) continue;
             for (int64_t p = w->start[l]; p < w->end[l]; ++p) {
                 int64_t i = lf[p];
                 if (w->state[i]) continue;
@@ -217,14 +222,20 @@ static int max_min_fill(mmws *w, int64_t n, const int64_t *off, const int64_t *i
         }
         n_open -= n_hit;
         int64_t loaded = 0;
+        level = INFINITY;
         for (int64_t k = 0; k < n_used; ++k) {
             int64_t l = links[k];
+            double share = sh[k];
             if (frozen[l]) {
                 load[l] -= frozen[l];
                 rem[l] -= (double)frozen[l] * at;
                 frozen[l] = 0;
+                if (load[l] > 0) share = rem[l] / (double)load[l];
             }
-            if (load[l] > 0) links[loaded++] = l;
+            if (load[l] > 0) {
+                links[loaded] = l, sh[loaded++] = share;
+                if (share < level) level = share;
+            }
         }
         n_used = loaded;
     }

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from m4ray.errors import InputError
 from m4ray.sim.topology import Topology
 from m4ray.sim.workload import CollectiveKind
@@ -53,6 +55,64 @@ class Transfer:
     size_bytes: int
     deps: tuple[int, ...] = ()
     after: int | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TransferTable:
+    """A collective's transfers as columns (what the compiled replay takes: no object per
+    transfer): ranks, bytes, ``after`` (-1: none) and the dependencies as CSR (transfer ``i``
+    waits for ``deps[dep_off[i]:dep_off[i + 1]]``)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    size: np.ndarray
+    after: np.ndarray
+    dep_off: np.ndarray
+    deps: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @classmethod
+    def of(cls, transfers: Sequence[Transfer]) -> TransferTable:
+        n = len(transfers)
+        dep_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter((len(t.deps) for t in transfers), np.int64, n), out=dep_off[1:])
+        return cls(
+            src=np.fromiter((t.src for t in transfers), np.int64, n),
+            dst=np.fromiter((t.dst for t in transfers), np.int64, n),
+            size=np.fromiter((t.size_bytes for t in transfers), np.int64, n),
+            after=np.fromiter((-1 if t.after is None else t.after for t in transfers), np.int64, n),
+            dep_off=dep_off,
+            deps=np.fromiter((d for t in transfers for d in t.deps), np.int64, int(dep_off[-1])),
+        )
+
+    def transfers(self) -> list[Transfer]:
+        """The same transfers as objects (what :meth:`CollectiveAlgorithm.decompose` returns)."""
+        deps, off = self.deps.tolist(), self.dep_off.tolist()
+        return [
+            Transfer(s, d, b, tuple(deps[off[i] : off[i + 1]]), None if a < 0 else a)
+            for i, (s, d, b, a) in enumerate(
+                zip(
+                    self.src.tolist(),
+                    self.dst.tolist(),
+                    self.size.tolist(),
+                    self.after.tolist(),
+                    strict=True,
+                )
+            )
+        ]
+
+
+def decompose_table(
+    algorithm: CollectiveAlgorithm, kind: CollectiveKind, group: Sequence[int], size: int
+) -> TransferTable:
+    """``algorithm``'s transfers as a table: its own ``decompose_table`` where it has one (no
+    objects made), else its :meth:`~CollectiveAlgorithm.decompose` tabled."""
+    own = getattr(algorithm, "decompose_table", None)
+    if own is not None:
+        return own(kind, group, size)
+    return TransferTable.of(algorithm.decompose(kind, group, size))
 
 
 class CollectiveAlgorithm(Protocol):

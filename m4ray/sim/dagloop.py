@@ -32,6 +32,7 @@ from m4ray import native
 from m4ray.errors import InputError, SimulationError
 
 if TYPE_CHECKING:
+    from m4ray.sim.collectives import TransferTable
     from m4ray.sim.replay import FlowLog, Replay, _CollectiveRun
 
 _RET_DONE, _RET_PY, _RET_PYDONE, _RET_FLOW, _RET_FINISH = range(5)
@@ -251,7 +252,7 @@ class CompiledFlows:
         )
         self.routed: set[int] = set()
         self.runs: dict[int, dict] = {}  # run id -> its nodes by rank
-        self.columns: dict[int, tuple[list, tuple[np.ndarray, ...]]] = {}  # _columns'
+        self.checked: dict[int, TransferTable] = {}  # tables whose hosts were routed
         loop.on_finish = self._finish
 
     @classmethod
@@ -270,9 +271,17 @@ class CompiledFlows:
         """Check host pairs as Routing.path would, and give the loop the next hops toward
         every destination it has not seen (both ways: ACKs come back)."""
         routing = self.routing
-        for src, dst in np.unique(pairs, axis=0).tolist():
+        n_nodes = len(self.is_host)
+        bad = (pairs < 0) | (pairs >= n_nodes)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise InputError(
+                f"node {pairs[row, col]} is not a host of the topology", field=("src", "dst")[col]
+            )
+        codes = np.unique(pairs[:, 0] * n_nodes + pairs[:, 1])
+        for src, dst in zip((codes // n_nodes).tolist(), (codes % n_nodes).tolist(), strict=True):
             for name, node in (("src", src), ("dst", dst)):
-                if not (0 <= node < len(self.is_host)) or not self.is_host[node]:
+                if not self.is_host[node]:
                     raise InputError(f"node {node} is not a host of the topology", field=name)
             if src == dst:
                 raise InputError(f"source and destination are the same host {src}", field="dst")
@@ -311,60 +320,33 @@ class CompiledFlows:
             )
         )
 
-    def launch(self, run: _CollectiveRun) -> None:
+    def launch(self, run: _CollectiveRun, table: TransferTable) -> None:
         """Replay._launch after decomposing: ranks with nothing to move are done now, then the
         transfers wait in the loop."""
-        n = len(run.transfers)
-        src, dst, size, after, dep_off, deps = self._columns(run.transfers)
+        n = len(table)
+        if id(table) not in self.checked:  # the replay hands the same table for a repeat
+            if n:
+                self._route(self.host_of[np.stack([table.src, table.dst], axis=1)])
+            if len(self.checked) > 64:
+                self.checked.clear()
+            self.checked[id(table)] = table
         rank_node = np.zeros(len(self.host_of), dtype=np.int64)
         for rank, node in run.nodes.items():
             rank_node[rank] = node.id
         busy = np.zeros(len(self.host_of), dtype=bool)
-        busy[src] = True
-        busy[dst] = True
-        node_of = rank_node[src]  # kept alive through the call
+        busy[table.src] = True
+        busy[table.dst] = True
         for rank, node in run.nodes.items():
             if not busy[rank]:
                 self.replay._finish(node)
         if not n:
             return
-        run_id = _check(
-            self.lib.m4ray_loop_launch(
-                self.handle,
-                n,
-                _ptr(src),
-                _ptr(dst),
-                _ptr(size),
-                _ptr(after),
-                _ptr(node_of),
-                _ptr(dep_off),
-                _ptr(deps),
-            )
-        )
+        node_of = rank_node[table.src]  # kept alive through the call
+        deps = table.deps if len(table.deps) else np.zeros(1, dtype=np.int64)
+        columns = (table.src, table.dst, table.size, table.after, node_of, table.dep_off, deps)
+        columns = tuple(np.ascontiguousarray(c, dtype=np.int64) for c in columns)
+        run_id = _check(self.lib.m4ray_loop_launch(self.handle, n, *map(_ptr, columns)))
         self.runs[run_id] = run.nodes
-
-    def _columns(self, transfers: list) -> tuple[np.ndarray, ...]:
-        """Transfers as arrays (src, dst, size, after or -1, dependencies as CSR), their hosts
-        routed (:meth:`_route`), kept while the replay keeps the list (``Replay._decompose``
-        hands the same list again for the same collective)."""
-        known = self.columns.get(id(transfers))
-        if known is not None and known[0] is transfers:
-            return known[1]
-        n = len(transfers)
-        src = np.fromiter((t.src for t in transfers), np.int64, n)
-        dst = np.fromiter((t.dst for t in transfers), np.int64, n)
-        size = np.fromiter((t.size_bytes for t in transfers), np.int64, n)
-        after = np.fromiter((-1 if t.after is None else t.after for t in transfers), np.int64, n)
-        dep_off = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.fromiter((len(t.deps) for t in transfers), np.int64, n), out=dep_off[1:])
-        deps = np.fromiter((d for t in transfers for d in t.deps), np.int64, int(dep_off[-1]))
-        columns = (src, dst, size, after, dep_off, deps if len(deps) else np.zeros(1, np.int64))
-        if n:
-            self._route(self.host_of[np.stack([src, dst], axis=1)])
-        if len(self.columns) > 64:
-            self.columns.clear()
-        self.columns[id(transfers)] = (transfers, columns)
-        return columns
 
     def _finish(self, run_id: int, rank: int) -> None:
         self.replay._finish(self.runs[run_id][rank])

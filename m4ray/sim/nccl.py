@@ -39,8 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 from m4ray.errors import InputError
-from m4ray.sim.collectives import Transfer
+from m4ray.sim.collectives import Transfer, TransferTable
 from m4ray.sim.topology import GPU_TYPES, Topology
 from m4ray.sim.workload import CollectiveKind
 
@@ -86,6 +88,46 @@ class SimAICollective:
             _ring_steps(ring, steps, chunk, out)
         crosses = len(group) > per_server and channels > 1
         return self._via_pxn(out) if self.pxn and crosses and kind in PXN_KINDS else out
+
+    def decompose_table(
+        self, kind: CollectiveKind, group: Sequence[int], size_bytes: int
+    ) -> TransferTable:
+        """:meth:`decompose` as columns, rings built in numpy (no object per flow: the compiled
+        replay's way in); PXN, broadcast and all-to-all through :meth:`decompose`. Equal to
+        ``TransferTable.of(decompose(...))`` (``tests/sim/test_nccl.py``)."""
+        kind = CollectiveKind(kind)
+        group = list(group)
+        n = len(group)
+        if n < 2 or kind in (CollectiveKind.ALL_TO_ALL, CollectiveKind.BROADCAST):
+            return TransferTable.of(self.decompose(kind, group, size_bytes))
+        per_server = self._check_servers(group)
+        channels = self.channels or per_server
+        crosses = len(group) > per_server and channels > 1
+        if self.pxn and crosses and kind in PXN_KINDS:
+            return TransferTable.of(self.decompose(kind, group, size_bytes))
+        chunk = max(1, size_bytes // n // channels)
+        steps = 2 * (n - 1) if kind is CollectiveKind.ALL_REDUCE else n - 1
+        rings = np.array([self._ring(group, c) for c in range(channels)], dtype=np.int64)
+        # transfer (channel c, step k, position p) is number (c * steps + k) * n + p
+        pos = np.arange(n)
+        src = np.broadcast_to(rings[:, None, :], (channels, steps, n))
+        dst = np.broadcast_to(np.roll(rings, -1, axis=1)[:, None, :], (channels, steps, n))
+        prev = ((np.arange(channels)[:, None] * steps + np.arange(steps)[None, :] - 1) * n)[
+            :, :, None
+        ]
+        later = np.broadcast_to(np.arange(steps)[None, :, None] > 0, (channels, steps, n))
+        dep = (prev + (pos - 1) % n)[later]
+        after = np.where(later, prev + pos, -1)
+        dep_off = np.zeros(channels * steps * n + 1, dtype=np.int64)
+        np.cumsum(later.ravel(), out=dep_off[1:])
+        return TransferTable(
+            src=src.ravel().copy(),
+            dst=dst.ravel().copy(),
+            size=np.full(channels * steps * n, chunk, dtype=np.int64),
+            after=after.ravel().astype(np.int64),
+            dep_off=dep_off,
+            deps=dep.astype(np.int64),
+        )
 
     def _check_servers(self, group: list[int]) -> int:
         """The group's members per server; the same on every server it spans, or an error."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from m4ray.errors import InputError, SimulationError
 from m4ray.sim.backend import NetworkBackend
-from m4ray.sim.collectives import CollectiveAlgorithm, Transfer
+from m4ray.sim.collectives import CollectiveAlgorithm, Transfer, TransferTable, decompose_table
 from m4ray.sim.dagloop import CompiledFlows
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
@@ -126,7 +126,7 @@ class Replay:
         self._colls: dict[tuple[tuple[int, ...], int], _CollectiveRun] = {}
         self._arrived: dict[tuple[int, int, int], deque[float]] = defaultdict(deque)
         self._posted: dict[tuple[int, int, int], deque[int]] = defaultdict(deque)
-        self._plans: dict[tuple, list[Transfer]] = {}  # _decompose's
+        self._plans: dict[tuple, list[Transfer] | TransferTable] = {}  # _plan's
         self._planned = 0
         # compiled: the flows in the backend's compiled loop where it has one (m4ray.sim.dagloop;
         # equal to the bit), else here
@@ -300,11 +300,12 @@ class Replay:
                     f"{first.id} is {first.kind} of {first.size_bytes} B, node {other.id} is "
                     f"{other.kind} of {other.size_bytes} B"
                 )
-        run.transfers = self._decompose(first.kind, first.group, first.size_bytes)
         if self._compiled is not None:
+            table = self._plan(first.kind, first.group, first.size_bytes, tabled=True)
             del self._colls[key]
-            self._compiled.launch(run)
+            self._compiled.launch(run, table)
             return
+        run.transfers = self._plan(first.kind, first.group, first.size_bytes)
         run.waiting = [len(t.deps) for t in run.transfers]
         run.children = [[] for _ in run.transfers]
         run.rank_left = dict.fromkeys(run.nodes, 0)
@@ -322,19 +323,23 @@ class Replay:
             if waiting == 0:
                 self._send_transfer(run, index)
 
-    def _decompose(self, kind, group: tuple[int, ...], size: int) -> list[Transfer]:
-        """The algorithm's transfers for one collective, kept for the next one like it (a job
-        repeats its collectives every iteration); at most ``_PLANNED`` transfers are kept."""
-        key = (kind, group, size)
-        transfers = self._plans.get(key)
-        if transfers is None:
-            transfers = self.algorithm.decompose(kind, group, size)
-            self._planned += len(transfers)
+    def _plan(self, kind, group: tuple[int, ...], size: int, *, tabled: bool = False):
+        """The algorithm's transfers for one collective (a list, or ``tabled`` a
+        :class:`TransferTable`), kept for the next one like it (a job repeats its collectives
+        every iteration); at most ``_PLANNED`` transfers are kept."""
+        key = (kind, group, size, tabled)
+        plan = self._plans.get(key)
+        if plan is None:
+            if tabled:
+                plan = decompose_table(self.algorithm, kind, group, size)
+            else:
+                plan = self.algorithm.decompose(kind, group, size)
+            self._planned += len(plan)
             if self._planned > _PLANNED:
                 self._plans.clear()
-                self._planned = len(transfers)
-            self._plans[key] = transfers
-        return transfers
+                self._planned = len(plan)
+            self._plans[key] = plan
+        return plan
 
     def _send_transfer(self, run: _CollectiveRun, index: int) -> None:
         self.backend.schedule(self.send_latency_s, lambda: self._transfer_ready(run, index))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from m4ray.errors import InputError
+from m4ray.sim.collectives import TransferTable
 from m4ray.sim.flowsim import FlowSimConfig
 from m4ray.sim.nccl import SimAICollective, SimAISpec
 from m4ray.sim.replay import Replay
@@ -140,3 +141,23 @@ def test_the_study_scenario_on_flowsim_and_lockstep_refuses_it():
     spec = SimAIWorkloadSpec(path="microAllReduce", scale=0.05, lockstep=True)
     row, _ = simulate(Scenario(workload=spec, collective=SimAISpec()))
     assert row["status"] == "failed" and "lockstep cannot replay collective=simai" in row["error"]
+
+
+@pytest.mark.parametrize("spec", [SimAISpec(), SimAISpec(channels=3), SimAISpec(pxn=True)])
+def test_the_table_of_a_decomposition_is_the_decomposition(spec):
+    """``decompose_table`` (numpy rings, the compiled replay's way in) equals the transfers
+    ``decompose`` makes, column for column, for every kind and group layout; bad groups fail
+    the same way."""
+    topo = rail_cluster(servers=4)
+    algo = spec.build(topo)
+    groups = [tuple(range(32)), tuple(range(0, 32, 8)), tuple(range(8)), (0, 1, 8, 9, 16, 17)]
+    for kind in K:
+        for group in [*groups, (3,)]:
+            listed = algo.decompose(kind, group, 7_000_000)
+            table = algo.decompose_table(kind, group, 7_000_000)
+            want = TransferTable.of(listed)
+            for column in ("src", "dst", "size", "after", "dep_off", "deps"):
+                assert np.array_equal(getattr(table, column), getattr(want, column)), column
+            assert table.transfers() == listed
+    with pytest.raises(InputError, match="does not divide into servers"):
+        algo.decompose_table(K.ALL_REDUCE, (0, 1, 8), 1_000_000)
