@@ -10,7 +10,7 @@ one whose worker process dies becomes a row with ``status == "failed"`` and the 
 Records that gain from sharing a process (m4 scenarios batching their forward passes) can be
 run in groups: ``group(record)`` gives a key and a largest size; records with the same key are
 split into groups of about equal size (at least as many as there are worker slots, when there
-are enough records), each one Ray task running ``task_group``.
+are enough records), each one Ray task running ``task_group``; groups are submitted first.
 """
 
 from __future__ import annotations
@@ -93,11 +93,18 @@ def _once_many(
     return rows  # type: ignore[return-value]
 
 
+def _unit(fn: Callable, load: Callable[[Path, Any], Row | None], what, run_dir: str, grouped: bool):
+    """One Ray task for a record (:func:`_once`) or a group (:func:`_once_many`): one remote
+    function for both, so all units wait in one queue, in the order they were submitted."""
+    return _once_many(fn, load, what, run_dir) if grouped else _once(fn, load, what, run_dir)
+
+
 Grouping = Callable[[Any], tuple[Hashable, int] | None]
 
 
 def groups(records: list[Any], todo: list[int], group: Grouping | None, slots: int) -> list:
-    """``todo`` as a list of single indices (run alone) and lists of indices (run together)."""
+    """``todo`` as lists of indices (run together), then single indices (run alone): groups
+    are the long units, so they start first and the single runs fill the slots around them."""
     alone: list = []
     keyed: dict[Hashable, tuple[int, list[int]]] = {}
     for i in todo:
@@ -107,11 +114,11 @@ def groups(records: list[Any], todo: list[int], group: Grouping | None, slots: i
         else:
             key, size = spec
             keyed.setdefault(key, (size, []))[1].append(i)
-    out = list(alone)
+    out: list = []
     for size, members in keyed.values():
         n = max(math.ceil(len(members) / size), min(slots, len(members)))
         out += [members[k::n] for k in range(n)]  # interleaved: mixed grid points per group
-    return out
+    return out + alone
 
 
 def run_many(
@@ -163,16 +170,17 @@ def run_many(
                 "max_retries": ray_cfg.max_retries,
                 "retry_exceptions": False,
             }
-            one = ray.remote(_once).options(**options)
-            many = ray.remote(_once_many).options(**options)
+            unit_task = ray.remote(_unit).options(**options)
             slots = max(1, int(ray.cluster_resources().get("CPU", 1) // ray_cfg.task_cpus))
             pending = {}
             for unit in groups(records, todo, group, slots):
                 if isinstance(unit, list):
                     members = [records[i] for i in unit]
-                    pending[many.remote(task_group, load, members, str(run_dir))] = (unit, True)
+                    ref = unit_task.remote(task_group, load, members, str(run_dir), True)
+                    pending[ref] = (unit, True)
                 else:
-                    pending[one.remote(task, load, records[unit], str(run_dir))] = ([unit], False)
+                    ref = unit_task.remote(task, load, records[unit], str(run_dir), False)
+                    pending[ref] = ([unit], False)
             started_ns = time.time_ns()
             while pending:
                 # a group stores each row as its scenario ends: the bar counts those meanwhile

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -133,4 +135,35 @@ def test_groups_split_evenly_interleave_and_fill_the_slots():
     assert groups(records, records, one_key, slots=4) == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
     assert groups(records, [3], one_key, slots=4) == [[3]]
     solo = lambda r: None if r < 8 else ("late", 8)  # noqa: E731
-    assert groups(records, records, solo, slots=2) == [0, 1, 2, 3, 4, 5, 6, 7, [8], [9]]
+    assert groups(records, records, solo, slots=2) == [[8], [9], 0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_groups_start_before_single_runs(ray_local, tmp_path):
+    """Groups (the long units) are submitted first and Ray runs units in that order (one
+    remote function), so two groups take both slots at once and single runs follow; with a
+    remote function each, Ray interleaved them and a group could run last, alone."""
+    records = [SimpleNamespace(run_id=f"r{i}", grouped=i >= 6) for i in range(8)]
+
+    def single(record, run_dir):
+        start = time.time()
+        time.sleep(0.05)
+        return {"status": "ok", "start": start}
+
+    def together(members, run_dir):
+        start = time.time()
+        time.sleep(1.0)
+        return [{"status": "ok", "start": start} for _ in members]
+
+    rows = run_many(
+        records,
+        tmp_path,
+        RayConfig(),
+        progress=False,
+        task=single,
+        load=lambda run_dir, record: None,
+        group=lambda record: ("g", 1) if record.grouped else None,
+        task_group=together,
+    )
+    grouped = [row["start"] for row, record in zip(rows, records, strict=True) if record.grouped]
+    alone = [row["start"] for row, record in zip(rows, records, strict=True) if not record.grouped]
+    assert min(alone) >= max(grouped) + 0.5  # both groups ran first, side by side
