@@ -103,8 +103,11 @@ Grouping = Callable[[Any], tuple[Hashable, int] | None]
 
 
 def groups(records: list[Any], todo: list[int], group: Grouping | None, slots: int) -> list:
-    """``todo`` as lists of indices (run together), then single indices (run alone): groups
-    are the long units, so they start first and the single runs fill the slots around them."""
+    """``todo`` as lists of indices (run together) spread evenly among single indices (run
+    alone), the first group first: groups are the long units, so one starts at once and the
+    others a share of the single runs later, and the slots finish together (queued last, a
+    group starts late and runs alone at the end; all queued first, the bar stands still until
+    they end)."""
     alone: list = []
     keyed: dict[Hashable, tuple[int, list[int]]] = {}
     for i in todo:
@@ -114,11 +117,15 @@ def groups(records: list[Any], todo: list[int], group: Grouping | None, slots: i
         else:
             key, size = spec
             keyed.setdefault(key, (size, []))[1].append(i)
-    out: list = []
+    together: list = []
     for size, members in keyed.values():
         n = max(math.ceil(len(members) / size), min(slots, len(members)))
-        out += [members[k::n] for k in range(n)]  # interleaved: mixed grid points per group
-    return out + alone
+        together += [members[k::n] for k in range(n)]  # interleaved: mixed grid points per group
+    cut = [len(alone) * j // max(len(together), 1) for j in range(len(together) + 1)]
+    out: list = list(alone) if not together else []
+    for j, unit in enumerate(together):  # group j, then its share of the single runs
+        out += [unit, *alone[cut[j] : cut[j + 1]]]
+    return out
 
 
 def run_many(
