@@ -241,6 +241,36 @@ static int64_t route(loop *L, int64_t src, int64_t dst, int64_t key) {
     return n;
 }
 
+/* Routing.links_many's walk for flows toward one host dst, compiled: row rows[i] of table
+ * (hops wide, already -1) gets the links of the flow from src[rows[i]] keyed keys[rows[i]],
+ * choosing among the out-links ok flags (over out_link, CSR by out_off) as route() does.
+ * Returns 0, or ERR_ROUTE when a walk finds no way on or more than hops links. */
+int m4ray_route_many(const int64_t *out_off, const int64_t *out_link, const int64_t *link_dst,
+                     const char *ok, uint64_t seed, int64_t dst, int64_t n, const int64_t *rows,
+                     const int64_t *src, const int64_t *keys, int64_t hops, int64_t *table) {
+    for (int64_t i = 0; i < n; ++i) {
+        int64_t r = rows[i], node = src[r], k = 0;
+        while (node != dst) {
+            if (k >= hops) return ERR_ROUTE;
+            int64_t lo = out_off[node], hi = out_off[node + 1], count = 0, p;
+            for (p = lo; p < hi; ++p) count += ok[p];
+            if (!count) return ERR_ROUTE;
+            uint64_t pick = 0;
+            if (count > 1) {
+                uint64_t h = 0x9E3779B97F4A7C15ULL;
+                h = mix(h, seed), h = mix(h, (uint64_t)src[r]), h = mix(h, (uint64_t)dst);
+                h = mix(h, (uint64_t)keys[r]), h = mix(h, (uint64_t)node);
+                pick = h % (uint64_t)count;
+            }
+            for (p = lo;; ++p)
+                if (ok[p] && pick-- == 0) break;
+            table[r * hops + k++] = out_link[p];
+            node = link_dst[out_link[p]];
+        }
+    }
+    return 0;
+}
+
 typedef struct {
     double latency, inverse, bottleneck;
 } pathinfo;

@@ -76,6 +76,10 @@ def library() -> ctypes.CDLL | None:
         "m4ray_loop_launch": (i64, [vp, i64, vp, vp, vp, vp, vp, vp, vp]),
         "m4ray_loop_run": (cint, [vp, f64, vp, vp, vp]),
         "m4ray_fluidsim_set_capacity": (None, [vp, i64, f64]),
+        "m4ray_route_many": (
+            cint,
+            [vp, vp, vp, vp, ctypes.c_uint64, i64, i64, vp, vp, vp, i64, vp],
+        ),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -211,12 +215,7 @@ class CompiledFlows:
         routing = replay.routing
         topo = routing.topo
         self.routing = routing
-        out_links = topo.out_links
-        self.out_off = np.zeros(topo.n_nodes + 1, dtype=np.int64)
-        np.cumsum([len(links) for links in out_links], out=self.out_off[1:])
-        self.out_link = np.array([link for links in out_links for link in links], dtype=np.int64)
-        self.link_src = topo.link_src[self.out_link]
-        self.link_dst = topo.link_dst[self.out_link]
+        self.out_off, self.out_link = routing.out_csr
         self.is_host = np.zeros(topo.n_nodes, dtype=bool)
         self.is_host[list(topo.hosts)] = True
         self.host_of = np.asarray(replay.host_of, dtype=np.int64)
@@ -290,10 +289,7 @@ class CompiledFlows:
         for dst in np.unique(pairs).tolist():
             if dst in self.routed:
                 continue
-            dist = routing._distances_to(dst).astype(np.int64)
-            ok = dist[self.link_dst] == dist[self.link_src] - 1
-            ok &= (self.link_dst == dst) | ~self.is_host[self.link_dst]
-            flags = np.ascontiguousarray(ok, dtype=np.int8)
+            flags = routing.next_hop_flags(dst)
             _check(self.lib.m4ray_loop_routes(self.handle, dst, _ptr(flags)))
             self.routed.add(dst)
 

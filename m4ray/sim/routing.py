@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from m4ray.errors import InputError
+from m4ray.errors import InputError, SimulationError
 from m4ray.models.wire import WireFormat
+from m4ray.sim.dagloop import library as dagloop_library
 from m4ray.sim.topology import Topology
 
 _MASK = (1 << 64) - 1
@@ -142,6 +143,31 @@ class Routing:
                     frontier.append(prev)
         return dist
 
+    @property
+    def out_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every node's out-links as CSR (node ``v``: ``out_link[out_off[v]:out_off[v + 1]]``,
+        in ``Topology.out_links`` order: the order ECMP picks among them)."""
+        csr = self.memo.get("out_csr")
+        if csr is None:
+            out_links = self.topo.out_links
+            out_off = np.zeros(self.topo.n_nodes + 1, dtype=np.int64)
+            np.cumsum([len(links) for links in out_links], out=out_off[1:])
+            out_link = np.fromiter((x for links in out_links for x in links), np.int64)
+            csr = self.memo["out_csr"] = (out_off, out_link)
+        return csr
+
+    def next_hop_flags(self, dst: int) -> np.ndarray:
+        """Per entry of :attr:`out_csr`'s ``out_link``: 1 where that link leads one hop closer
+        to host ``dst`` without transiting another host (the candidates :meth:`path` hashes
+        among), else 0 (int8; the compiled walks' table)."""
+        _, out_link = self.out_csr
+        link_src, link_dst = self.topo.link_src[out_link], self.topo.link_dst[out_link]
+        dist = self._distances_to(dst).astype(np.int64)
+        is_host = np.zeros(self.topo.n_nodes, dtype=bool)
+        is_host[list(self._host_set)] = True
+        ok = (dist[link_dst] == dist[link_src] - 1) & ((link_dst == dst) | ~is_host[link_dst])
+        return np.ascontiguousarray(ok, dtype=np.int8)
+
     def set_key(self, flow_id: int, key: int) -> None:
         """Let flow ``flow_id``'s ECMP choice hash ``key`` instead of its id, wherever its path
         is asked for (the replay of several jobs keys a flow by its own job's traffic, so a
@@ -208,6 +234,9 @@ class Routing:
         link_dst = np.append(self.topo.link_dst, self.topo.n_nodes)  # link -1 -> the pad node
         hops = int(dist[target_of, src].max())
         table = np.full((len(src), hops), -1, dtype=np.int64)
+        if (lib := dagloop_library()) is not None:  # the same walk compiled
+            self._walk_compiled(lib, src, keys, targets, target_of=target_of, table=table)
+            return table
         for lo in range(0, len(src), chunk):
             rows = np.arange(lo, min(lo + chunk, len(src)))
             node = src[rows].copy()
@@ -232,6 +261,35 @@ class Routing:
                 table[r, hop] = link
                 node[live] = self.topo.link_dst[link]
         return table
+
+    def _walk_compiled(self, lib, src, keys, targets, *, target_of, table) -> None:
+        """:meth:`links_many`'s hop walk in C (``m4ray_route_many``), one destination at a
+        time over its :meth:`next_hop_flags`: the same choices, into ``table``."""
+        out_off, out_link = self.out_csr
+        link_dst = np.ascontiguousarray(self.topo.link_dst, dtype=np.int64)
+        signed = np.ascontiguousarray(keys.view(np.int64))
+        src = np.ascontiguousarray(src, dtype=np.int64)
+        by_target = np.argsort(target_of, kind="stable")
+        bounds = np.searchsorted(target_of[by_target], np.arange(len(targets) + 1))
+        for t, target in enumerate(targets.tolist()):
+            rows = np.ascontiguousarray(by_target[bounds[t] : bounds[t + 1]])
+            flags = self.next_hop_flags(target)
+            rc = lib.m4ray_route_many(
+                out_off.ctypes.data,
+                out_link.ctypes.data,
+                link_dst.ctypes.data,
+                flags.ctypes.data,
+                self.seed & _MASK,
+                target,
+                len(rows),
+                rows.ctypes.data,
+                src.ctypes.data,
+                signed.ctypes.data,
+                table.shape[1],
+                table.ctypes.data,
+            )
+            if rc:
+                raise SimulationError(f"no route toward host {target} (compiled walk)")
 
     def _path(self, src: int, dst: int, flow_key: int) -> Path:
         for name, node in (("src", src), ("dst", dst)):

@@ -102,7 +102,16 @@ def test_routing_errors():
         pytest.param(rail_cluster(), id="rail-cluster"),
     ],
 )
-def test_links_many_takes_the_same_paths_as_path(topo):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_links_many_takes_the_same_paths_as_path(monkeypatch, topo, compiled):
+    """The vectorised walk, in C (the default where it compiles) and in numpy, takes
+    :meth:`Routing.path`'s every hop, negative keys included."""
+    from m4ray.sim import dagloop
+
+    if compiled and dagloop.library() is None:
+        pytest.skip("no C compiler")
+    if not compiled:
+        monkeypatch.setattr("m4ray.sim.routing.dagloop_library", lambda: None)
     routing = Routing(topo, seed=11)
     rng = np.random.default_rng(0)
     hosts = np.array(topo.hosts)
