@@ -201,7 +201,7 @@ class NumpyModel:
             return h
         return np.where(moving[:, None], self._gru(name, dt[:, None], h), h)
 
-    def _sage(self, i: int, x: np.ndarray, adjacency: scipy.sparse.csr_matrix) -> np.ndarray:
+    def _sage(self, i: int, x: np.ndarray, adjacency: _Adjacency) -> np.ndarray:
         """One GraphSAGE layer; row ``t`` of ``adjacency`` holds a 1 per edge into node ``t``
         (at its source's column), so its product with the messages sums each node's."""
         messages = np.maximum(self._linear(f"gnn.{i}.lin", x), 0.0)
@@ -209,8 +209,9 @@ class NumpyModel:
         y = self._linear(f"gnn.{i}.lin_l", aggregated) + self._linear(
             f"gnn.{i}.lin_r", x, bias=False
         )
-        mean = y.mean(axis=1, keepdims=True)
-        var = ((y - mean) ** 2).mean(axis=1, keepdims=True)
+        n = y.shape[1]  # ndarray.mean's own arithmetic (add.reduce, then / n), minus its wrapper
+        mean = np.add.reduce(y, axis=1, keepdims=True) / n
+        var = np.add.reduce((y - mean) ** 2, axis=1, keepdims=True) / n
         return (y - mean) / np.sqrt(var + _LN_EPS) * self.w[f"gnn.{i}.norm.weight"] + self.w[
             f"gnn.{i}.norm.bias"
         ]
@@ -279,6 +280,14 @@ class NumpyModel:
         self, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The forward pass over one union graph: new flow and link states and slowdowns."""
+        with np.errstate(over="ignore"):  # the gates' exp(-x) (_sigmoid), once per pass
+            return self._pass(
+                h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
+            )
+
+    def _pass(  # noqa: PLR0917 (the step's arrays)
+        self, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cfg, cat = self.cfg, np.concatenate
         h_flow = self._timed("gru_time", h_flow, dt_flow)
         h_link = self._timed("gru_time_link", h_link, dt_link)
@@ -291,9 +300,7 @@ class NumpyModel:
         # whether this graph is stepped alone or beside others (alone = batched, to the bit)
         order = np.argsort(dst, kind="stable")
         starts = offsets(np.bincount(dst, minlength=len(x)))
-        adjacency = scipy.sparse.csr_matrix(
-            (np.ones(len(dst), dtype=self.dtype), src[order], starts), shape=(len(x), len(x))
-        )
+        adjacency = _Adjacency(np.ones(len(dst), dtype=self.dtype), src[order], starts, len(x))
         for i in range(cfg.gnn_layers):
             x = self._sage(i, x, adjacency)
         rate_in = [x[:n_f], params] + ([fluid] if cfg.fluid else [])
@@ -404,9 +411,47 @@ def _distinct(comps, flow_rows: list, link_rows: list, incidence: np.ndarray):
     return keep_flows, keep_links, renumbered, flow_map, link_map
 
 
+class _Adjacency:
+    """A node-by-node CSR matrix of ones (row ``t``: a 1 at each edge's source into ``t``) whose
+    product with a matrix runs scipy's own kernel (``csr_matvecs``, what ``csr_matrix @ dense``
+    calls) without building a ``csr_matrix`` per pass (its checks cost more than the product on
+    the small graphs m4 steps); the same sums in the same order. Falls back to ``csr_matrix``
+    where scipy's kernel module is not found."""
+
+    def __init__(self, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n: int):
+        self.data, self.indices, self.indptr, self.n = data, indices, indptr, n
+
+    def __matmul__(self, other: np.ndarray) -> np.ndarray:
+        other = np.ascontiguousarray(other, dtype=self.data.dtype)
+        if _matvecs is None:
+            matrix = scipy.sparse.csr_matrix(
+                (self.data, self.indices, self.indptr), shape=(self.n, self.n)
+            )
+            return matrix @ other
+        result = np.zeros((self.n, other.shape[1]), dtype=self.data.dtype)
+        _matvecs(
+            self.n,
+            self.n,
+            other.shape[1],
+            self.indptr,
+            self.indices,
+            self.data,
+            other.ravel(),
+            result.ravel(),
+        )
+        return result
+
+
+try:  # scipy's CSR kernel (private, pinned with scipy; csr_matrix is the fallback)
+    from scipy.sparse._sparsetools import csr_matvecs as _matvecs
+except ImportError:  # pragma: no cover
+    _matvecs = None
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):  # exp(-x) = inf below x ~ -709: the gate is then 0, exactly
-        return 1.0 / (1.0 + np.exp(-x))
+    """exp(-x) = inf below x ~ -709: the gate is then 0, exactly (callers ignore the overflow:
+    :meth:`NumpyModel._forward` sets ``np.errstate`` once for the whole pass)."""
+    return 1.0 / (1.0 + np.exp(-x))
 
 
 @functools.lru_cache(maxsize=4)
