@@ -52,6 +52,7 @@ typedef struct {
     int64_t mtu, header, ack_bytes; /* ack_bytes < 0: flows done at delivery */
     double send_latency;
     int64_t n_ranks, *host_of;
+    int64_t *pair_count; /* per (src, dst) rank pair: its flows so far (pair keys), or NULL */
     /* the flow table (Replay.flows): row = flow id */
     int64_t n_flows, cap_flows;
     int64_t *f_node, *f_src, *f_dst, *f_size, *f_parent, *f_run, *f_index;
@@ -120,6 +121,7 @@ void m4ray_loop_free(loop *L) {
         for (int64_t v = 0; v < L->n_nodes; ++v) free(L->ok[v]);
     free(L->ok);
     free(L->host_of);
+    free(L->pair_count);
     free(L->f_node), free(L->f_src), free(L->f_dst), free(L->f_size), free(L->f_parent);
     free(L->f_run), free(L->f_index), free(L->f_start), free(L->f_finish), free(L->f_ideal);
     free(L->f_done), free(L->f_ack);
@@ -196,12 +198,16 @@ int m4ray_loop_routes(loop *L, int64_t dst, const char *ok) {
 
 int m4ray_loop_has_routes(const loop *L, int64_t dst) { return L->ok[dst] != NULL; }
 
-/* The replay's settings: ranks' hosts, SimAI's send latency, the ACK's bytes (< 0: none) and
- * flowSim's per-flow rate cap (INFINITY: none). */
+/* The replay's settings: ranks' hosts, SimAI's send latency, the ACK's bytes (< 0: none),
+ * flowSim's per-flow rate cap (INFINITY: none) and whether flows are keyed per rank pair. */
 int m4ray_loop_replay(loop *L, int64_t n_ranks, const int64_t *host_of, double send_latency,
-                      int64_t ack_bytes, double rate_cap) {
+                      int64_t ack_bytes, double rate_cap, int pair_keys) {
     L->host_of = malloc((n_ranks + 1) * sizeof(int64_t));
     if (!L->host_of) return ERR_MEMORY;
+    if (pair_keys) { /* Replay(pair_keys=True): a flow's ECMP key is its number in its pair */
+        L->pair_count = calloc(n_ranks * n_ranks + 1, sizeof(int64_t));
+        if (!L->pair_count) return ERR_MEMORY;
+    }
     memcpy(L->host_of, host_of, n_ranks * sizeof(int64_t));
     L->n_ranks = n_ranks, L->send_latency = send_latency, L->ack_bytes = ack_bytes;
     L->rate_cap = rate_cap;
@@ -327,8 +333,11 @@ static int grow_flows(loop *L) {
 int64_t m4ray_loop_start_flow(loop *L, int64_t src, int64_t dst, int64_t size, int64_t node,
                               int64_t parent, int ack, int64_t run, int64_t index) {
     if (grow_flows(L)) return ERR_MEMORY;
-    int64_t id = L->n_flows, hs = L->host_of[src], hd = L->host_of[dst];
-    int64_t n = route(L, hs, hd, id);
+    int64_t id = L->n_flows, hs = L->host_of[src], hd = L->host_of[dst], key = id;
+    if (L->pair_count) /* as Replay._start_flow's set_key */
+        key = (int64_t)(((uint64_t)L->pair_count[src * L->n_ranks + dst]++ << 40) |
+                        ((uint64_t)src << 20) | (uint64_t)dst);
+    int64_t n = route(L, hs, hd, key);
     if (n < 0) return n;
     pathinfo p = describe(L, n);
     int64_t wire = wire_bytes(L, size);
@@ -336,11 +345,11 @@ int64_t m4ray_loop_start_flow(loop *L, int64_t src, int64_t dst, int64_t size, i
     double ideal = delay + (double)(wire * 8) / p.bottleneck;
     double ack_s = 0.0;
     if (ack && L->ack_bytes >= 0) {
-        int64_t nb = route(L, hd, hs, id);
+        int64_t nb = route(L, hd, hs, key);
         if (nb < 0) return nb;
         pathinfo back = describe(L, nb);
         ack_s = back.latency + (double)(L->ack_bytes * 8) * back.inverse;
-        n = route(L, hs, hd, id); /* the data path again, into L->links */
+        n = route(L, hs, hd, key); /* the data path again, into L->links */
     }
     L->n_flows += 1;
     L->f_node[id] = node, L->f_src[id] = hs, L->f_dst[id] = hd, L->f_size[id] = size;

@@ -12,8 +12,9 @@ Two layers, each the twin of Python code that stays the reference and the fallba
 
 Answers equal the Python replay's to the bit (``tests/sim/test_dagloop.py``): the same
 arithmetic in the same order, compiled without contraction (``m4ray.native``). A replay runs
-compiled where its backend offers a loop (flowSim in C, without a sender window) and its flows
-are keyed by id (not ``pair_keys``); ``Replay(compiled=False)`` or ``M4RAY_NATIVE=0`` keeps it in
+compiled where its backend offers a loop (flowSim in C, without a sender window), with flows
+keyed by id or, up to 2,048 ranks, per rank pair (``pair_keys``: several jobs);
+``Replay(compiled=False)`` or ``M4RAY_NATIVE=0`` keeps it in
 Python. Units: seconds, bits, bits/s, bytes.
 """
 
@@ -42,6 +43,7 @@ _ERRORS = {
     -4: (SimulationError, "compiled replay: a flow found no route (routes not given)"),
 }
 _MASK = (1 << 64) - 1
+_PAIR_RANKS = 2048  # pair-keyed replays compile up to this many ranks (a counter per pair)
 
 
 @functools.cache
@@ -70,7 +72,7 @@ def library() -> ctypes.CDLL | None:
         ),
         "m4ray_loop_routes": (cint, [vp, i64, vp]),
         "m4ray_loop_has_routes": (cint, [vp, i64]),
-        "m4ray_loop_replay": (cint, [vp, i64, vp, f64, i64, f64]),
+        "m4ray_loop_replay": (cint, [vp, i64, vp, f64, i64, f64, cint]),
         "m4ray_loop_start_flow": (i64, [vp, i64, i64, i64, i64, i64, cint, i64, i64]),
         "m4ray_loop_flow_table": (None, [vp, vp, vp]),
         "m4ray_loop_launch": (i64, [vp, i64, vp, vp, vp, vp, vp, vp, vp]),
@@ -247,6 +249,7 @@ class CompiledFlows:
                 replay.send_latency_s,
                 ack,
                 np.inf if cap is None else cap,
+                int(replay._pairs is not None),
             )
         )
         self.routed: set[int] = set()
@@ -259,7 +262,9 @@ class CompiledFlows:
         """The replay's flows compiled, where its backend and keys allow (module docstring)."""
         offer = getattr(replay.backend, "dag_loop", None)
         loop = offer() if offer is not None else None
-        if loop is None or replay._pairs is not None or replay.routing._keys:
+        if loop is None or replay.routing._keys:
+            return None
+        if replay._pairs is not None and (replay._pairs or len(replay.host_of) > _PAIR_RANKS):
             return None
         if replay._acks_itself:
             return None

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def both(monkeypatch, workload, topo, algorithm, *, settings=None, failure=None, base=None):
+def both(
+    monkeypatch, workload, topo, algorithm, *, settings=None, failure=None, base=None, pairs=False
+):
     """The replay run all in Python (numpy fluid state, Python event queue) and compiled:
     (python, compiled) results, replays and backends."""
     out = []
@@ -36,7 +38,7 @@ def both(monkeypatch, workload, topo, algorithm, *, settings=None, failure=None,
         backend = FlowSimConfig(**(settings or {})).build(topo, routing)
         if failure is not None:
             schedule_onset(backend, failure, base)
-        replay = Replay(workload, backend, routing, algorithm, compiled=compiled)
+        replay = Replay(workload, backend, routing, algorithm, compiled=compiled, pair_keys=pairs)
         assert (replay._compiled is not None) == compiled
         out.append((replay.run(), replay, backend))
     return out
@@ -168,8 +170,40 @@ def test_blocked_transfers_start_with_what_they_follow(monkeypatch):
     assert compiled[0].node_end_s[5] == 0.0  # rank 5 moves nothing: done at once
 
 
-def test_what_stays_in_python_says_so():
-    """A sender window (not compiled) or per-pair ECMP keys keep the replay in Python."""
+def test_several_jobs_keyed_per_rank_pair_match(monkeypatch):
+    """Two jobs on one cluster (``pair_keys``: a flow's ECMP key is its number among its rank
+    pair's flows, so a job's paths do not depend on its neighbour): compiled as in Python."""
+    from m4ray.sim.templates import ClusterTemplateSpec
+    from m4ray.workload.multi import JobEntry, MultiJobSpec
+    from m4ray.workload.synth import SyntheticWorkloadSpec
+
+    model = {
+        "num_layers": 1,
+        "hidden_size": 512,
+        "num_heads": 8,
+        "sequence_len": 256,
+        "vocab_size": 4096,
+        "batch_size": 2,
+        "num_microbatches": 1,
+    }
+    job = SyntheticWorkloadSpec(model=model, parallel={"dp": 2})
+    spec = MultiJobSpec(  # each job's ring crosses rails, so through the spines: ECMP choices
+        jobs=[
+            JobEntry(name="a", workload=job, gpus=2, placement=[0, 5]),
+            JobEntry(name="b", workload=job, gpus=2, placement=[8, 13]),
+        ],
+        gpus_per_server=4,
+    )
+    topo = ClusterTemplateSpec(template="spectrum_x", gpus=16, gpus_per_server=4, spines=2)
+    topo = topo.build()
+    workload = spec.build(n_hosts=len(topo.hosts))
+    python, compiled = both(monkeypatch, workload, topo, SimAISpec().build(topo), pairs=True)
+    assert_same(python, compiled)
+
+
+def test_what_stays_in_python_says_so(monkeypatch):
+    """A sender window (not compiled) keeps the replay in Python; so do per-pair keys beyond
+    2,048 ranks (a counter per pair)."""
     topo = rail_cluster(servers=4)
     workload = SimAIWorkloadSpec(path="microAllReduce", scale=0.005).build(n_hosts=32)
     routing = Routing(topo)
@@ -177,8 +211,11 @@ def test_what_stays_in_python_says_so():
     assert windowed.dag_loop() is None
     assert Replay(workload, windowed, routing, Ring())._compiled is None
     plain = FlowSimConfig().build(topo, routing)
-    assert Replay(workload, plain, routing, Ring(), pair_keys=True)._compiled is None
+    assert Replay(workload, plain, routing, Ring(), pair_keys=True)._compiled is not None
     assert Replay(workload, plain, routing, Ring())._compiled is not None
+    monkeypatch.setattr("m4ray.sim.dagloop._PAIR_RANKS", 16)
+    plain = FlowSimConfig().build(topo, routing)
+    assert Replay(workload, plain, routing, Ring(), pair_keys=True)._compiled is None
 
 
 def test_bad_hosts_and_deadlocks_fail_as_in_python_keeping_the_flows():
