@@ -146,7 +146,6 @@ loop *m4ray_loop_new(int64_t n_links, const double *capacity, double ack_fractio
 }
 
 fluidsim *m4ray_loop_fluid(loop *L) { return L->fluid; }
-double m4ray_loop_now(const loop *L) { return L->now; }
 int64_t m4ray_loop_n_events(const loop *L) { return L->n_events; }
 int64_t m4ray_loop_n_flows(const loop *L) { return L->n_flows; }
 int64_t m4ray_loop_pending(const loop *L) { return L->n_ev; }
@@ -196,7 +195,6 @@ int m4ray_loop_routes(loop *L, int64_t dst, const char *ok) {
     return 0;
 }
 
-int m4ray_loop_has_routes(const loop *L, int64_t dst) { return L->ok[dst] != NULL; }
 
 /* The replay's settings: ranks' hosts, SimAI's send latency, the ACK's bytes (< 0: none),
  * flowSim's per-flow rate cap (INFINITY: none) and whether flows are keyed per rank pair. */
@@ -391,7 +389,7 @@ int64_t m4ray_loop_launch(loop *L, int64_t n, const int64_t *src, const int64_t 
     memset(r, 0, sizeof(crun));
     int64_t m = n + 1, n_dep = dep_off[n];
     /* one block for the per-transfer columns */
-    r->src = malloc(13 * m * sizeof(int64_t));
+    r->src = malloc(12 * m * sizeof(int64_t)); /* the twelve columns below */
     r->child_off = calloc(n + 2, sizeof(int64_t));
     r->child = malloc((n_dep + 1) * sizeof(int64_t));
     r->rank_left = calloc(L->n_ranks + 1, sizeof(int64_t));

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from m4ray import native
-from m4ray.errors import InputError, SimulationError
+from m4ray.errors import SimulationError
 
 if TYPE_CHECKING:
     from m4ray.sim.collectives import TransferTable
@@ -59,7 +59,6 @@ def library() -> ctypes.CDLL | None:
         "m4ray_loop_new": (vp, [i64, vp, f64, i64, cint]),
         "m4ray_loop_free": (None, [vp]),
         "m4ray_loop_fluid": (vp, [vp]),
-        "m4ray_loop_now": (f64, [vp]),
         "m4ray_loop_n_events": (i64, [vp]),
         "m4ray_loop_n_flows": (i64, [vp]),
         "m4ray_loop_pending": (i64, [vp]),
@@ -71,7 +70,6 @@ def library() -> ctypes.CDLL | None:
             [vp, i64, vp, vp, i64, vp, vp, vp, ctypes.c_uint64, i64, i64],
         ),
         "m4ray_loop_routes": (cint, [vp, i64, vp]),
-        "m4ray_loop_has_routes": (cint, [vp, i64]),
         "m4ray_loop_replay": (cint, [vp, i64, vp, f64, i64, f64, cint]),
         "m4ray_loop_start_flow": (i64, [vp, i64, i64, i64, i64, i64, cint, i64, i64]),
         "m4ray_loop_flow_table": (None, [vp, vp, vp]),
@@ -218,8 +216,6 @@ class CompiledFlows:
         topo = routing.topo
         self.routing = routing
         self.out_off, self.out_link = routing.out_csr
-        self.is_host = np.zeros(topo.n_nodes, dtype=bool)
-        self.is_host[list(topo.hosts)] = True
         self.host_of = np.asarray(replay.host_of, dtype=np.int64)
         link_dst = np.ascontiguousarray(topo.link_dst, dtype=np.int64)
         lat = np.asarray(routing._lat, dtype=np.float64)
@@ -272,25 +268,13 @@ class CompiledFlows:
 
     # ------------------------------------------------------------------ routes
     def _route(self, pairs: np.ndarray) -> None:
-        """Check host pairs as Routing.path would, and give the loop the next hops toward
-        every destination it has not seen (both ways: ACKs come back)."""
-        routing = self.routing
-        n_nodes = len(self.is_host)
-        bad = (pairs < 0) | (pairs >= n_nodes)
-        if bad.any():
-            row, col = np.argwhere(bad)[0]
-            raise InputError(
-                f"node {pairs[row, col]} is not a host of the topology", field=("src", "dst")[col]
-            )
+        """Check host pairs with :meth:`Routing.path` (its errors: hosts that are the same or
+        not connected), and give the loop the next hops toward every destination it has not
+        seen (both ways: ACKs come back)."""
+        routing, n_nodes = self.routing, self.routing.topo.n_nodes
         codes = np.unique(pairs[:, 0] * n_nodes + pairs[:, 1])
         for src, dst in zip((codes // n_nodes).tolist(), (codes % n_nodes).tolist(), strict=True):
-            for name, node in (("src", src), ("dst", dst)):
-                if not self.is_host[node]:
-                    raise InputError(f"node {node} is not a host of the topology", field=name)
-            if src == dst:
-                raise InputError(f"source and destination are the same host {src}", field="dst")
-            if routing._distances_to(dst)[src] < 0:
-                raise InputError(f"hosts {src} and {dst} are not connected", field="dst")
+            routing.path(src, dst)
         for dst in np.unique(pairs).tolist():
             if dst in self.routed:
                 continue
@@ -361,8 +345,8 @@ class CompiledFlows:
         dbl = np.zeros((n, 4))
         if n:
             self.lib.m4ray_loop_flow_table(self.handle, _ptr(ints), _ptr(dbl))
-        node, src, dst, size, parent, flow_id = ints.T.tolist() if n else ([],) * 6
-        start, finish, ideal, done = dbl.T.tolist() if n else ([],) * 4
+        node, src, dst, size, parent, flow_id = ints.T.tolist()
+        start, finish, ideal, done = dbl.T.tolist()
         return FlowLog(
             flow_id=flow_id,
             node_id=node,

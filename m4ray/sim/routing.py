@@ -160,12 +160,15 @@ class Routing:
         """Per entry of :attr:`out_csr`'s ``out_link``: 1 where that link leads one hop closer
         to host ``dst`` without transiting another host (the candidates :meth:`path` hashes
         among), else 0 (int8; the compiled walks' table)."""
-        _, out_link = self.out_csr
-        link_src, link_dst = self.topo.link_src[out_link], self.topo.link_dst[out_link]
+        ends = self.memo.get("out_ends")  # each out_link's ends, and whether its head is a host
+        if ends is None:
+            _, out_link = self.out_csr
+            link_dst = self.topo.link_dst[out_link]
+            into_host = np.isin(link_dst, list(self._host_set))
+            ends = self.memo["out_ends"] = (self.topo.link_src[out_link], link_dst, into_host)
+        link_src, link_dst, into_host = ends
         dist = self._distances_to(dst).astype(np.int64)
-        is_host = np.zeros(self.topo.n_nodes, dtype=bool)
-        is_host[list(self._host_set)] = True
-        ok = (dist[link_dst] == dist[link_src] - 1) & ((link_dst == dst) | ~is_host[link_dst])
+        ok = (dist[link_dst] == dist[link_src] - 1) & ((link_dst == dst) | ~into_host)
         return np.ascontiguousarray(ok, dtype=np.int8)
 
     def set_key(self, flow_id: int, key: int) -> None:
