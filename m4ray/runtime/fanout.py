@@ -10,7 +10,8 @@ one whose worker process dies becomes a row with ``status == "failed"`` and the 
 Records that gain from sharing a process (m4 scenarios batching their forward passes) can be
 run in groups: ``group(record)`` gives a key and a largest size; records with the same key are
 split into groups of about equal size (at least as many as there are worker slots, when there
-are enough records), each one Ray task running ``task_group``; groups are submitted first.
+are enough records), each one Ray task running ``task_group``; groups are queued spread among
+the single runs (:func:`groups`).
 """
 
 from __future__ import annotations
@@ -121,8 +122,10 @@ def groups(records: list[Any], todo: list[int], group: Grouping | None, slots: i
     for size, members in keyed.values():
         n = max(math.ceil(len(members) / size), min(slots, len(members)))
         together += [members[k::n] for k in range(n)]  # interleaved: mixed grid points per group
-    cut = [len(alone) * j // max(len(together), 1) for j in range(len(together) + 1)]
-    out: list = list(alone) if not together else []
+    if not together:
+        return alone
+    cut = [len(alone) * j // len(together) for j in range(len(together) + 1)]
+    out: list = []
     for j, unit in enumerate(together):  # group j, then its share of the single runs
         out += [unit, *alone[cut[j] : cut[j + 1]]]
     return out

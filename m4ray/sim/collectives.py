@@ -87,22 +87,6 @@ class TransferTable:
             deps=np.fromiter((d for t in transfers for d in t.deps), np.int64, int(dep_off[-1])),
         )
 
-    def transfers(self) -> list[Transfer]:
-        """The same transfers as objects (what :meth:`CollectiveAlgorithm.decompose` returns)."""
-        deps, off = self.deps.tolist(), self.dep_off.tolist()
-        return [
-            Transfer(s, d, b, tuple(deps[off[i] : off[i + 1]]), None if a < 0 else a)
-            for i, (s, d, b, a) in enumerate(
-                zip(
-                    self.src.tolist(),
-                    self.dst.tolist(),
-                    self.size.tolist(),
-                    self.after.tolist(),
-                    strict=True,
-                )
-            )
-        ]
-
 
 def decompose_table(
     algorithm: CollectiveAlgorithm, kind: CollectiveKind, group: Sequence[int], size: int

@@ -158,6 +158,5 @@ def test_the_table_of_a_decomposition_is_the_decomposition(spec):
             want = TransferTable.of(listed)
             for column in ("src", "dst", "size", "after", "dep_off", "deps"):
                 assert np.array_equal(getattr(table, column), getattr(want, column)), column
-            assert table.transfers() == listed
     with pytest.raises(InputError, match="does not divide into servers"):
         algo.decompose_table(K.ALL_REDUCE, (0, 1, 8), 1_000_000)
