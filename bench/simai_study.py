@@ -18,7 +18,10 @@ buffers, 1000 B payload; NVSwitches mark no ECN and send no PFC; SimAI's ns-3 ti
 with the data at switches, whole-ns packets, its DCTCP α and window) on SimAI's 1,040 B packets,
 each flow sent 3.01 µs after its parent as SimAI's logs show. SimAI's totals (µs) for three
 scenarios are quoted from ``reference/gray_failure.md`` §7 (``results_gray_failures/`` at commit
-0c441e75); N=2 R=4 has no published number and is printed for the trend. Each backend runs each
+0c441e75); N=2 R=4 has no published number and is printed for the trend. Ours are rank 0's own
+finish (``rank0_time_s``), as SimAI's: rank 0 writes its ``EndToEnd.csv`` (SimAI's shared per-flow
+run ends group 0 at its total, 11,684 µs, and group 1 at 12,252), not the last of all 32 ranks
+(``completion_time_s``, the job's iteration). Each backend runs each
 scenario in this process,
 one at a time; wall times are this machine's. ``--lockstep`` adds every flow-level backend again
 with ``workload.lockstep`` (``m4ray.sim.lockstep``: each distinct collective step run once).
@@ -79,9 +82,8 @@ def compare_results(path: Path) -> str:
 
     frame = pd.read_parquet(path)
     frame = frame[frame.status == "ok"]
-    times = frame.pivot_table(
-        index=["n_degraded", "reduction"], columns="backend", values="completion_time_s"
-    )
+    column = reported_column(frame)
+    times = frame.pivot_table(index=["n_degraded", "reduction"], columns="backend", values=column)
     published = {**TREND_US, **UNISON_US}
     backends = [b for b in ("ns3", "flowsim", "flowsim_acks", "m4") if b in times.columns]
     rows = []
@@ -95,8 +97,15 @@ def compare_results(path: Path) -> str:
             row.append(f"{us:,.1f}{vs_simai}{vs_ns3}")
         rows.append(row)
     header = ["scenario", "SimAI ns-3 (us)", *backends]
-    note = "(vs SimAI's ns-3) [vs our ns-3]"
+    note = f"{column} (vs SimAI's ns-3) [vs our ns-3]"
     return f"{format_table(header, rows)}\n{note}"
+
+
+def reported_column(frame) -> str:
+    """Rank 0's finish where the results have it (sweeps from 2026-11-27 on), else the last
+    rank's, named in the output."""
+    has = "rank0_time_s" in frame.columns and frame["rank0_time_s"].notna().all()
+    return "rank0_time_s" if has else "completion_time_s"
 
 
 def parse_args() -> argparse.Namespace:
@@ -202,7 +211,7 @@ def main() -> None:
             if result["status"] != "ok":
                 row.append(f"failed: {result['error'].strip().splitlines()[-1][:60]}")
                 continue
-            us = result["completion_time_s"] * 1e6
+            us = result["rank0_time_s"] * 1e6
             err = f" ({us / ref - 1:+.1%})" if ref else ""
             row.append(f"{us:,.1f}{err} in {wall:.1f} s")
             print(f"  {n=} {r=} {name}: {us:,.1f} us, {wall:.1f} s wall", flush=True)

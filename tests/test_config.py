@@ -138,7 +138,7 @@ def test_simai_timing_preset_sets_simai_ns3_over_the_study_settings():
         False,
     )
     assert (rdma.ack_bytes, rdma.window_rule, rdma.buffer_bytes) == (48, "simai", 100_000_000)
-    assert rdma.done_at_ack and rdma.feed_when_idle
+    assert rdma.done_at_ack and rdma.feed_when_idle and rdma.nic_wake_simai
     assert rdma.ecn_k_bytes == [[40.0e9, 40000], [2400.0e9, 2400000]]
     assert (rdma.red_marking(40e9), rdma.red_marking(400e9)) == (
         (40_000, 160_000, 0.2, "ecn_k_max_bytes"),

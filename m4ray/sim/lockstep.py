@@ -182,6 +182,11 @@ class LockstepResult:
         return self.completion_time_s - self.compute_s
 
     @property
+    def rank0_time_s(self) -> float:
+        """Rank 0's finish: every rank runs the same program in lockstep, so the job's."""
+        return self.completion_time_s
+
+    @property
     def flows_represented(self) -> int:
         """Flows of one iteration in the full replay (every collective call, every group)."""
         return sum(c.flows * c.calls for c in self.collectives)

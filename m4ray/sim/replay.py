@@ -68,6 +68,12 @@ class ReplayResult:
         rank = self.critical_rank
         return self.rank_finish_s[rank] - self.rank_compute_s[rank]
 
+    @property
+    def rank0_time_s(self) -> float:
+        """When rank 0 finished its own work: what SimAI's ``EndToEnd.csv`` reports (rank 0
+        writes it), where :attr:`completion_time_s` is the last rank's."""
+        return self.rank_finish_s[0] if self.rank_finish_s else 0.0
+
 
 @dataclass(slots=True)
 class _CollectiveRun:

@@ -22,6 +22,7 @@ RESULT_COLUMNS = (
     "backend",
     "status",
     "completion_time_s",
+    "rank0_time_s",  # rank 0's own finish (SimAI's EndToEnd.csv is rank 0's)
     "exposed_comm_s",
     "wall_s",
     "shared_by",

@@ -118,3 +118,31 @@ def test_gray_failures_slow_down_micro_allreduce():
         times[n, r] = replay(workload, topo, HierarchicalSpec().build(topo)).completion_time_s
     assert times[0, 1] < times[8, 4] < times[8, 10]
     assert times[0, 1] > 1112e-6  # compute alone
+
+
+def test_rank0_time_is_rank_zeros_own_finish():
+    """``rank0_time_s`` (what SimAI's EndToEnd.csv reports: rank 0 writes it) is rank 0's own
+    end, before the job's when another rank works longer; a scenario row carries both."""
+    from m4ray.sim.scenario import Scenario, simulate
+
+    workload = Workload(
+        n_ranks=2,
+        nodes=[
+            Send(id=0, rank=0, peer=1, size_bytes=1_000_000, tag=1),
+            Recv(id=1, rank=1, peer=0, size_bytes=1_000_000, tag=1),
+            Compute(id=2, rank=1, duration_s=50e-6, deps=(1,)),
+        ],
+    )
+    result = replay(workload)
+    delivery_s = (3 + 2.08384 + 1_048_000 * 8 / 100e3) * 1e-6
+    assert result.rank_finish_s[0] < result.completion_time_s
+    assert result.rank0_time_s == result.rank_finish_s[0]
+    assert result.completion_time_s == pytest.approx(result.rank_finish_s[1])
+    assert result.completion_time_s - result.rank0_time_s == pytest.approx(50e-6, rel=0.05)
+    assert result.rank0_time_s >= delivery_s
+    failure = GrayFailure(n_degraded=6, reduction=5)  # two TP-16 groups: rank 0's ends first
+    row, _ = simulate(
+        Scenario(failure=failure, workload=SimAIWorkloadSpec(path="microAllReduce", scale=0.02))
+    )
+    assert row["status"] == "ok", row["error"]
+    assert 0 < row["rank0_time_s"] <= row["completion_time_s"]

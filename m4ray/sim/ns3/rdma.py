@@ -147,6 +147,7 @@ struct RdmaParams {
     bool dctcp_reference = false; // DCTCP's α batches as the reference (HandleAckDctcp)
     bool done_at_ack = false;     // a flow is done when its sender has the last ACK
     bool feed_idle = false;       // pick a port's next packet when its wire goes idle
+    bool nic_wake_simai = false;  // a NIC's retry as SimAI's DequeueAndTransmit schedules it
     // TIMELY
     double t_low_ps = 50e6, t_high_ps = 500e6, beta = 0.8, ewma = 0.875, min_rtt_ps = 20e6;
 };
@@ -481,13 +482,26 @@ class RdmaNetwork : public Fabric {
             size_t at = (port.rr + i) % n;
             uint32_t slot = port.qps[at];
             Qp& q = m_qp[slot];
-            if (q.snd_nxt >= q.size || q.snd_nxt - q.snd_una >= Window(q)) continue;
+            if (q.snd_nxt >= q.size) continue;
+            if (m_p.nic_wake_simai) earliest = std::min(earliest, q.next_ps);
+            if (q.snd_nxt - q.snd_una >= Window(q)) continue;
             if (q.next_ps > now) {
                 earliest = std::min(earliest, q.next_ps);
                 continue;
             }
             port.rr = at + 1;
             return DataPacket(slot, now);
+        }
+        if (m_p.nic_wake_simai) {
+            // SimAI's device: a retry at the earliest next-send time over its queue pairs with
+            // bytes left, window-bound ones included, only if that is still ahead and none is
+            // pending; else the next ACK in or transmit done wakes it
+            bool pending = port.wake_ps != std::numeric_limits<int64_t>::max();
+            if (earliest > now && earliest != std::numeric_limits<int64_t>::max() && !pending) {
+                port.wake_ps = earliest;
+                Simulator::Schedule(PicoSeconds(earliest - now), &RdmaNetwork::Wake, this, link);
+            }
+            return nullptr;
         }
         if (earliest != std::numeric_limits<int64_t>::max() && earliest < port.wake_ps) {
             port.wake_ps = earliest;

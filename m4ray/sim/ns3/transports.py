@@ -99,6 +99,12 @@ class RdmaConfig:
     # queue pair) when its wire goes idle, as SimAI's device does; False: as the wire starts the
     # previous one, keeping one packet ready (no gap either way)
     feed_when_idle: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
+    # a host NIC with no queue pair ready retries at the earliest next-send time over its queue
+    # pairs with bytes left, window-bound ones included, only when that is still ahead and no
+    # retry is pending, as SimAI's DequeueAndTransmit does; otherwise the next ACK in or transmit
+    # done wakes it (a window-bound pair whose time has passed holds paced ones back). False:
+    # a retry at the earliest time a ready pair may send
+    nic_wake_simai: bool = added_field(False, "SimAI's ns-3 NIC (issue 29)")
     # RED marking under DCTCP, as the reference's switches judge every CC (KMIN_MAP, KMAX_MAP,
     # PMAX_MAP): none while what stays queued is at most K_min (ecn_k_bytes), every packet above
     # K_max (these points, linear in rate), probability rising to ecn_p_max between; null: the
@@ -337,6 +343,7 @@ class RdmaFabric:
         p.pfc_shift = cfg.pfc_dynamic_shift
         p.round_ns, p.dctcp_reference = cfg.round_ns, cfg.dctcp_reference_alpha
         p.done_at_ack, p.feed_idle = cfg.done_at_ack, cfg.feed_when_idle
+        p.nic_wake_simai = cfg.nic_wake_simai
         is_switch = np.ones(topology.n_nodes, dtype=np.uint8)
         is_switch[list(topology.hosts)] = 0
         is_switch[list(topology.nvswitches)] = 2  # no ECN, PFC or drops (SimAI's NVSwitch)

@@ -299,6 +299,30 @@ def test_feed_when_idle_leaves_no_gap_between_packets(simulate):
     assert counters["drops"] == counters["timeouts"] == 0 and counters["marks"] > 0
 
 
+def test_simai_nic_wake_holds_a_paced_flow_behind_a_window_bound_one(simulate):
+    """``nic_wake_simai`` (SimAI's DequeueAndTransmit): a NIC with no queue pair ready retries
+    at the earliest next-send time over pairs with bytes left, window-bound ones included, and
+    only if that is ahead; a window-bound pair (a long path, 10 KB window) whose time has passed
+    leaves the NIC idle until an ACK comes in, so a paced pair on a short path (40 Gbit/s cap)
+    beside it sends late: its FCT grows by a third. Alone, it runs the same either way."""
+    topo = Topology(
+        n_nodes=4,
+        switches=(3,),
+        cables=(Cable(0, 3, 100e9, 0.1e-6), Cable(1, 3, 100e9, 20e-6), Cable(2, 3, 100e9, 0.1e-6)),
+    )
+    paced = Flow(1, 0, 2, 1_000_000, 0.0)
+    fct = {}
+    for flows in ([paced], [Flow(0, 0, 1, 10_000_000, 0.0), paced]):
+        for wake in (False, True):
+            rdma = RdmaConfig(window_bytes=10_000, max_rate_bps=40e9, nic_wake_simai=wake)
+            result, counters = simulate(topo, flows, DEFAULT, Ns3Config(rdma=rdma))
+            assert counters["marks"] == counters["drops"] == 0
+            fct[len(flows), wake] = result[1][0]
+    assert fct[1, True] == fct[1, False]
+    assert fct[1, False] == pytest.approx(fct[2, False], rel=1e-3)  # the ready rule: no loss
+    assert fct[2, True] / fct[2, False] > 1.2
+
+
 def per_link(topo, flows, wire, cfg, pairs):
     """Bytes sent and CE marks per directed link, the run's marks, and the links of each
     ``(src, dst)`` pair's path (flow 0's ECMP key), in a worker process."""
