@@ -42,11 +42,6 @@ class M3TrainConfig(RunSettings):
     batch_size: int = 20
     weight_decay: float = 0.02
     experiment: str = "m3"
-    # sparse copies (:func:`sparse_copies`): each lot also seen ``sparse_copies`` times as the
-    # estimate sees a sampled path, with only k of its foreground flows (k drawn in
-    # ``sparse_foreground``) as its foreground; 0: the lots as they are
-    sparse_copies: int = 0
-    sparse_foreground: list[int] = field(default_factory=lambda: [1, 4])
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -54,14 +49,6 @@ class M3TrainConfig(RunSettings):
         RunSettings.__post_init__(self)
         if not 0 <= self.val_fraction + self.test_fraction < 1:
             raise InputError("val + test fractions must be in [0, 1)", field="train.val_fraction")
-        if self.sparse_copies < 0:
-            raise InputError(f"must be >= 0, got {self.sparse_copies}", field="train.sparse_copies")
-        k = list(self.sparse_foreground)
-        if len(k) != 2 or not 1 <= k[0] <= k[1]:
-            raise InputError(
-                f"must be [k_min, k_max] with 1 <= k_min <= k_max, got {k}",
-                field="train.sparse_foreground",
-            )
 
     def task(self, device) -> M3Task:
         return M3Task(self, device)
@@ -88,12 +75,6 @@ class Lots:
 
     def take(self, index) -> Lots:
         return Lots(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
-
-    @staticmethod
-    def concat(parts: list[Lots]) -> Lots:
-        """The samples of ``parts`` in order (their tokens padded alike: one dataset's)."""
-        names = [f.name for f in dataclasses.fields(Lots)]
-        return Lots(**{n: np.concatenate([getattr(p, n) for p in parts]) for n in names})
 
     def __len__(self) -> int:
         return len(self.n_links)
@@ -149,84 +130,6 @@ def split(lots: Lots, cfg: M3TrainConfig) -> dict[str, Lots]:
     }
 
 
-def sparse_copies(dataset: str | Path, lots: Lots, copies: int, k_range, seed: int) -> Lots:
-    """Each lot ``copies`` times as m3's estimate sees a sampled path of a network: there a
-    path's foreground is the few flows whose route is exactly that path (2.3 on average on the
-    default ``+experiment=m3``), while a training lot's has hundreds. A copy keeps k of the lot's
-    foreground flows (k uniform in ``k_range``, at most all) as its foreground: token 0 and path
-    flowSim's baseline percentiles come from them alone, the others join the background over
-    the whole path (every link token), as flows of other routes do in a network. Its targets stay
-    ns-3's percentiles of the whole foreground, in the output buckets the k flows reach (the
-    estimate counts a path in those only). Lots are read back from ``lot_flows``; seeded."""
-    if copies == 0 or not len(lots):
-        return lots.take(slice(0, 0))
-    import pyarrow.compute as pc
-
-    from m4ray.models.m3_features import targets, tokens
-
-    columns = ["scenario_id", "flow_id", "a", "b", "foreground", "size_bytes", "flowsim_slowdown"]
-    table = (
-        pads.dataset(Path(dataset) / "lot_flows", partitioning="hive")
-        .to_table(columns=columns, filter=pc.field("scenario_id").isin(list(lots.scenario_id)))
-        .to_pandas()
-        .sort_values(["scenario_id", "flow_id"], kind="stable")
-    )
-    by_lot = dict(iter(table.groupby("scenario_id", sort=False)))
-    rng = np.random.default_rng(seed)
-    lo, hi = k_range
-    index, tok, empty, base, mask = [], [], [], [], []
-    for i, lot in enumerate(lots.scenario_id):
-        flows = by_lot.get(lot)
-        if flows is None:
-            raise InputError(f"lot {lot} has no lot_flows rows", file=str(dataset))
-        a, b = flows.a.to_numpy(np.int64), flows.b.to_numpy(np.int64)
-        size, slowdown = flows.size_bytes.to_numpy(), flows.flowsim_slowdown.to_numpy()
-        fg = np.flatnonzero(flows.foreground.to_numpy())
-        config = lots.tokens[i, 0, N_BUCKETS_IN * N_PCT :]
-        for _ in range(copies):
-            chosen = rng.choice(fg, min(len(fg), int(rng.integers(lo, hi + 1))), replace=False)
-            keep = np.zeros(len(flows), dtype=bool)
-            keep[chosen] = True
-            t, e = tokens(slowdown, size, a, b, keep, config)
-            full_t = np.zeros(lots.tokens.shape[1:], dtype=np.float32)
-            full_e = np.ones(lots.empty.shape[1:], dtype=bool)
-            full_t[: len(t)], full_e[: len(e)] = t, e
-            pct, reached = targets(slowdown[chosen], size[chosen])
-            index.append(i)
-            tok.append(full_t)
-            empty.append(full_e)
-            base.append(pct)
-            mask.append(reached & lots.mask[i])
-    index = np.asarray(index)
-    return Lots(
-        scenario_id=lots.scenario_id[index],
-        tokens=np.stack(tok),
-        empty=np.stack(empty),
-        n_links=lots.n_links[index],
-        target=lots.target[index],
-        mask=np.stack(mask),
-        flowsim=np.stack(base).astype(np.float32),
-    )
-
-
-def training_splits(lots: Lots, cfg: M3TrainConfig) -> dict[str, Lots]:
-    """:func:`split` by lot, then the training and validation splits with their lots' sparse
-    copies (``cfg.sparse_copies``; a copy stays in its lot's split); ``test`` stays the held-out
-    lots as they are and ``test_sparse`` holds their copies."""
-    parts = split(lots, cfg)
-    if not cfg.sparse_copies:
-        return parts
-    out = {}
-    for i, (name, part) in enumerate(parts.items()):
-        copies = sparse_copies(
-            cfg.dataset, part, cfg.sparse_copies, cfg.sparse_foreground, seed=[cfg.seed, i]
-        )
-        out[name] = part if name == "test" else Lots.concat([part, copies])
-        if name == "test":
-            out["test_sparse"] = copies
-    return out
-
-
 def optimizer(model: torch.nn.Module, cfg: M3TrainConfig) -> torch.optim.Optimizer:
     """AdamW with weight decay on the transformer's matrices only (m3)."""
     decay, plain = [], []
@@ -266,7 +169,7 @@ class M3Task:
 
     def __init__(self, cfg: M3TrainConfig, device) -> None:
         self.cfg, self.device = cfg, device
-        self.splits = training_splits(load_lots(cfg.dataset), cfg)
+        self.splits = split(load_lots(cfg.dataset), cfg)
         self.model = self.module = M3Model(cfg.model)
         self.ddp_kwargs = None
         self.n_sums = 2  # loss × lots, lots
@@ -317,31 +220,13 @@ def error_text(table: dict[str, dict[str, float]], n_lots: int) -> str:
     return "\n".join(lines)
 
 
-def _rows(table: dict) -> str:
-    return "\n".join(
+def model_card(meta: dict[str, Any], table: dict, cfg: M3TrainConfig) -> str:
+    m = cfg.model
+    rows = "\n".join(
         f"| {who} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |"
         for who, row in table.items()
     )
-
-
-def model_card(
-    meta: dict[str, Any], table: dict, cfg: M3TrainConfig, sparse: dict | None = None
-) -> str:
-    m = cfg.model
-    rows = _rows(table)
     lots = meta["lots"]
-    sparse_text = ""
-    if sparse:
-        lo, hi = cfg.sparse_foreground
-        sparse_text = f"""
-Trained with {cfg.sparse_copies} sparse copies of every lot (`train.sparse_copies`): each shows
-the model {lo}–{hi} of the lot's foreground flows, as the estimate's sampled paths show it a
-network's (`m4ray.m3.train.sparse_copies`). On the held-out lots' copies:
-
-| model | {" | ".join(sparse["m3"])} |
-|---|{"---|" * len(sparse["m3"])}
-{_rows(sparse)}
-"""
     return f"""# m3 checkpoint
 
 m3 (SIGCOMM'24): a causal transformer (dim {m.dim}, {m.layers} layers, {m.heads} heads, SwiGLU
@@ -362,7 +247,7 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
 | model | {" | ".join(table["m3"])} |
 |---|{"---|" * len(table["m3"])}
 {rows}
-{sparse_text}"""
+"""
 
 
 __all__ = [
@@ -376,7 +261,5 @@ __all__ = [
     "optimizer",
     "percentile_errors",
     "predict",
-    "sparse_copies",
     "split",
-    "training_splits",
 ]

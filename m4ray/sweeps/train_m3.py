@@ -14,7 +14,7 @@ from m4ray.m3.train import (
     model_card,
     percentile_errors,
     predict,
-    training_splits,
+    split,
 )
 from m4ray.models.m3 import M3Model
 from m4ray.train.data import dataset_version
@@ -35,23 +35,16 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     trained = train(
         sweep, raw_config, cfg, train_loop, M3Model, version=version, run_dir=run_dir, what=what
     )
-    splits = training_splits(lots, cfg)
+    splits = split(lots, cfg)
     table = percentile_errors(predict(trained.model, splits["test"]), splits["test"])
     metrics = {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()}
-    sparse = None
-    if "test_sparse" in splits:  # the held-out lots as the estimate's sampled paths look
-        held = splits["test_sparse"]
-        sparse = percentile_errors(predict(trained.model, held), held)
-        metrics |= {f"test_sparse_{w}_{k}": v for w, row in sparse.items() for k, v in row.items()}
     meta = trained.meta(
         version, cfg, metrics, lots={k: len(v) for k, v in splits.items()}, supported_cc=["dctcp"]
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")
-    publish(trained, export_dir, meta, model_card(meta, table, cfg, sparse), kind=M3)
+    publish(trained, export_dir, meta, model_card(meta, table, cfg), kind=M3)
     print()
     print(error_text(table, len(splits["test"])))
-    if sparse:
-        print(error_text(sparse, len(splits["test_sparse"])).replace("lots", "sparse copies"))
     print(f"\ntrained {meta['epochs']} epochs in {trained.wall_s:.1f} s; checkpoint {export_dir}")
     return run_dir
 

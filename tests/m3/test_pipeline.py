@@ -13,15 +13,7 @@ import torch
 
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.m3.datagen import LotScenario, LotTraffic
-from m4ray.m3.train import (
-    M3,
-    M3TrainConfig,
-    load_lots,
-    predict,
-    sparse_copies,
-    split,
-    training_splits,
-)
+from m4ray.m3.train import M3, load_lots, predict
 from m4ray.models import checkpoint
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.ns3.transports import RdmaConfig
@@ -87,8 +79,7 @@ def m3_run(tmp_path_factory):
                  "datagen.families.lot.n_flows=[100,200]")  # fmt: skip
     assert data.returncode == 0, data.stderr[-3000:]
     train = sweep(out, "+experiment=train_m3", "train.epochs=2", "train.num_workers=1",
-                  "train.val_fraction=0.2", "train.test_fraction=0.2", "train.sparse_copies=1",
-                  *TINY_MODEL)  # fmt: skip
+                  "train.val_fraction=0.2", "train.test_fraction=0.2", *TINY_MODEL)  # fmt: skip
     assert train.returncode == 0, train.stderr[-3000:]
     return out, data, train
 
@@ -113,45 +104,12 @@ def test_train_m3_exports_a_checkpoint_that_round_trips(m3_run):
     export = out / "train_m3" / "export"
     model, info = checkpoint.load(export, kind=M3)
     assert info["format"] == "m4ray-m3-v1" and info["supported_cc"] == ["dctcp"]
-    card = (export / "model_card.md").read_text()
-    assert info["epochs"] == 2 and "dataset version" in card and "sparse copies" in card
-    assert "test_sparse_m3_p99" in info["metrics"]
+    assert info["epochs"] == 2 and "dataset version" in (export / "model_card.md").read_text()
     lots = load_lots(out / "datagen_m3" / "dataset")
     again, _ = checkpoint.load(export, kind=M3)
     np.testing.assert_array_equal(predict(model, lots), predict(again, lots))
     with pytest.raises(Exception, match="m4ray-m3-v1"):
         checkpoint.load(export)  # an m3 checkpoint is not an m4 one
-
-
-def test_sparse_copies_show_a_lot_as_a_sampled_path(m3_run):
-    """A sparse copy rebuilt from ``lot_flows`` with every foreground flow kept is the stored
-    sample (tokens, empty flags, baseline, mask); with one kept, token 0 and the baseline are that
-    flow's alone (one value in its bucket), the targets stay the whole foreground's, the mask is
-    the one bucket it reaches; copies stay in their lot's split."""
-    out, _, _ = m3_run
-    dataset = out / "datagen_m3" / "dataset"
-    lots = load_lots(dataset)
-    whole = sparse_copies(dataset, lots, 1, [10**6, 10**6], seed=0)
-    np.testing.assert_array_equal(whole.tokens, lots.tokens)
-    np.testing.assert_array_equal(whole.empty, lots.empty)
-    np.testing.assert_array_equal(whole.mask, lots.mask)
-    np.testing.assert_allclose(whole.flowsim, lots.flowsim, rtol=1e-6)
-    one = sparse_copies(dataset, lots, 2, [1, 1], seed=0)
-    assert len(one) == 2 * len(lots) and (one.scenario_id[::2] == lots.scenario_id).all()
-    np.testing.assert_array_equal(one.target, lots.target[np.repeat(np.arange(len(lots)), 2)])
-    assert (one.mask.sum(axis=1) == 1).all() and not (one.mask & ~lots.mask.repeat(2, 0)).any()
-    for row in range(len(one)):
-        bucket = int(np.flatnonzero(one.mask[row])[0])
-        assert np.unique(one.flowsim[row, bucket]).size == 1
-        assert (~one.empty[row, 0]).sum() == 1  # token 0: one input bucket holds the flow
-    cfg = M3TrainConfig(dataset=str(dataset), val_fraction=0.2, test_fraction=0.2, sparse_copies=2)
-    parts = training_splits(lots, cfg)
-    plain = split(lots, cfg)
-    assert set(parts["train"].scenario_id) == set(plain["train"].scenario_id)
-    assert len(parts["train"]) == 3 * len(plain["train"]) and len(parts["test_sparse"]) == 2 * len(
-        plain["test"]
-    )
-    np.testing.assert_array_equal(parts["test"].tokens, plain["test"].tokens)
 
 
 def test_estimate_on_a_small_fat_tree_with_flowsim_comparison(m3_run):
