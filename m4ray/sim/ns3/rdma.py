@@ -475,8 +475,9 @@ class RdmaNetwork : public Fabric {
     // Round-robin over the port's queue pairs: the next one allowed by window and pacing.
     Ptr<Packet> NextQp(uint32_t link) {
         Port& port = m_ports[link];
+        constexpr int64_t never = std::numeric_limits<int64_t>::max();
         int64_t now = Simulator::Now().GetPicoSeconds();
-        int64_t earliest = std::numeric_limits<int64_t>::max();
+        int64_t earliest = never;
         size_t n = port.qps.size();
         for (size_t i = 0; i < n; ++i) {
             size_t at = (port.rr + i) % n;
@@ -492,18 +493,14 @@ class RdmaNetwork : public Fabric {
             port.rr = at + 1;
             return DataPacket(slot, now);
         }
-        if (m_p.nic_wake_simai) {
-            // SimAI's device: a retry at the earliest next-send time over its queue pairs with
-            // bytes left, window-bound ones included, only if that is still ahead and none is
-            // pending; else the next ACK in or transmit done wakes it
-            bool pending = port.wake_ps != std::numeric_limits<int64_t>::max();
-            if (earliest > now && earliest != std::numeric_limits<int64_t>::max() && !pending) {
-                port.wake_ps = earliest;
-                Simulator::Schedule(PicoSeconds(earliest - now), &RdmaNetwork::Wake, this, link);
-            }
-            return nullptr;
-        }
-        if (earliest != std::numeric_limits<int64_t>::max() && earliest < port.wake_ps) {
+        // SimAI's device retries at the earliest next-send time over its queue pairs with bytes
+        // left, window-bound ones included, only if that is still ahead and none is pending
+        // (else the next ACK in or transmit done wakes it); ours at the earliest ready pair's,
+        // superseding a later retry
+        bool retry = m_p.nic_wake_simai
+                         ? earliest > now && earliest != never && port.wake_ps == never
+                         : earliest != never && earliest < port.wake_ps;
+        if (retry) {
             port.wake_ps = earliest;
             Simulator::Schedule(PicoSeconds(earliest - now), &RdmaNetwork::Wake, this, link);
         }
