@@ -6,9 +6,10 @@ workload (open-loop traffic drawn like the datagen families, or an m4 ``flows.tx
 flowSim into feature tokens in Ray tasks; the checkpoint corrects every path's foreground
 percentiles in one batch; the mixture gives overall and per-size-bucket p50/p90/p99
 (``reference/flowsim_m3.md`` B.2-B.8). ``compare=[ns3, flowsim]`` runs the same flows through
-network-wide ns-3 and flowSim for reference (each cached by content under ``<run_dir>/cache``, so
-a re-run does not redo them). Writes ``estimate.parquet``, ``plots/slowdown_cdf.png`` and
-``manifest.json``, and prints the table.
+network-wide ns-3 and flowSim for reference (``flowsim_queues``: flowSim with the network's
+standing queues, :class:`~m4ray.sim.flowsim.StandingQueues`), each cached by content under
+``<run_dir>/cache``, so a re-run does not redo them. Writes ``estimate.parquet``,
+``plots/slowdown_cdf.png`` and ``manifest.json``, and prints the table.
 
 Units: bytes, bits/s, seconds.
 """
@@ -34,7 +35,7 @@ from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
 from m4ray.sim.routing import Routing, WireFormat
 
-COMPARE = ("ns3", "flowsim")
+COMPARE = ("ns3", "flowsim", "flowsim_queues")
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -220,12 +221,18 @@ def estimate(
 
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
-    """Network-wide ``ns3`` or ``flowsim`` slowdowns and wall time, cached by content."""
-    from m4ray.sim.flowsim import FlowSimConfig
+    """Network-wide ``ns3``, ``flowsim`` or ``flowsim_queues`` slowdowns and wall time, cached
+    by content."""
+    from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
 
     host = topo.bandwidth_bps[np.isin(topo.link_src, topo.hosts)]
     edge, core = float(host.min()), float(topo.bandwidth_bps.max())
-    backend = FlowSimConfig() if name == "flowsim" else cfg.network.ns3(edge, core)
+    network = cfg.network.ns3(edge, core)
+    backend = {
+        "ns3": network,
+        "flowsim": FlowSimConfig(),
+        "flowsim_queues": FlowSimConfig(queues=StandingQueues.of(network, routing)),
+    }[name]
     if name == "ns3":
         backend = dataclasses.replace(backend, wall_limit_s=cfg.ns3_wall_limit_s)
     key = fingerprint([name, topo, flows, routing.seed, routing.wire, backend], 16)

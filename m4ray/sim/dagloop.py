@@ -76,6 +76,10 @@ def library() -> ctypes.CDLL | None:
         "m4ray_loop_launch": (i64, [vp, i64, vp, vp, vp, vp, vp, vp, vp]),
         "m4ray_loop_run": (cint, [vp, f64, vp, vp, vp]),
         "m4ray_fluidsim_set_capacity": (None, [vp, i64, f64]),
+        "m4ray_fluidsim_queued": (cint, [vp, f64, vp]),
+        "m4ray_fluidsim_queue_delay": (cint, [vp, i64, vp, vp]),
+        "m4ray_fluidsim_set_queue_cap": (None, [vp, i64, f64]),
+        "m4ray_fluidsim_set_rtt": (None, [vp, f64]),
         "m4ray_route_many": (
             cint,
             [vp, vp, vp, vp, ctypes.c_uint64, i64, i64, vp, vp, vp, i64, vp],
@@ -132,6 +136,7 @@ class NativeLoop:
         self.paths: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
         self.next_tag = 0
         self._t, self._a, self._b = ctypes.c_double(), ctypes.c_int64(), ctypes.c_int64()
+        self._queue_s = ctypes.c_double()
         self._out = (ctypes.byref(self._t), ctypes.byref(self._a), ctypes.byref(self._b))
 
     @classmethod
@@ -163,8 +168,10 @@ class NativeLoop:
         delay: float,
         cap: float,
         bits: float,
+        rtt: float | None = None,
     ) -> None:
-        """A flow from :meth:`FlowSim.send`: ``on_done(flow_id, t)`` at its delivery."""
+        """A flow from :meth:`FlowSim.send`: ``on_done(flow_id, t)`` at its delivery; with
+        ``rtt`` (standing queues, :meth:`queued`) it waits for the queues on its path too."""
         self.next_tag += 1
         self.sends[self.next_tag] = (flow_id, on_done)
         known = self.paths.get(links)  # a path's links as a C array, made once per path
@@ -173,11 +180,28 @@ class NativeLoop:
             known = (array, _ptr(array))
             if len(self.paths) < 1 << 16:  # bounded, as Routing's own path memo
                 self.paths[links] = known
+        if rtt is not None:
+            rc = self.lib.m4ray_fluidsim_queue_delay(
+                self.fluid, len(links), known[1], ctypes.byref(self._queue_s)
+            )
+            _check(-rc if rc else 0)
+            delay += self._queue_s.value
         _check(
             self.lib.m4ray_loop_add(
                 self.handle, self.next_tag, len(links), known[1], delay, cap, bits
             )
         )
+        if rtt is not None:
+            self.lib.m4ray_fluidsim_set_rtt(self.fluid, rtt)
+
+    def queued(self, window_wire_bytes: float, caps: np.ndarray) -> None:
+        """Standing queues on (``flowsim.StandingQueues``): the window on the wire and each
+        link's most queued bytes."""
+        caps = np.ascontiguousarray(caps, dtype=np.float64)
+        _check(-self.lib.m4ray_fluidsim_queued(self.fluid, window_wire_bytes, _ptr(caps)))
+
+    def set_queue_cap(self, link: int, bytes_: float) -> None:
+        self.lib.m4ray_fluidsim_set_queue_cap(self.fluid, link, bytes_)
 
     def set_capacity(self, link: int, bps: float) -> None:
         self.lib.m4ray_fluidsim_set_capacity(self.fluid, link, bps)

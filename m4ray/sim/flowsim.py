@@ -16,17 +16,34 @@ which then gets ``1 / (1 + ack / packet)`` of the link — what ns-3 RDMA gives 
 frames, 6 % with 1,000-byte packets), and why classic flowSim is 0.2–0.7 % fast on the
 gray-failure grid.
 
+With ``queues`` (:class:`StandingQueues`) a flow also waits, at its start, for the queues it
+meets: a fluid model shares rates but holds no packets, so on its own a one-packet flow crossing
+a congested network takes its ideal time, where ns-3's waits behind what larger flows keep
+queued. A window-based sender keeps up to ``window - rate x rtt`` bytes in flight beyond its own
+bandwidth-delay product (its first window leaves at line rate); they wait in the switch queues
+of the full links it crosses. So a full link (its data fill its capacity) out of a switch holds
+the sum of its flows' excess, at most the level its congestion control keeps (DCTCP: its
+marking threshold K); a host's own uplink holds none (its NIC paces its flows, a switch queues
+nothing there). A flow arriving waits for the queues of the full links on its path to drain
+(``Σ q_l / C_l``), added to its delivery. It lets the fluid model see small flows' tails:
+against the HPCC simulator's own DCTCP run (``bench/m4_example.py``) and our ns-3 on m3's
+default workload (``+experiment=m3 'm3.compare=[ns3,flowsim,flowsim_queues]'``); counting
+each flow's excess only at its bottleneck, or leaving the hosts' uplinks in, missed one of the
+two by 23-89 % (README).
+
 Units: seconds, bits, bits/s.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
+from m4ray.fingerprint import added_field
 from m4ray.models.fairshare import (
     _REL_TIE,
     ACK_PASSES,
@@ -39,8 +56,63 @@ from m4ray.models.fairshare import (
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.dagloop import NativeLoop, library
 from m4ray.sim.flows import Flow
-from m4ray.sim.routing import Routing
+from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Topology
+
+QUEUE_FULL = 1e-6  # a link whose data are within this share of its capacity is full (_maxmin.c)
+
+
+@dataclass(kw_only=True, slots=True)
+class StandingQueues:
+    """flowSim's queues (module docstring): every sender's ``window_bytes`` of payload (on the
+    wire: whole packets with their headers) and the most a switch port queues, ``k_bytes`` as
+    ``[[rate_bps, bytes], ...]`` (linear in rate between points, held beyond the ends): the
+    level its congestion control holds a full link's queue at (DCTCP: K). Hosts' uplinks
+    queue nothing."""
+
+    window_bytes: int
+    k_bytes: list[list[float]]
+
+    def __post_init__(self) -> None:
+        from m4ray.sim.ns3.cc import check_points
+
+        if self.window_bytes <= 0:
+            raise InputError(f"must be > 0, got {self.window_bytes}", field="queues.window_bytes")
+        check_points(self.k_bytes, "queues.k_bytes")
+
+    @classmethod
+    def of(cls, network, routing: Routing) -> StandingQueues:
+        """The queues of an ns-3 network config (``Ns3Config``): its RDMA window and DCTCP's K
+        (with RED marking, K_min: DCTCP holds the queue near where marking starts)."""
+        rdma = network.rdma
+        if network.transport != "rdma" or rdma.cc != "dctcp":
+            raise InputError(
+                "standing queues know DCTCP over RDMA only (its K and window), not "
+                f"{network.transport} {rdma.cc if network.transport == 'rdma' else ''}".rstrip(),
+                field="queues",
+            )
+        window = rdma.window(routing)
+        if window <= 0:
+            raise InputError("standing queues need a sender window", field="queues")
+        return cls(window_bytes=window, k_bytes=[list(p) for p in rdma.ecn_k_bytes])
+
+    def caps(self, capacity_bps: np.ndarray) -> np.ndarray:
+        """Each link's most queued bytes, by its rate (a switch's port)."""
+        points = sorted(self.k_bytes)
+        rates, values = [p[0] for p in points], [p[1] for p in points]
+        return np.interp(np.asarray(capacity_bps, dtype=np.float64), rates, values)
+
+    def window_wire(self, wire: WireFormat) -> float:
+        """The window on the wire (bytes): its packets with their headers."""
+        return math.ceil(self.window_bytes / wire.mtu_bytes) * float(
+            wire.mtu_bytes + wire.header_bytes
+        )
+
+
+def round_trip(path: Path, wire: WireFormat, ack_bytes: int) -> float:
+    """A packet's round trip over ``path`` (:class:`Window`'s): delivery and its ACK back."""
+    packet = (wire.mtu_bytes + wire.header_bytes) * 8.0
+    return 2 * path.latency_s + (packet + ack_bytes * 8.0) * path.inverse_bw_sum
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,7 +121,8 @@ class FlowSimConfig:
     ``window_bytes``: a sender's fixed window (:class:`Window`, RDMA's), None = classic flowSim
     (no window; m3's and m4's baseline); ``ack_bytes`` the ACK's wire size for its round trip;
     ``ack_load``: ACKs (one per data packet) take their share of the reverse links
-    (:func:`ack_capacity`; off: classic flowSim)."""
+    (:func:`ack_capacity`; off: classic flowSim); ``queues``: a flow waits at its start for the
+    standing queues on its path (:class:`StandingQueues`; None: classic flowSim)."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
@@ -57,8 +130,12 @@ class FlowSimConfig:
     window_bytes: int | None = None
     ack_bytes: int = 64
     ack_load: bool = False
+    # a dataclasses.field (added_field), not a shared default
+    queues: StandingQueues | None = added_field(None, "standing queues (issue 32)")  # noqa: RUF009
 
     def __post_init__(self) -> None:
+        if isinstance(self.queues, dict):
+            self.queues = StandingQueues(**self.queues)
         if self.rate_cap_bps is not None and self.rate_cap_bps <= 0:
             raise InputError(f"must be > 0 or null, got {self.rate_cap_bps}", field="rate_cap_bps")
         if self.window_bytes is not None and self.window_bytes < 0:
@@ -83,6 +160,8 @@ class FlowSimConfig:
             rate_cap_bps=self.rate_cap_bps,
             window=None if self.window_bytes is None else Window(self.window_bytes, self.ack_bytes),
             ack_fraction=ack_fraction(self.ack_bytes, routing.wire) if self.ack_load else 0.0,
+            queues=self.queues,
+            ack_bytes=self.ack_bytes,
         )
 
 
@@ -97,6 +176,8 @@ class FlowSim(QueueClock):
         rate_cap_bps: float | None = None,
         window: Window | None = None,
         ack_fraction: float = 0.0,
+        queues: StandingQueues | None = None,
+        ack_bytes: int = 64,
     ):
         self.topology = topology
         self.routing = routing
@@ -121,6 +202,16 @@ class FlowSim(QueueClock):
         self._rates = np.zeros(0)  # bits/s, valid while not self._dirty
         self._dirty = False
         self._n_events = 0  # arrivals + completions processed (for benchmarks)
+        # standing queues: each link's cap, the window on the wire, the flows' round trips
+        self.queues = queues
+        self.ack_bytes = ack_bytes
+        self._q_cap = None if queues is None else queues.caps(self._capacity)
+        if queues is not None:  # a host's NIC paces its own flows: no switch queue there
+            self._q_cap[np.isin(topology.link_src, topology.hosts)] = 0.0
+        self._q_window = 0.0 if queues is None else queues.window_wire(routing.wire)
+        self._rtt = np.zeros(0)
+        self._shared = self._capacity  # the capacity the last rate computation shared
+        self._q_sums: tuple[np.ndarray, np.ndarray] | None = None  # per link, at these rates
         # the same state and the event loop in C (``_dagloop.c``), where it compiles: the
         # arrays above then stay empty, events wait in the loop's queue and run() is one call
         # per Python callback (and a replay's flows can run there too: dag_loop)
@@ -129,6 +220,8 @@ class FlowSim(QueueClock):
             capped = window is not None or rate_cap_bps is not None
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
             self.events = self._core.queue
+            if queues is not None:
+                self._core.queued(self._q_window, self._q_cap)
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -139,12 +232,25 @@ class FlowSim(QueueClock):
         if self.window is not None:
             window_cap, bits = self.window.limit(self.routing.wire, path, bits)
             cap = min(cap, window_cap)
+        rtt = 0.0
+        if self.queues is not None:
+            rtt = round_trip(path, self.routing.wire, self.ack_bytes)
         if self._core is not None:
-            self._core.add(flow.id, on_done, links=path.links, delay=delay, cap=cap, bits=bits)
+            self._core.add(
+                flow.id,
+                on_done,
+                links=path.links,
+                delay=delay,
+                cap=cap,
+                bits=bits,
+                rtt=rtt if self.queues is not None else None,
+            )
             return
         self._n_events += 1
         links = np.asarray(path.links, dtype=np.int64)
-        self._new.append((flow.id, links, delay, on_done, cap, bits))
+        if self.queues is not None:
+            delay += self._queue_delay(links)
+        self._new.append((flow.id, links, delay, on_done, cap, bits, rtt))
         self._dirty = True
 
     @property
@@ -155,7 +261,7 @@ class FlowSim(QueueClock):
     def dag_loop(self) -> NativeLoop | None:
         """The compiled loop a replay's flows may run in (:mod:`m4ray.sim.dagloop`), or None:
         Python's fluid state, or a sender window (not compiled)."""
-        return self._core if self.window is None else None
+        return self._core if self.window is None and self.queues is None else None
 
     def run(self, until: float | None = None) -> None:
         horizon = float("inf") if until is None else until
@@ -189,8 +295,12 @@ class FlowSim(QueueClock):
         """Change a directed link's rate now (a gray failure's onset); rates are recomputed."""
         self._capacity[link] = bandwidth_bps
         self._dirty = True
+        if self.queues is not None:
+            self._q_cap[link] = self.queues.caps(np.array([bandwidth_bps]))[0]
         if self._core is not None:
             self._core.set_capacity(link, bandwidth_bps)
+            if self.queues is not None:
+                self._core.set_queue_cap(link, self._q_cap[link])
 
     # ------------------------------------------------------------ fluid state
     def _flush(self) -> None:
@@ -198,7 +308,7 @@ class FlowSim(QueueClock):
         new = self._new
         if not new:
             return
-        ids, links, delay, callbacks, caps, bits = zip(*new, strict=True)
+        ids, links, delay, callbacks, caps, bits, rtt = zip(*new, strict=True)
         done_cb = np.empty(len(new), dtype=object)
         done_cb[:] = callbacks
         self._ids = np.concatenate([self._ids, np.array(ids, dtype=np.int64)])
@@ -208,6 +318,7 @@ class FlowSim(QueueClock):
         self._caps = np.concatenate([self._caps, np.array(caps, dtype=np.float64)])
         self._done_cb = np.concatenate([self._done_cb, done_cb])
         self._remaining = np.concatenate([self._remaining, np.array(bits, dtype=np.float64)])
+        self._rtt = np.concatenate([self._rtt, np.array(rtt, dtype=np.float64)])
         self._new = []
 
     def _next_completion(self) -> tuple[float, np.ndarray]:
@@ -218,6 +329,7 @@ class FlowSim(QueueClock):
             capped = self.window is not None or self.rate_cap_bps is not None
             self._rates = self._share(self._caps if capped else None)
             self._dirty = False
+            self._q_sums = None
         with np.errstate(divide="ignore"):
             left = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
         # rounding in _advance can leave a drained flow a hair below zero bits: it finishes now
@@ -236,6 +348,7 @@ class FlowSim(QueueClock):
         np.cumsum(self._lens, out=off[1:])
         csr = (off, self._idx)  # flow_csr's arrays, kept as flows come and go
         rates = compiled_max_min_rates(None, self._capacity, caps, csr)
+        self._shared = self._capacity
         if not self.ack_fraction:
             return rates
         off, every = csr
@@ -246,7 +359,29 @@ class FlowSim(QueueClock):
             )
             capacity = ack_capacity(self._capacity, self._reverse, self.ack_fraction, data)
             rates = compiled_max_min_rates(None, capacity, caps, csr)
+            self._shared = capacity
         return rates
+
+    def _queue_delay(self, links: np.ndarray) -> float:
+        """The standing queues a flow arriving now on ``links`` waits for (module docstring;
+        ``m4ray_fluidsim_queue_delay`` in ``_maxmin.c`` is its twin, sum for sum)."""
+        self._next_completion()  # earlier arrivals in, rates up to date
+        if not len(self._ids):
+            return 0.0
+        if self._q_sums is None:
+            n_links = len(self._capacity)
+            excess = np.maximum(self._q_window - self._rates * self._rtt / 8.0, 0.0)
+            self._q_sums = (
+                np.bincount(self._idx, np.repeat(self._rates, self._lens), n_links),
+                np.bincount(self._idx, np.repeat(excess, self._lens), n_links),
+            )
+        load, excess = self._q_sums
+        total = 0.0
+        for link in links.tolist():
+            if load[link] < self._shared[link] * (1.0 - QUEUE_FULL):
+                continue
+            total += min(excess[link], self._q_cap[link]) * 8.0 / self._capacity[link]
+        return total
 
     def _advance(self, dt: float) -> None:
         if dt > 0 and len(self._ids):
@@ -270,6 +405,7 @@ class FlowSim(QueueClock):
         self._caps = self._caps[keep]
         self._done_cb = self._done_cb[keep]
         self._remaining = self._remaining[keep]
+        self._rtt = self._rtt[keep]
         self._dirty = True
         self._n_events += len(callbacks)
         for flow_id, delay, on_done in callbacks:

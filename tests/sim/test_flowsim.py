@@ -289,8 +289,15 @@ def test_compiled_max_min_equals_the_numpy_reference():
 
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"rate_cap_bps": 7e9}, {"ack_load": True}, {"window_bytes": 30_000, "ack_load": True}],
-    ids=["classic", "cap", "acks", "window+acks"],
+    [
+        {},
+        {"rate_cap_bps": 7e9},
+        {"ack_load": True},
+        {"window_bytes": 30_000, "ack_load": True},
+        {"queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 12_000], [40e9, 48_000]]}},
+        {"queues": {"window_bytes": 9_000, "k_bytes": [[10e9, 30_000]]}, "ack_load": True},
+    ],
+    ids=["classic", "cap", "acks", "window+acks", "queues", "queues+acks"],
 )
 def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
     """flowSim's fluid state in C (``m4ray_fluidsim_*``, the default where it compiles) against
@@ -328,3 +335,78 @@ def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, sett
     numpy_loop, compiled = run(False), run(True)
     assert len(compiled) == len(flows)
     assert compiled == numpy_loop
+
+
+def queued_trace(settings: dict, flows: list[Flow], latency_s: float = 1e-6) -> np.ndarray:
+    topo = parking_lot([10], latency_s)
+    return run_trace(topo, flows, FlowSimConfig(**settings), Routing(topo)).column("fct_s")
+
+
+QUEUES = {"window_bytes": 100_000, "k_bytes": [[10e9, 30_000]]}
+
+
+def test_standing_queues_delay_a_flow_that_meets_a_full_link():
+    """A flow arriving on a link a long flow fills waits for what that flow keeps queued: its
+    window beyond its bandwidth-delay product, at most K (here K: 30 KB at 10 Gbit/s, 24 µs);
+    the long flow met an empty network and is as classic flowSim has it."""
+    from m4ray.sim.flowsim import StandingQueues, round_trip
+
+    flows = [Flow(0, 0, 1, 10_000_000, 0.0), Flow(1, 0, 1, 500, 100e-6)]
+    classic = queued_trace({}, flows).to_numpy()
+    queued = queued_trace({"queues": QUEUES}, flows).to_numpy()
+    np.testing.assert_allclose(queued - classic, [0.0, 30_000 * 8 / 10e9], rtol=1e-9, atol=1e-15)
+    # a smaller window keeps less than K in flight beyond the path's BDP: that is the queue
+    small = {"window_bytes": 10_000, "k_bytes": [[10e9, 30_000]]}
+    topo = parking_lot([10], 1e-6)
+    routing = Routing(topo)
+    rtt = round_trip(routing.path(0, 1, 0), routing.wire, 64)
+    window = StandingQueues(**small).window_wire(routing.wire)
+    assert window == 10 * 1048
+    excess = window - 10e9 * rtt / 8
+    assert 0 < excess < 30_000
+    queued = queued_trace({"queues": small}, flows).to_numpy()
+    np.testing.assert_allclose(queued - classic, [0.0, excess * 8 / 10e9], rtol=1e-9, atol=1e-15)
+
+
+def test_standing_queues_need_a_full_link():
+    """A long flow capped below the link's rate leaves it not full: no queue, classic FCTs;
+    nor does a flow arriving on a path no other flow uses wait."""
+    flows = [Flow(0, 0, 1, 10_000_000, 0.0), Flow(1, 0, 1, 500, 100e-6)]
+    capped = {"rate_cap_bps": 4e9}
+    assert queued_trace({**capped, "queues": QUEUES}, flows).equals(queued_trace(capped, flows))
+    apart = [Flow(0, 0, 1, 10_000_000, 0.0), Flow(1, 1, 0, 500, 100e-6)]  # the other direction
+    assert queued_trace({"queues": QUEUES}, apart).equals(queued_trace({}, apart))
+
+
+@pytest.mark.parametrize(
+    ("queues", "field"),
+    [({"window_bytes": 0, "k_bytes": [[10e9, 1e4]]}, "queues.window_bytes"),
+     ({"window_bytes": 9000, "k_bytes": [[10e9, -1]]}, "queues.k_bytes"),
+     ({"window_bytes": 9000, "k_bytes": []}, "queues.k_bytes")],
+)  # fmt: skip
+def test_impossible_standing_queues_name_the_field(queues, field):
+    from m4ray.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        FlowSimConfig(queues=queues)
+    assert err.value.field == field
+
+
+def test_standing_queues_of_a_network_take_its_window_and_k():
+    """From an ns-3 config: the RDMA window and DCTCP's K; other CCs and TCP are refused by
+    name (their standing level is not K)."""
+    from m4ray.errors import InputError
+    from m4ray.sim.flowsim import StandingQueues
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    topo = parking_lot([10], 1e-6)
+    routing = Routing(topo)
+    rdma = RdmaConfig(window_bytes=18_000, ecn_k_bytes=[[10e9, 12_000], [40e9, 48_000]])
+    queues = StandingQueues.of(Ns3Config(rdma=rdma), routing)
+    assert queues.window_bytes == 18_000
+    assert queues.caps(np.array([10e9, 25e9, 100e9])).tolist() == [12_000, 30_000, 48_000]
+    for network in (Ns3Config(transport="tcp"), Ns3Config(rdma=RdmaConfig(cc="hpcc"))):
+        with pytest.raises(InputError, match="DCTCP over RDMA only") as err:
+            StandingQueues.of(network, routing)
+        assert err.value.field == "queues"
