@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #define REL_TIE 1e-9
+#define QUEUE_FULL 1e-6 /* as m4ray/models/_maxmin.c: a link this close to full is full */
 
 typedef struct {
     double key;  /* service at which the flow is done */
@@ -100,14 +101,49 @@ static void class_rates(int k, const int *ca, const int *cb, const int64_t *coun
     }
 }
 
+/* Standing queues (pathsim._queue_wait): per path link the data rate and the bytes its flows
+ * keep in flight beyond their bandwidth-delay product (window - rate x rtt, at least 0), by
+ * class in class order. */
+static void queue_sums(int k, const int *ca, const int *cb, const int64_t *counts,
+                       const double *rate, const double *crtt, double window, int L,
+                       double *qload, double *qexcess) {
+    for (int l = 0; l < L; l++) qload[l] = 0.0, qexcess[l] = 0.0;
+    for (int c = 0; c < k; c++) {
+        if (!counts[c]) continue;
+        double excess = window - rate[c] * crtt[c] / 8.0;
+        if (excess < 0.0) excess = 0.0;
+        for (int l = ca[c]; l < cb[c]; l++) {
+            qload[l] += (double)counts[c] * rate[c];
+            qexcess[l] += (double)counts[c] * excess;
+        }
+    }
+}
+
 /* n flows; cls[i]: class index of flow i (0..k-1, numbered in order of first appearance);
  * ca/cb: each class's first link and last link + 1; order: flow indices by start time (stable);
- * finish: out, the time each flow's last bit drained. */
+ * finish: out, the time each flow's last bit drained. With standing queues (rtt not NULL: each
+ * flow's round trip; window: the senders' window on the wire, bytes; qcap: each path link's
+ * most queued bytes), a flow arriving also waits for the queues of the full links it crosses,
+ * added to its finish. */
 int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const double *start_s,
                       const int64_t *order, int k, const int *ca, const int *cb, int L,
-                      const double *capacity, double nic_cap, double *finish) {
+                      const double *capacity, double nic_cap, const double *rtt, double window,
+                      const double *qcap, double *finish) {
     int rc = 2;
     double cap = nic_cap > 0 ? nic_cap : INFINITY;
+    double *crtt = NULL, *qload = NULL, *qexcess = NULL, *wait = NULL;
+    int q_fresh = 0;
+    if (rtt) {
+        crtt = calloc(k ? k : 1, sizeof *crtt);
+        qload = calloc(L ? L : 1, sizeof *qload);
+        qexcess = calloc(L ? L : 1, sizeof *qexcess);
+        wait = calloc(n ? n : 1, sizeof *wait);
+        if (!crtt || !qload || !qexcess || !wait) {
+            free(crtt), free(qload), free(qexcess), free(wait);
+            return 2;
+        }
+        for (int64_t i = n - 1; i >= 0; i--) crtt[cls[i]] = rtt[i];
+    }
     int64_t *counts = calloc(k, sizeof *counts), *size = calloc(k, sizeof *size);
     double *service = calloc(k, sizeof *service), *rate = calloc(k, sizeof *rate);
     heap *heaps = calloc(k, sizeof *heaps);
@@ -133,7 +169,7 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
             if (dirty) {
                 class_rates(k, ca, cb, counts, L, capacity, cap, rate, open_, remaining, load,
                             bottleneck);
-                dirty = 0;
+                dirty = 0, q_fresh = 0;
             }
             for (int c = 0; c < k; c++)
                 if (counts[c]) {
@@ -167,6 +203,24 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
             while (nxt < n && start_s[order[nxt]] <= now) {
                 int64_t i = order[nxt];
                 int64_t c = cls[i];
+                if (rtt) {
+                    if (dirty) {
+                        class_rates(k, ca, cb, counts, L, capacity, cap, rate, open_,
+                                    remaining, load, bottleneck);
+                        dirty = 0, q_fresh = 0;
+                    }
+                    if (!q_fresh) {
+                        queue_sums(k, ca, cb, counts, rate, crtt, window, L, qload, qexcess);
+                        q_fresh = 1;
+                    }
+                    double w = 0.0;
+                    for (int l = ca[c]; l < cb[c]; l++) {
+                        if (qload[l] < capacity[l] * (1.0 - QUEUE_FULL)) continue;
+                        double q = qexcess[l] < qcap[l] ? qexcess[l] : qcap[l];
+                        w += q * 8.0 / capacity[l];
+                    }
+                    wait[i] = w;
+                }
                 push(&heaps[c], (item){service[c] + bits[i], i});
                 counts[c]++;
                 active++;
@@ -175,8 +229,11 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
             }
         }
     }
+    if (rtt)
+        for (int64_t i = 0; i < n; i++) finish[i] = finish[i] + wait[i];
     rc = 0;
 out:
+    free(crtt), free(qload), free(qexcess), free(wait);
     if (heaps)
         for (int c = 0; c < k; c++) free(heaps[c].v);
     free(counts); free(size); free(service); free(rate); free(heaps); free(open_);

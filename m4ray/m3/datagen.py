@@ -27,8 +27,8 @@ import pyarrow as pa
 from m4ray.datagen.sampling import CcRanges, check_range, open_loop, size_distribution, uniform
 from m4ray.datagen.traffic import SizeDistribution
 from m4ray.errors import InputError
-from m4ray.fingerprint import fingerprint
-from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, ideal_and_delay
+from m4ray.fingerprint import added_field, fingerprint
+from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, ideal_and_delay, lot_queues
 from m4ray.m3.paths import PathScenario
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow
@@ -121,6 +121,8 @@ class LotScenario:
     traffic: LotTraffic
     ns3: Ns3Config
     wire: WireFormat = field(default_factory=WireFormat)
+    # path flowSim's tokens and baseline with standing queues (m4ray.m3.lot.lot_queues)
+    queues: bool = added_field(False, "path flowSim's standing queues (issue 32)")
 
     @property
     def scenario_id(self) -> str:
@@ -180,7 +182,7 @@ class LotScenario:
             "ecn_k_bytes": min(rdma.ecn_k_bytes)[1],
             "pfc": rdma.pfc,
             "traffic": t.kind,
-        }
+        } | ({"path_queues": True} if self.queues else {})
 
     def path_scenario(self) -> PathScenario:
         a, b, size, start = self.traffic.draw(np.asarray(self.capacity_bps), self.wire, self.seed)
@@ -213,7 +215,8 @@ class LotScenario:
         ]
         fct = run_trace(lot.topology(), flows, ns3, routing).column("fct_s").to_numpy()
         ideal, _ = ideal_and_delay(lot, self.wire, scn)
-        _, flowsim = flowsim_fct(scn, self.wire, lot)
+        queues = lot_queues(lot, self.wire, scn, self.ns3.rdma) if self.queues else None
+        _, flowsim = flowsim_fct(scn, self.wire, lot, queues)
         slowdown = fct / ideal
         fg = scn.foreground
         tok, empty = tokens(flowsim, scn.size_bytes, scn.a, scn.b, fg, self.config_vector())
@@ -288,6 +291,7 @@ class LotFamily:
     pfc_probability: float = 0.5
     wire: WireFormat = field(default_factory=WireFormat)
     cc: CcRanges = field(default_factory=CcRanges)  # the congestion controls drawn
+    queues: bool = False  # path flowSim with standing queues (tokens and baseline; DCTCP)
 
     def __post_init__(self) -> None:
         self.sizes = {name: size_distribution(name, spec) for name, spec in self.sizes.items()}
@@ -306,6 +310,8 @@ class LotFamily:
         if isinstance(self.cc, dict):
             self.cc = CcRanges(**self.cc)
         self.cc.check("cc")
+        if self.queues and set(self.cc.ccs) != {"dctcp"}:
+            raise InputError("standing queues know DCTCP only", field="queues")
 
     def sample(self, name: str, index: int, seed: int, wall_limit_s: float) -> LotScenario:
         rng = np.random.default_rng(seed)
@@ -333,6 +339,7 @@ class LotFamily:
             traffic=traffic,
             ns3=Ns3Config(rdma=rdma, wall_limit_s=wall_limit_s),
             wire=self.wire,
+            queues=self.queues,
         )
 
     def _pairs(self, rng: np.random.Generator, n: int):

@@ -29,7 +29,7 @@ from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
 from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate
-from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct
+from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, lot_queues
 from m4ray.m3.paths import RoutedFlows
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
@@ -147,9 +147,13 @@ def load_model(directory: str, cc: str):
     return model, info
 
 
-def path_features(routed: RoutedFlows, sampled, wire: WireFormat, network: NetConfig) -> list:
+def path_features(
+    routed: RoutedFlows, sampled, wire: WireFormat, network: NetConfig, rdma=None
+) -> list:
     """Per sampled path: tokens, empty flags, foreground counts per output bucket, path flowSim's
-    foreground percentiles, and the draw count (a Ray task runs one chunk)."""
+    foreground percentiles, and the draw count (a Ray task runs one chunk). ``rdma``: the
+    network's ``RdmaConfig`` where path flowSim runs with standing queues (the checkpoint was
+    trained so: ``model.json`` ``path_flowsim_queues``)."""
     out = []
     for path, draws in sampled:
         scn = routed.scenario(path, draws)
@@ -159,7 +163,8 @@ def path_features(routed: RoutedFlows, sampled, wire: WireFormat, network: NetCo
                 field="topology",
             )
         lot = LotNetwork.of(scn)
-        _, slowdown = flowsim_fct(scn, wire, lot)
+        queues = None if rdma is None else lot_queues(lot, wire, scn, rdma)
+        _, slowdown = flowsim_fct(scn, wire, lot, queues)
         bdp = fg_bdp_bytes(lot, wire, 64)
         config = network.vector(scn.n_links, scn.capacity_bps, bdp)
         fg = scn.foreground
@@ -189,9 +194,10 @@ def _warm() -> None:
 
 
 def estimate(
-    routed: RoutedFlows, cfg: M3Config, *, seed: int, ray, model, wire
+    routed: RoutedFlows, cfg: M3Config, *, seed: int, ray, model, wire, rdma=None
 ) -> dict[str, Estimate]:
-    """m3's estimate and path flowSim's (the same sampled paths, uncorrected)."""
+    """m3's estimate and path flowSim's (the same sampled paths, uncorrected); ``rdma``: path
+    flowSim with the network's standing queues (:func:`path_features`)."""
     import torch
 
     sampled = routed.sample(cfg.n_paths, seed)
@@ -200,7 +206,9 @@ def estimate(
     ref = ray.put(routed)
     chunks = [sampled[k :: cfg.tasks] for k in range(min(cfg.tasks, len(sampled)))]
     rows = [
-        r for part in ray.get([task.remote(ref, c, wire, network) for c in chunks]) for r in part
+        r
+        for part in ray.get([task.remote(ref, c, wire, network, rdma) for c in chunks])
+        for r in part
     ]
     lmax = max(len(r[0]) for r in rows)
     tok = np.zeros((len(rows), lmax, rows[0][0].shape[1]), dtype=np.float32)
@@ -220,14 +228,18 @@ def estimate(
     }
 
 
+def network_ns3(cfg: M3Config, topo):
+    """The network's ns-3 config (``M3Network.ns3``) at the topology's host and core rates."""
+    host = topo.bandwidth_bps[np.isin(topo.link_src, topo.hosts)]
+    return cfg.network.ns3(float(host.min()), float(topo.bandwidth_bps.max()))
+
+
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
     """Network-wide ``ns3``, ``flowsim`` or ``flowsim_queues`` slowdowns and wall time, cached
     by content."""
     from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
 
-    host = topo.bandwidth_bps[np.isin(topo.link_src, topo.hosts)]
-    edge, core = float(host.min()), float(topo.bandwidth_bps.max())
-    network = cfg.network.ns3(edge, core)
+    network = network_ns3(cfg, topo)
     backend = {
         "ns3": network,
         "flowsim": FlowSimConfig(),

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from m4ray.errors import InputError
 from m4ray.m3.paths import PathScenario
 from m4ray.m3.pathsim import path_drain_times
 from m4ray.sim.routing import Path, Routing, WireFormat
@@ -143,10 +145,38 @@ def ideal_and_delay(
     return delay + wire.wire_bytes(size) * 8 / bottleneck, delay
 
 
+def lot_queues(
+    lot: LotNetwork, wire: WireFormat, scenario: PathScenario, rdma
+) -> tuple[np.ndarray, float, list[float]]:
+    """Path flowSim's standing queues on a lot (:class:`~m4ray.sim.flowsim.StandingQueues`'
+    model) for an RDMA DCTCP network (``RdmaConfig``): each flow's round trip over its lot
+    route, the senders' window on the wire (no window: unbounded, a full link then holds K) and
+    each path link's cap, DCTCP's K at its rate (link 0 leaves the source host: none)."""
+    if rdma.cc != "dctcp":
+        raise InputError(f"standing queues know DCTCP only, not {rdma.cc!r}", field="queues")
+    paths, cls = class_paths(lot, scenario.a, scenario.b)
+    packet = (wire.mtu_bytes + wire.header_bytes) * 8.0
+    rtt = np.array(
+        [2 * p.latency_s + (packet + rdma.ack_bytes * 8.0) * p.inverse_bw_sum for p in paths]
+    )[cls]
+    window = rdma.window_bytes or 0
+    wire_window = (
+        math.ceil(window / wire.mtu_bytes) * float(wire.mtu_bytes + wire.header_bytes)
+        if window > 0
+        else math.inf
+    )
+    caps = [0.0] + [float(rdma.ecn_k(c)) for c in lot.capacity_bps[1:]]
+    return rtt, wire_window, caps
+
+
 def flowsim_fct(
-    scenario: PathScenario, wire: WireFormat, lot: LotNetwork | None = None
+    scenario: PathScenario,
+    wire: WireFormat,
+    lot: LotNetwork | None = None,
+    queues: tuple[np.ndarray, float, list[float]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """flowSim on the path's lot: FCT (s) and slowdown of every (pseudo-)flow."""
+    """flowSim on the path's lot: FCT (s) and slowdown of every (pseudo-)flow; ``queues``
+    (:func:`lot_queues`): each flow also waits for the standing queues it meets."""
     lot = lot or LotNetwork.of(scenario)
     bits = wire.wire_bytes(np.asarray(scenario.size_bytes, dtype=np.int64)) * 8.0
     drain = path_drain_times(
@@ -156,6 +186,7 @@ def flowsim_fct(
         scenario.start_s,
         lot.capacity_bps,
         nic_cap_bps=lot.nic_cap_bps,
+        queues=queues,
     )
     ideal, delay = ideal_and_delay(lot, wire, scenario)
     fct = drain + delay

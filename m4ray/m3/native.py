@@ -32,7 +32,7 @@ def library() -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int
     fn.argtypes = [
         ctypes.c_int64, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, ctypes.c_int, ptr,
-        ctypes.c_double, ptr,
+        ctypes.c_double, ptr, ctypes.c_double, ptr, ptr,
     ]  # fmt: skip
     return lib
 
@@ -46,8 +46,10 @@ def path_finish(  # noqa: PLR0917 (the C function's signature)
     capacity: list[float],
     *,
     nic_cap_bps: float | None,
+    queues: tuple[np.ndarray, float, list[float]] | None = None,
 ) -> np.ndarray:
-    """Finish times (s) of every flow from the compiled loop (index order of the input)."""
+    """Finish times (s) of every flow from the compiled loop (index order of the input);
+    ``queues``: (each flow's round trip, the window on the wire, each link's queue cap)."""
     lib = library()
     assert lib is not None
     n = len(cls)
@@ -61,10 +63,18 @@ def path_finish(  # noqa: PLR0917 (the C function's signature)
         np.array([c[1] for c in classes], dtype=np.int32),
         np.asarray(capacity, dtype=np.float64),
     ]  # kept alive here while C reads them
-    cls_, bits_, start_, order_, ca, cb, cap = (x.ctypes.data for x in arrays)
+    rtt, window, qcap = None, 0.0, None
+    if queues is not None:
+        rtt = np.ascontiguousarray(queues[0], dtype=np.float64)
+        window = float(queues[1])
+        qcap = np.ascontiguousarray(queues[2], dtype=np.float64)
+        arrays += [rtt, qcap]
+    cls_, bits_, start_, order_, ca, cb, cap = (x.ctypes.data for x in arrays[:7])
     rc = lib.m4ray_path_finish(
         n, cls_, bits_, start_, order_, len(classes), ca, cb, len(capacity), cap,
-        float(nic_cap_bps) if nic_cap_bps else 0.0, finish.ctypes.data,
+        float(nic_cap_bps) if nic_cap_bps else 0.0,
+        None if rtt is None else rtt.ctypes.data, window,
+        None if qcap is None else qcap.ctypes.data, finish.ctypes.data,
     )  # fmt: skip
     if rc == 1:
         raise SimulationError("flows with zero rate: a path link has no capacity")

@@ -11,7 +11,9 @@ the same answers as the generic :mod:`m4ray.sim.flowsim` on the equivalent topol
 Every flow is also capped at ``nic_cap_bps`` (m3: a flow entering mid-path still comes from a host
 NIC, so a lone flow on a 40G middle link runs at 10G). Completion wins ties with arrivals; flows
 finishing at the same instant finish together. The output is each flow's *sojourn*: arrival until
-its last bit has drained; latency terms are the caller's (:mod:`m4ray.m3.lot`).
+its last bit has drained; latency terms are the caller's (:mod:`m4ray.m3.lot`). With ``queues``
+(:class:`~m4ray.sim.flowsim.StandingQueues`' model on the path) a flow arriving also waits for
+the standing queues of the full path links it crosses, and the wait is part of its sojourn.
 
 The loop below is the reference; :func:`path_drain_times` runs its compiled twin
 (``_pathsim.c`` via :mod:`m4ray.m3.native`, the same operations in the same order) where a C
@@ -32,6 +34,7 @@ from m4ray.m3.native import library as native_library
 from m4ray.m3.native import path_finish as native_finish
 
 _REL_TIE = 1e-9  # as m4ray.sim.flowsim: events this close (relative) happen together
+QUEUE_FULL = 1e-6  # as m4ray.sim.flowsim: a link this close to full is full
 
 
 def class_rates(
@@ -104,13 +107,17 @@ def path_drain_times(
     capacity_bps: np.ndarray | list[float],
     *,
     nic_cap_bps: float | None = None,
+    queues: tuple[np.ndarray, float, list[float]] | None = None,
     native: bool | None = None,
 ) -> np.ndarray:
     """Seconds from each flow's arrival until its last bit drained (index order of the input).
 
     ``a``/``b``: first path link and last link + 1 of each flow; ``bits``: wire bits; ``start_s``:
-    arrival times; ``capacity_bps``: the path's links in order. ``native``: run the compiled loop
-    (:mod:`m4ray.m3.native`, same answers to rounding; ``None``: where it builds) or this module's.
+    arrival times; ``capacity_bps``: the path's links in order. ``queues``: standing queues, as
+    (each flow's round trip s, the senders' window on the wire in bytes, each path link's most
+    queued bytes): a flow also waits for the queues of the full links it crosses. ``native``:
+    run the compiled loop (:mod:`m4ray.m3.native`, same answers to rounding; ``None``: where it
+    builds) or this module's.
     """
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     bits, start_s = np.asarray(bits, dtype=np.float64), np.asarray(start_s, dtype=np.float64)
@@ -120,8 +127,16 @@ def path_drain_times(
     order = np.argsort(start_s, kind="stable")
     if native is None:
         native = native_library() is not None
+    if queues is not None:
+        rtt, window, qcap = queues
+        rtt = np.asarray(rtt, dtype=np.float64)
+        if len(rtt) != len(a) or len(qcap) != len(capacity):
+            raise InputError("one round trip per flow and one cap per path link", field="queues")
+        queues = (rtt, float(window), [float(q) for q in qcap])
     run = native_finish if native else _finish
-    finish = run(flow_class, bits, start_s, order, classes, capacity, nic_cap_bps=nic_cap_bps)
+    finish = run(
+        flow_class, bits, start_s, order, classes, capacity, nic_cap_bps=nic_cap_bps, queues=queues
+    )
     return finish - start_s
 
 
@@ -163,10 +178,14 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
     capacity: list[float],
     *,
     nic_cap_bps: float | None,
+    queues: tuple[np.ndarray, float, list[float]] | None = None,
 ) -> np.ndarray:
-    """The event loop in Python: the time each flow's last bit drained."""
+    """The event loop in Python: the time each flow's last bit drained (plus, with ``queues``,
+    what it waited for standing queues at its arrival)."""
     n, k = len(flow_class), len(classes)
     finish = np.full(n, np.nan)
+    wait = np.zeros(n)
+    standing = None if queues is None else _Queues(flow_class, k, queues, capacity)
     counts, service = [0] * k, [0.0] * k
     heaps: list[list[tuple[float, int]]] = [[] for _ in range(k)]
     order = order.tolist()
@@ -205,9 +224,52 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
             while nxt < n and starts[nxt] <= now:
                 i = order[nxt]
                 c = cls[i]
+                if standing is not None:
+                    if dirty:
+                        rates = class_rates(classes, counts, capacity, nic_cap_bps)
+                        dirty = False
+                    wait[i] = standing.wait(c, classes, counts, rates)
                 heapq.heappush(heaps[c], (service[c] + bits[i], i))
                 counts[c] += 1
                 active += 1
                 nxt += 1
                 dirty = True
+    if queues is not None:
+        finish = finish + wait
     return finish
+
+
+class _Queues:
+    """Standing queues on a path (``_pathsim.c``'s, sum for sum): per path link the data rate
+    and the bytes the flows crossing it keep in flight beyond their bandwidth-delay product,
+    summed by class in class order once per rate computation; a flow arriving waits for the
+    queues of the full links it crosses."""
+
+    def __init__(self, flow_class: np.ndarray, k: int, queues: tuple, capacity: list[float]):
+        rtt, self.window, self.qcap = queues
+        self.capacity = capacity
+        self.class_rtt = [0.0] * k
+        for i in range(len(flow_class) - 1, -1, -1):  # each class's first flow's
+            self.class_rtt[int(flow_class[i])] = float(rtt[i])
+        self.rates: list[float] | None = None
+        self.sums: tuple[list[float], list[float]] = ([], [])
+
+    def wait(self, c: int, classes, counts, rates: list[float]) -> float:
+        if rates is not self.rates:  # new rates: sum again
+            self.rates = rates
+            load, excess = [0.0] * len(self.capacity), [0.0] * len(self.capacity)
+            for j, (a, b) in enumerate(classes):
+                if not counts[j]:
+                    continue
+                e = max(self.window - rates[j] * self.class_rtt[j] / 8.0, 0.0)
+                for link in range(a, b):
+                    load[link] += counts[j] * rates[j]
+                    excess[link] += counts[j] * e
+            self.sums = (load, excess)
+        load, excess = self.sums
+        total = 0.0
+        for link in range(*classes[c]):
+            if load[link] < self.capacity[link] * (1.0 - QUEUE_FULL):
+                continue
+            total += min(excess[link], self.qcap[link]) * 8.0 / self.capacity[link]
+        return total

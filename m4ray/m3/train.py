@@ -238,6 +238,11 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
   {lots["train"]}/{lots["val"]}/{lots["test"]} (split by lot)
 - congestion control it was trained on: {", ".join(meta["supported_cc"])} (ns-3 RDMA-style
   DCTCP); other CCs are refused at estimation time
+- path flowSim (tokens and the corrected baseline): {
+        "with standing queues (`model.json` `path_flowsim_queues`; the estimate runs it so)"
+        if meta.get("path_flowsim_queues")
+        else "classic (no queues)"
+    }
 - training: {meta["epochs"]} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr}, weight decay
   {cfg.weight_decay}; {meta["hardware"]}; {meta["train_wall_s"]} s wall
 - command: `{meta["command"]}`; code: git `{meta["git_commit"]}`

@@ -13,6 +13,7 @@ from m4ray.m3.estimate import (
     M3Config,
     estimate,
     load_model,
+    network_ns3,
     reference_run,
     summary,
     warm_up,
@@ -39,7 +40,9 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     warm_up(ray, cfg.tasks)  # workers up and path flowSim loaded: the clock times the estimate
     began = time.perf_counter()
     routed = RoutedFlows(flows, routing)
-    estimates = estimate(routed, cfg, seed=sweep.seed, ray=ray, model=model, wire=wire)
+    # path flowSim as the checkpoint was trained: with standing queues or without
+    rdma = network_ns3(cfg, topo).rdma if info.get("path_flowsim_queues") else None
+    estimates = estimate(routed, cfg, seed=sweep.seed, ray=ray, model=model, wire=wire, rdma=rdma)
     walls = {"m3": time.perf_counter() - began}
     walls["path_flowsim"] = walls["m3"]
     size = routed.size_bytes

@@ -39,7 +39,12 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     table = percentile_errors(predict(trained.model, splits["test"]), splits["test"])
     metrics = {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()}
     meta = trained.meta(
-        version, cfg, metrics, lots={k: len(v) for k, v in splits.items()}, supported_cc=["dctcp"]
+        version,
+        cfg,
+        metrics,
+        lots={k: len(v) for k, v in splits.items()},
+        supported_cc=["dctcp"],
+        path_flowsim_queues=path_queues(cfg.dataset),
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")
     publish(trained, export_dir, meta, model_card(meta, table, cfg), kind=M3)
@@ -49,4 +54,28 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     return run_dir
 
 
-__all__ = ["SECTIONS", "run"]
+def path_queues(dataset: str) -> bool:
+    """Whether the dataset's lots ran path flowSim with standing queues (their ``params``'
+    ``path_queues``): the estimate must then run it so too. A mix is an error."""
+    import json
+
+    import pandas as pd
+
+    from m4ray.errors import InputError
+
+    params = pd.read_parquet(Path(dataset) / "scenarios.parquet", columns=["params", "status"])
+    flags = {
+        bool(json.loads(p).get("path_queues", False))
+        for p, ok in zip(params.params, params.status, strict=True)
+        if ok == "ok"
+    }
+    if len(flags) > 1:
+        raise InputError(
+            "lots with and without path flowSim's standing queues in one dataset",
+            file=dataset,
+            field="queues",
+        )
+    return flags == {True}
+
+
+__all__ = ["SECTIONS", "path_queues", "run"]

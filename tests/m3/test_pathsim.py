@@ -85,6 +85,29 @@ def _random_lot(rng, n_links, n_flows):
     return a, b, size, start
 
 
+def generic_drains(lot, wire, a, b, size, start, **flowsim) -> np.ndarray:  # noqa: PLR0917
+    """The generic flowSim on the lot's topology, NIC-capped: each flow's time from its start
+    to its delivery, less its delivery delay (``flowsim`` adds FlowSim settings)."""
+    routing = lot.routing(wire)
+    sim = FlowSim(lot.topology(), routing, rate_cap_bps=lot.nic_cap_bps, **flowsim)
+    done: dict[int, float] = {}
+    flows = [
+        Flow(i, int(x), int(y), int(s), float(t))
+        for i, (x, y, s, t) in enumerate(zip(a, b, size, start, strict=True))
+    ]
+    for f in flows:
+        sim.schedule(f.start_s, lambda f=f: sim.send(f, done.__setitem__))
+    sim.run()
+    return np.array(
+        [
+            done[f.id]
+            - f.start_s
+            - routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst))
+            for f in flows
+        ]
+    )
+
+
 @pytest.mark.parametrize("n_links", [2, 4, 6])
 def test_matches_generic_flowsim_on_the_lot_topology(n_links):
     """Same drain times as m4ray.sim.flowsim (an independent implementation) on the lot."""
@@ -94,24 +117,7 @@ def test_matches_generic_flowsim_on_the_lot_topology(n_links):
     lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
     wire = WireFormat()
     ours = path_drain_times(a, b, [bits(int(s)) for s in size], start, capacity, nic_cap_bps=10 * G)
-    routing = lot.routing(wire)
-    sim = FlowSim(lot.topology(), routing, rate_cap_bps=10 * G)
-    done: dict[int, float] = {}
-    flows = [
-        Flow(i, int(x), int(y), int(s), float(t))
-        for i, (x, y, s, t) in enumerate(zip(a, b, size, start, strict=True))
-    ]
-    for f in flows:
-        sim.schedule(f.start_s, lambda f=f: sim.send(f, done.__setitem__))
-    sim.run()
-    theirs = np.array(
-        [
-            done[f.id]
-            - f.start_s
-            - routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst))
-            for f in flows
-        ]
-    )
+    theirs = generic_drains(lot, wire, a, b, size, start)
     assert ours == pytest.approx(theirs, rel=1e-9)
     assert (ours >= np.array([bits(int(s)) for s in size]) / (10 * G) * (1 - 1e-12)).all()
 
@@ -180,3 +186,84 @@ def test_without_a_compiler_the_python_loop_answers_with_one_warning(engine, mon
     monkeypatch.delenv("CC")
     monkeypatch.delenv("M4RAY_CACHE_DIR")
     native.library.cache_clear()
+
+
+def _queued_rdma(window_bytes: int = 18_000):
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    return RdmaConfig(
+        window_bytes=window_bytes, ecn_k_bytes=[[10 * G, 12_000.0], [40 * G, 48_000.0]]
+    )
+
+
+@pytest.mark.parametrize("n_links", [2, 4, 6])
+def test_standing_queues_match_generic_flowsim_on_the_lot_topology(n_links):
+    """With standing queues, path flowSim (per class) waits each arriving flow as the generic
+    flowSim (per flow, ``FlowSimConfig.queues``) does on the lot's topology, where the source
+    host's uplink and the mid-path hosts' access links are hosts' uplinks (no queue)."""
+    from m4ray.m3.lot import lot_queues
+    from m4ray.m3.paths import PathScenario
+    from m4ray.sim.flowsim import StandingQueues
+
+    rng = np.random.default_rng(20 + n_links)
+    a, b, size, start = _random_lot(rng, n_links, 150)
+    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
+    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
+    wire, rdma = WireFormat(), _queued_rdma()
+    scn = PathScenario(
+        links=tuple(range(n_links)), capacity_bps=np.asarray(capacity),
+        latency_s=np.full(n_links, 1e-6), a=a, b=b, size_bytes=size, start_s=start,
+        origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
+    )  # fmt: skip
+    queues = lot_queues(lot, wire, scn, rdma)
+    wire_bits = [bits(int(s)) for s in size]
+    ours = path_drain_times(a, b, wire_bits, start, capacity, nic_cap_bps=10 * G, queues=queues)
+    plain = path_drain_times(a, b, wire_bits, start, capacity, nic_cap_bps=10 * G)
+    assert (ours >= plain).all() and (ours > plain + 1e-7).sum() > 10  # many flows waited
+    standing = StandingQueues(window_bytes=rdma.window_bytes, k_bytes=rdma.ecn_k_bytes)
+    theirs = generic_drains(lot, wire, a, b, size, start, queues=standing)
+    assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-15)
+
+
+def test_standing_queues_compiled_loop_matches_python(engine):
+    if engine == "python":
+        pytest.skip("compares the two loops once")
+    from m4ray.m3.lot import lot_queues
+    from m4ray.m3.paths import PathScenario
+
+    n_links = 6
+    rng = np.random.default_rng(7)
+    a, b, size, start = _random_lot(rng, n_links, 3000)
+    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
+    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
+    scn = PathScenario(
+        links=tuple(range(n_links)), capacity_bps=np.asarray(capacity),
+        latency_s=np.full(n_links, 1e-6), a=a, b=b, size_bytes=size, start_s=start,
+        origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
+    )  # fmt: skip
+    wire_bits = [bits(int(s)) for s in size]
+    for window in (18_000, 0):  # no window: a full link holds K
+        queues = lot_queues(lot, WireFormat(), scn, _queued_rdma(window))
+        kw = {"nic_cap_bps": 10 * G, "queues": queues}
+        c = path_drain_times(a, b, wire_bits, start, capacity, native=True, **kw)
+        py = path_drain_times(a, b, wire_bits, start, capacity, native=False, **kw)
+        assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
+
+
+def test_standing_queues_know_dctcp_only():
+    from m4ray.m3.lot import lot_queues
+    from m4ray.m3.paths import PathScenario
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    lot = LotNetwork(capacity_bps=(10 * G, 10 * G), latency_s=(1e-6,) * 2, nic_cap_bps=10 * G)
+    one = np.array([0])
+    scn = PathScenario(
+        links=(0, 1), capacity_bps=np.array([10 * G] * 2), latency_s=np.full(2, 1e-6),
+        a=one, b=one + 2, size_bytes=np.array([1000]), start_s=np.zeros(1), origin=one,
+        foreground=np.array([True]),
+    )  # fmt: skip
+    with pytest.raises(InputError, match="DCTCP only") as err:
+        lot_queues(lot, WireFormat(), scn, RdmaConfig(cc="hpcc"))
+    assert err.value.field == "queues"
+    with pytest.raises(InputError, match="one round trip per flow"):
+        path_drain_times([0], [2], [8000.0], [0.0], [10 * G] * 2, queues=(np.zeros(2), 1e4, [0, 0]))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -72,6 +73,54 @@ def test_lone_flows_on_a_lot_run_at_the_nic_cap_in_ns3():
     assert flows.flowsim_slowdown.to_numpy() == pytest.approx(1.0, abs=1e-9)
 
 
+def test_lots_with_standing_queues_change_path_flowsim_not_ns3(tmp_path):
+    """A lot recorded with path flowSim's standing queues: the same ns-3 run, flowSim's
+    slowdowns never below the plain ones (many above), and the scenario says so (``params``),
+    which train_m3 reads into the checkpoint (a mix of lots is refused by name)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from m4ray.errors import InputError
+    from m4ray.sweeps.train_m3 import path_queues
+
+    traffic = LotTraffic(
+        pairs=((0, 4), (1, 3), (0, 2), (2, 4)),
+        weights=(1.0, 1.0, 1.0, 1.0),
+        n_flows=300,
+        size_name="exponential",
+        size=SizeDistribution(kind="exponential"),
+        size_mean_bytes=20_000,
+        max_load=0.7,
+    )
+    rdma = RdmaConfig(
+        buffer_bytes=400_000, pfc_threshold_bytes=100_000, window_bytes=18_000,
+        ecn_k_bytes=[[10e9, 12_000.0], [40e9, 48_000.0]],
+    )  # fmt: skip
+    plain = LotScenario(
+        family="lot", index=0, seed=9, capacity_bps=(10e9, 40e9, 40e9, 10e9),
+        latency_s=(1e-6,) * 4, traffic=traffic, ns3=Ns3Config(rdma=rdma),
+    )  # fmt: skip
+    queued = dataclasses.replace(plain, queues=True)
+    assert queued.scenario_id != plain.scenario_id
+    assert "path_queues" not in plain.params() and queued.params()["path_queues"] is True
+    a, b = (s.record()["lot_flows"].to_pandas() for s in (plain, queued))
+    np.testing.assert_array_equal(a.fct_s, b.fct_s)  # ns-3 is the same run
+    assert (b.flowsim_slowdown >= a.flowsim_slowdown).all()
+    assert (b.flowsim_slowdown > a.flowsim_slowdown * 1.01).sum() > 20
+    rows = [json.dumps(s.params()) for s in (queued, queued)]
+    pd.DataFrame({"params": rows, "status": ["ok", "ok"]}).to_parquet(
+        tmp_path / "scenarios.parquet"
+    )
+    assert path_queues(str(tmp_path)) is True
+    rows[1] = json.dumps(plain.params())
+    pd.DataFrame({"params": rows, "status": ["ok", "ok"]}).to_parquet(
+        tmp_path / "scenarios.parquet"
+    )
+    with pytest.raises(InputError, match="with and without"):
+        path_queues(str(tmp_path))
+
+
 @pytest.fixture(scope="module")
 def m3_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("m3")
@@ -131,6 +180,19 @@ def test_estimate_on_a_small_fat_tree_with_flowsim_comparison(m3_run):
     assert list((out / "m3" / "plots").glob("slowdown_cdf-*.png"))
     [manifest] = (out / "m3").glob("manifest-*.json")
     assert json.loads(manifest.read_text())["paths_sampled"] == 50
+    # a checkpoint trained on lots with standing queues gets path flowSim with them
+    queued = out / "queued_export"
+    shutil.copytree(export, queued)
+    info = json.loads((queued / "model.json").read_text())
+    assert "path_flowsim_queues" in info and not info["path_flowsim_queues"]
+    info["path_flowsim_queues"] = True
+    (queued / "model.json").write_text(json.dumps(info))
+    proc = sweep(out / "q", "+experiment=m3", f"m3.checkpoint={queued}", "topology.k=4",
+                 "m3.workload.n_flows=400", "m3.n_paths=50", "m3.tasks=2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [again] = (out / "q" / "m3").glob("estimate-*.parquet")
+    waits = pq.read_table(again).to_pandas().query("bucket == 'overall'").set_index("method")
+    assert waits.p99.path_flowsim > overall.p99.path_flowsim
 
 
 def test_estimate_bad_inputs_write_nothing(m3_run, tmp_path):
