@@ -10,7 +10,8 @@ draw exponential, log-normal, Pareto and Gaussian sizes with means of 1-100 KB, 
 log-normal arrivals at 50 % max link load. m4_example: its 256-host
 topology and 2,000 flows with the DCTCP settings of its HPCC config; its HPCC result is a fifth
 column. For each: m3 (the checkpoint's correction over 500 sampled paths), path flowSim (the same
-paths uncorrected), network-wide flowSim, and m4ray's ns-3; p99 per bucket, |p99 error| vs our
+paths uncorrected; with standing queues where the checkpoint was trained so), network-wide
+flowSim, classic and with standing queues, and m4ray's ns-3; p99 per bucket, |p99 error| vs our
 ns-3, and wall times (m3: routing + sampling + path simulations + inference, on warm Ray workers;
 ns-3: its simulation, after the library has loaded).
 """
@@ -118,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from m4ray.m3.aggregate import empirical
-    from m4ray.m3.estimate import M3Config, estimate, load_model, reference_run
+    from m4ray.m3.estimate import M3Config, estimate, load_model, network_ns3, reference_run
     from m4ray.m3.paths import RoutedFlows
     from m4ray.runtime.cluster import RayConfig, start_ray
     from m4ray.sim.routing import Routing, WireFormat
@@ -129,19 +130,22 @@ def main() -> None:
     for name, topo, workload, network, hpcc in scenarios(args):
         cfg = M3Config(workload=workload, network=network, n_paths=args.paths,
                        checkpoint=args.checkpoint)  # fmt: skip
-        model, _ = load_model(cfg.checkpoint, network.cc)
+        model, info = load_model(cfg.checkpoint, network.cc)
+        # path flowSim as the checkpoint was trained (with standing queues or without)
+        rdma = network_ns3(cfg, topo).rdma if info.get("path_flowsim_queues") else None
         routing = Routing(topo, seed=args.seed, wire=wire)
         flows = workload.flows(routing, args.seed)
         # warm the Ray workers (imports, the compiled path flowSim) on a few paths, as in any
         # session after its first estimate; ns-3's clock likewise starts after it has loaded
         warm = dataclasses.replace(cfg, n_paths=2 * cfg.tasks)
-        estimate(RoutedFlows(flows, routing), warm, seed=args.seed, ray=ray, model=model, wire=wire)
+        kw = {"seed": args.seed, "ray": ray, "model": model, "wire": wire, "rdma": rdma}
+        estimate(RoutedFlows(flows, routing), warm, **kw)
         began = time.perf_counter()
         routed = RoutedFlows(flows, routing)
-        est = estimate(routed, cfg, seed=args.seed, ray=ray, model=model, wire=wire)
+        est = estimate(routed, cfg, **kw)
         walls = {"m3": time.perf_counter() - began}
         cache = Path(args.out) / "cache"
-        for ref in ("flowsim", "ns3"):
+        for ref in ("flowsim", "flowsim_queues", "ns3"):
             slowdown, walls[ref] = reference_run(
                 ref, topo, flows, routing, cfg=cfg, cache=cache, ray=ray
             )
@@ -155,10 +159,10 @@ def main() -> None:
                                   f"{len(routed.by_path)} paths", est, walls)  # fmt: skip
         summary.append((name, errs, per_bucket, walls))
     print("\n## summary: overall |p99 err| vs m4ray ns-3, and m3's speed-up over ns-3")
-    head = ["m3", "pathFS", "flowSim", "m3 s", "ns-3 s", "speedup"]
+    head = ["m3", "pathFS", "flowSim", "FS+queue", "m3 s", "ns-3 s", "speedup"]
     print(f"{'scenario':<36}" + "".join(f"{h:>9}" for h in head))
     for name, errs, _, walls in summary:
-        cells = [f"{errs[m]:>9.1%}" for m in ("m3", "path_flowsim", "flowsim")]
+        cells = [f"{errs[m]:>9.1%}" for m in ("m3", "path_flowsim", "flowsim", "flowsim_queues")]
         cells += [f"{walls['m3']:>9.2f}", f"{walls['ns3']:>9.1f}"]
         cells.append(f"{walls['ns3'] / walls['m3']:>8.0f}x")
         print(f"{name:<36}" + "".join(cells))

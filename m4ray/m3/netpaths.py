@@ -1,0 +1,250 @@
+"""m3 training samples from whole networks: paths sampled as the estimate samples them, with
+targets from network-wide ns-3 (``datagen.families.net``; a departure from m3, below).
+
+m3 trains on parking lots: one path, its own flows and every flow crossing it, simulated alone
+in ns-3. On m3's default experiment the estimate's paths look nothing like those lots (links
+carrying thousands of flows, little fluid contention, yet queues; README, issue 32), and a
+correction learned on lots moved the network-wide answer away from ns-3. A
+:class:`NetworkPathsScenario` instead runs a whole network in ns-3 (a fat-tree and an open-loop
+workload drawn from :class:`NetworkFamily`'s ranges), samples paths ∝ their foreground as
+:func:`m4ray.m3.estimate.estimate` does, and records for each sampled path what the estimate
+would compute (path flowSim's tokens and foreground percentiles on the path's lot) beside what
+the network's ns-3 gave that path's foreground flows: the model learns the network's answer from
+exactly the inputs it will see. Rows are ``lot_samples`` rows (one per sampled path, all under
+the network's scenario id), so ``train_m3`` takes such a dataset unchanged; ``lot_flows`` holds
+the sampled paths' foreground flows (``a = 0``, ``b = L``; ``flow_id``: the network's flow).
+
+Units: bytes, bits/s, seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from m4ray.datagen.sampling import check_range, integer, size_distribution, uniform
+from m4ray.errors import InputError
+from m4ray.fingerprint import fingerprint
+from m4ray.m3.datagen import M3_TABLES, LotScenario
+from m4ray.m3.estimate import M3Network, M3Workload
+from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, lot_queues
+from m4ray.models.m3_features import HOPS, targets, tokens
+from m4ray.sim.routing import Routing, WireFormat
+from m4ray.sim.topologies import FatTreeSpec
+
+
+@dataclass(kw_only=True, slots=True)
+class NetworkPathsScenario:
+    """One network simulated in ns-3 and ``n_paths`` path draws from it, fully specified."""
+
+    TABLES: ClassVar[dict[str, pa.Schema]] = M3_TABLES
+
+    family: str
+    index: int
+    seed: int
+    topology: FatTreeSpec
+    workload: M3Workload
+    network: M3Network
+    n_paths: int = 500
+    queues: bool = True  # path flowSim with standing queues (as the estimate then runs it)
+    wire: WireFormat = field(default_factory=WireFormat)
+    wall_limit_s: float = 0.0  # the ns-3 run's guard; not part of the scenario's identity
+
+    @property
+    def scenario_id(self) -> str:
+        return fingerprint(dataclasses.replace(self, wall_limit_s=0.0))
+
+    @property
+    def run_id(self) -> str:
+        return self.scenario_id
+
+    def describe(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("family", "index", "seed")} | {
+            "scenario_id": self.scenario_id
+        }
+
+    def _rates(self) -> tuple[float, float]:
+        t = self.topology
+        return float(t.bandwidth_bps), float(t.fabric_bandwidth_bps or t.bandwidth_bps)
+
+    def params13(self) -> list[float]:
+        """The scenarios table's network vector: m3's config vector of a 6-hop path here."""
+        edge, core = self._rates()
+        capacity = np.array([edge] + [core] * 4 + [edge])
+        lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * 6, nic_cap_bps=edge)
+        bdp = fg_bdp_bytes(lot, self.wire, 64)
+        return self.network.net_config().vector(6, capacity, bdp).tolist()
+
+    def params(self) -> dict[str, Any]:
+        w, n, t = self.workload, self.network, self.topology
+        return {
+            "traffic": "network",
+            "k": t.k,
+            "oversubscription": t.oversubscription,
+            "n_flows_target": w.n_flows,
+            "size_dist": w.size["kind"],
+            "size_mean_bytes": w.size_mean_bytes,
+            "arrival_sigma": w.arrival_sigma,
+            "max_load": w.max_load,
+            "buffer_bytes": n.buffer_bytes,
+            "window_bytes": n.window_bytes,
+            "ecn_k_bytes": n.ecn_k_bytes,
+            "pfc": n.pfc,
+            "n_paths": self.n_paths,
+        } | ({"path_queues": True} if self.queues else {})
+
+    def record(self) -> dict[str, pa.Table]:
+        """ns-3 on the whole network, then each sampled path's estimate inputs and targets."""
+        import dataclasses as dc
+
+        from m4ray.m3.paths import RoutedFlows
+        from m4ray.sim.trace import run_trace  # ns-3 loads inside the worker only
+
+        topo = self.topology.build()
+        routing = Routing(topo, seed=self.seed, wire=self.wire)
+        flows = self.workload.flows(routing, self.seed)
+        edge, core = self._rates()
+        ns3 = dc.replace(self.network.ns3(edge, core), wall_limit_s=self.wall_limit_s)
+        table = run_trace(topo, flows, ns3, routing)
+        slowdown = table.column("slowdown").to_numpy()
+        ideal_all = table.column("ideal_fct_s").to_numpy()
+        fct_all = table.column("fct_s").to_numpy()
+        routed = RoutedFlows(flows, routing)
+        rdma, config_of = ns3.rdma, self.network.net_config()
+        samples: dict[str, list] = {name: [] for name in M3_TABLES["lot_samples"].names}
+        fg_rows: dict[str, list] = {name: [] for name in M3_TABLES["lot_flows"].names}
+        for path, _ in routed.sample(self.n_paths, self.seed):
+            scn = routed.scenario(path)
+            if scn.n_links not in HOPS:
+                raise InputError(f"a path of {scn.n_links} links; m3 knows {HOPS}", field="k")
+            lot = LotNetwork.of(scn)
+            queues = lot_queues(lot, self.wire, scn, rdma) if self.queues else None
+            _, flowsim = flowsim_fct(scn, self.wire, lot, queues)
+            config = config_of.vector(
+                scn.n_links, scn.capacity_bps, fg_bdp_bytes(lot, self.wire, 64)
+            )
+            fg = scn.foreground
+            origin = scn.origin[fg]
+            tok, empty = tokens(flowsim, scn.size_bytes, scn.a, scn.b, fg, config)
+            target, mask = targets(slowdown[origin], scn.size_bytes[fg])
+            baseline, _ = targets(flowsim[fg], scn.size_bytes[fg])
+            for name, value in (
+                ("n_links", scn.n_links),
+                ("n_foreground", int(fg.sum())),
+                ("tokens", tok.reshape(-1)),
+                ("empty", empty.reshape(-1)),
+                ("target", target.reshape(-1)),
+                ("mask", mask),
+                ("flowsim_target", baseline.reshape(-1)),
+            ):
+                samples[name].append(value)
+            n_fg = len(origin)
+            for name, value in (
+                ("flow_id", origin),
+                ("a", np.zeros(n_fg, dtype=np.int32)),
+                ("b", np.full(n_fg, scn.n_links, dtype=np.int32)),
+                ("foreground", np.ones(n_fg, dtype=bool)),
+                ("size_bytes", scn.size_bytes[fg]),
+                ("start_s", scn.start_s[fg]),
+                ("fct_s", fct_all[origin]),
+                ("ideal_fct_s", ideal_all[origin]),
+                ("slowdown", slowdown[origin]),
+                ("flowsim_slowdown", flowsim[fg]),
+            ):
+                fg_rows[name].append(value)
+        flows_table = {name: np.concatenate(parts) for name, parts in fg_rows.items()}
+        return {
+            "lot_flows": pa.table(flows_table, schema=M3_TABLES["lot_flows"]),
+            "lot_samples": pa.table(samples, schema=M3_TABLES["lot_samples"]),
+        }
+
+    stats = staticmethod(LotScenario.stats)
+
+    @staticmethod
+    def write_plots(run_dir: Path, frame) -> list[Path]:
+        return LotScenario.write_plots(run_dir, frame)
+
+
+@dataclass(kw_only=True, slots=True)
+class NetworkFamily:
+    """Ranges of the networks :class:`NetworkPathsScenario` draws (inclusive ``[low, high]``;
+    KB = 1000 B): fat-trees of ``k`` and oversubscription drawn from the lists, open-loop
+    workloads as the lots draw theirs, DCTCP settings as the lots'."""
+
+    k: list[int] = field(default_factory=lambda: [4])
+    oversubscription: list[int] = field(default_factory=lambda: [1, 2])
+    bandwidth_bps: float = 10e9
+    fabric_bandwidth_bps: float = 40e9
+    n_flows: list[int] = field(default_factory=lambda: [10_000, 30_000])
+    sizes: dict[str, Any] = field(default_factory=lambda: {"exponential": {}})
+    size_mean_bytes: list[float] = field(default_factory=lambda: [2000.0, 100000.0])
+    min_size_bytes: int = 50
+    arrival_sigma: list[float] = field(default_factory=lambda: [1.0, 2.0])
+    max_load: list[float] = field(default_factory=lambda: [0.2, 0.7])
+    buffer_kb: list[float] = field(default_factory=lambda: [200.0, 500.0])
+    window_kb: list[float] = field(default_factory=lambda: [10.0, 30.0])
+    ecn_k_kb: list[float] = field(default_factory=lambda: [5.0, 20.0])
+    pfc_probability: float = 0.5
+    n_paths: int = 500
+    queues: bool = True
+    wire: WireFormat = field(default_factory=WireFormat)
+
+    def __post_init__(self) -> None:
+        self.sizes = {name: size_distribution(name, spec) for name, spec in self.sizes.items()}
+        if not self.sizes:
+            raise InputError("needs at least one size distribution", field="sizes")
+        for name in ("n_flows", "size_mean_bytes", "arrival_sigma", "buffer_kb", "window_kb"):
+            check_range(getattr(self, name), name, lo=0, open_=True)
+        check_range(self.max_load, "max_load", lo=0, hi=1, open_=True)
+        check_range(self.ecn_k_kb, "ecn_k_kb", lo=0, open_=True)
+        if not self.k or any(k < 2 or k % 2 for k in self.k):
+            raise InputError("fat-tree k must be even and >= 2", field="k")
+        if self.n_paths < 1:
+            raise InputError(f"must be >= 1, got {self.n_paths}", field="n_paths")
+
+    def sample(self, name: str, index: int, seed: int, wall_limit_s: float):
+        rng = np.random.default_rng(seed)
+        topology = FatTreeSpec(
+            k=int(self.k[int(rng.integers(len(self.k)))]),
+            bandwidth_bps=self.bandwidth_bps,
+            fabric_bandwidth_bps=self.fabric_bandwidth_bps,
+            oversubscription=int(
+                self.oversubscription[int(rng.integers(len(self.oversubscription)))]
+            ),
+        )
+        size_name = sorted(self.sizes)[int(rng.integers(len(self.sizes)))]
+        size = self.sizes[size_name]
+        workload = M3Workload(
+            n_flows=integer(rng, self.n_flows),
+            size={f.name: getattr(size, f.name) for f in dataclasses.fields(size)},
+            size_mean_bytes=round(uniform(rng, self.size_mean_bytes), 1),
+            min_size_bytes=self.min_size_bytes,
+            arrival_sigma=round(uniform(rng, self.arrival_sigma), 4),
+            max_load=round(uniform(rng, self.max_load), 4),
+        )
+        network = M3Network(
+            buffer_bytes=round(uniform(rng, self.buffer_kb) * 1000),
+            window_bytes=round(uniform(rng, self.window_kb) * 1000),
+            ecn_k_bytes=round(uniform(rng, self.ecn_k_kb) * 1000),
+            pfc=bool(rng.random() < self.pfc_probability),
+        )
+        return NetworkPathsScenario(
+            family=name,
+            index=index,
+            seed=seed,
+            topology=topology,
+            workload=workload,
+            network=network,
+            n_paths=self.n_paths,
+            queues=self.queues,
+            wire=self.wire,
+            wall_limit_s=wall_limit_s,
+        )
+
+
+__all__ = ["NetworkFamily", "NetworkPathsScenario"]

@@ -1,0 +1,44 @@
+"""m3 samples from whole networks (m4ray.m3.netpaths): a real ns-3 run of a small fat-tree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.m3.netpaths import NetworkFamily
+from m4ray.models.m3_features import targets
+
+
+def test_network_paths_record_the_estimates_inputs_and_the_networks_targets():
+    """Each sampled path is one ``lot_samples`` row: path flowSim's baseline of its foreground
+    (with standing queues) and, as target, the percentiles of what network-wide ns-3 gave those
+    same flows (``lot_flows``, path after path); draws are the estimate's (∝ foreground)."""
+    family = NetworkFamily(n_flows=[1500, 1500], sizes={"lognormal": {"sigma": 1.5}}, n_paths=60)
+    scenario = family.sample("net", 0, 7, 300.0)
+    assert scenario.params()["path_queues"] is True
+    assert scenario.scenario_id == family.sample("net", 0, 7, 60.0).scenario_id  # guard aside
+    tables = scenario.record()
+    samples, flows = tables["lot_samples"].to_pandas(), tables["lot_flows"].to_pandas()
+    assert 10 < len(samples) <= 60 and set(samples.n_links) <= {2, 4, 6}
+    assert samples.n_foreground.sum() == len(flows) and flows.foreground.all()
+    assert len(set(flows.flow_id)) == len(flows)  # each network flow on one route
+    ends = np.cumsum(samples.n_foreground.to_numpy())
+    for row, end in zip(samples.itertuples(), ends, strict=True):
+        part = flows.iloc[end - row.n_foreground : end]
+        want, mask = targets(part.slowdown.to_numpy(), part.size_bytes.to_numpy())
+        np.testing.assert_array_equal(np.asarray(row.target).reshape(4, 100), want)
+        np.testing.assert_array_equal(np.asarray(row.mask), mask)
+        base, _ = targets(part.flowsim_slowdown.to_numpy(), part.size_bytes.to_numpy())
+        np.testing.assert_array_equal(np.asarray(row.flowsim_target).reshape(4, 100), base)
+    assert (flows.flowsim_slowdown >= 1 - 1e-9).all() and (flows.slowdown > 0.5).all()
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [({"k": [3]}, "k"), ({"max_load": [0.5, 1.5]}, "max_load"), ({"n_paths": 0}, "n_paths")],
+)
+def test_bad_network_ranges_name_the_field(settings, field):
+    with pytest.raises(InputError) as err:
+        NetworkFamily(**settings)
+    assert err.value.field == field
