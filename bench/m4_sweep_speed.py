@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/m4_sweep_speed.py                 # both tables (~6 min on 2 cores)
     .venv/bin/python bench/m4_sweep_speed.py --repeat 1 --no-ns3
+    .venv/bin/python bench/m4_sweep_speed.py --no-commands --group 8 --scales 1 --wire default \
+        --transports rdma     # the full-size study's packets (ns-3 ~3-5 min)
 
 Table 1, the user's view: ``python -m m4ray.sweeps +experiment=gray_failure backends=[B]`` (the
 default 105-scenario grid, workload.scale 0.08), run as whole commands for B = flowsim, m4 (its
@@ -113,10 +115,13 @@ def grid_points(n: int) -> list[tuple[int, int]]:
     return points
 
 
+WIRE = {"name": "jumbo"}  # table 2's packets (--wire): the experiment's jumbo frames by default
+
+
 def grid(
     scale: float, n_scenarios: int, config, backend: str, collective: str = "hierarchical"
 ) -> list[Scenario]:
-    wire = resolved("+experiment=gray_failure").wire  # the experiment's (jumbo) wire
+    wire = resolved("+experiment=gray_failure", f"wire={WIRE['name']}").wire
     points = grid_points(n_scenarios)
     spec, workload = COLLECTIVES[collective]
     return [
@@ -138,7 +143,9 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def in_process(scales: list[float], group: int, ns3: bool, collective: str) -> list[list]:
+def in_process(
+    scales: list[float], group: int, ns3: bool, collective: str, transports=("rdma", "tcp")
+) -> list[list]:
     from simai_flows import study_ns3  # bench/: the study's ns-3 preset, as the sweep runs it
 
     from m4ray.sim.m4.shared import simulate_together
@@ -171,7 +178,7 @@ def in_process(scales: list[float], group: int, ns3: bool, collective: str) -> l
             per["m4 alone, lockstep"] = (t_lm4 / group, lm4_out, max_diff(lm4_out, alone))
         refs: dict[str, tuple[float, float]] = {}
         if ns3 and scale == 1.0:
-            for transport in ("rdma", "tcp"):
+            for transport in transports:
                 config = study_ns3() if transport == "rdma" else Ns3Config(transport=transport)
                 scenario = dataclasses.replace(m4s[n8r4], backend="ns3", backend_config=config)
                 seconds, (row, _) = timed(lambda s=scenario: simulate(s))
@@ -224,17 +231,29 @@ def main() -> None:
         default="simai",
         help="table 2's collective (simai: the study's default; no lockstep rows)",
     )
+    parser.add_argument(
+        "--wire",
+        default="jumbo",
+        choices=["jumbo", "default", "simai"],
+        help="table 2's packets: the grid's jumbo frames, or the full-size study's 1,000 B",
+    )
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.08, 1.0])
+    parser.add_argument(
+        "--transports", nargs="+", default=["rdma", "tcp"], choices=["rdma", "tcp"],
+        help="ns-3 transports timed at full scale (TCP at 1,000 B takes about an hour)",
+    )  # fmt: skip
     args = parser.parse_args()
+    WIRE["name"] = args.wire
     if not args.no_commands:
         rows = whole_commands(args.repeat)
         print("\nThe default gray-failure grid (105 scenarios, scale 0.08), whole command:")
         head = ["backends", "runs", "min s", "median s", "min / flowSim", "median / flowSim"]
         print(format_table(head, rows))
-    rows = in_process([0.08, 1.0], args.group, not args.no_ns3, args.collective)
+    rows = in_process(args.scales, args.group, not args.no_ns3, args.collective, args.transports)
     _, workload = COLLECTIVES[args.collective]
     print(
         f"\nPer scenario in one process ({args.group} grid points with N=8 R=4, {workload}, "
-        f"collective={args.collective}):"
+        f"collective={args.collective}, wire={args.wire}):"
     )
     head = [
         "scale",
