@@ -19,7 +19,8 @@ ns-3), flow by flow, on the shared per-flow results (``ns3_cc/``; its README say
   the ACK's way back added (its path's propagation plus one ACK's serialisation per hop).
 
 Prints, per scenario and CC, the median and p90 of |FCT ratio − 1| to the reference overall and
-per size bucket (<10 KB, 10 KB–1 MB, ≥1 MB), flowSim's beside it, and wall times. Paths are our own
+per size bucket (<10 KB, 10 KB–1 MB, ≥1 MB), flowSim's beside it (on DCTCP shards also flowSim
+with standing queues, ``FlowSimConfig.queues``), and wall times. Paths are our own
 ECMP (same lengths as the reference's, not the same hash). ACKs queue with the data at switches
 where the reference's do (upstream always; the m3 fork with ACK_HIGH_PRIO 0). Differences we know
 of and keep: NACKs are not throttled by time; PFC's threshold is static (a quarter of the buffer
@@ -149,7 +150,7 @@ def run(topo, flows, backend_cfg, routing) -> tuple[dict[int, float], float]:
 
 def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) -> None:
     from m4ray.sim.flows import Flow
-    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
     from m4ray.sim.routing import Routing, WireFormat
     from m4ray.sim.topology import read_topology
 
@@ -182,6 +183,9 @@ def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) 
             ),
             "flowSim": FlowSimConfig(),
         }
+        if cc == "dctcp":  # the standing-queue model knows DCTCP's K and window
+            queues = StandingQueues.of(backends[cc], routing)
+            backends["flowSim+queues"] = FlowSimConfig(queues=queues)
         if cc != "dctcp":
             dctcp = dict(cfg)
             dctcp["EWMA_GAIN"] = ["0.0625"]

@@ -23,11 +23,12 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.models.checkpoint import M3  # (where m3 cards say to find it)
-from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn
+from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn, mixture_loss
 from m4ray.models.m3_features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
 from m4ray.train.loop import RunSettings
 
 PCTS = (50, 90, 99)
+LOSSES = ("paths", "mixture")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,6 +43,12 @@ class M3TrainConfig(RunSettings):
     batch_size: int = 20
     weight_decay: float = 0.02
     experiment: str = "m3"
+    # "paths": m3's relative L1 on every path's percentiles, in batches of batch_size paths;
+    # "mixture": one batch per scenario (a network of +experiment=datagen_m3_net), the mixture
+    # of its paths' percentiles against the same mixture of their ns-3 ones (m3.mixture_loss),
+    # scenarios split whole into train / val / test
+    loss: str = "paths"
+    init_checkpoint: str | None = None  # start from this m3 checkpoint's weights (same model)
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -49,6 +56,10 @@ class M3TrainConfig(RunSettings):
         RunSettings.__post_init__(self)
         if not 0 <= self.val_fraction + self.test_fraction < 1:
             raise InputError("val + test fractions must be in [0, 1)", field="train.val_fraction")
+        if self.loss not in LOSSES:
+            raise InputError(
+                f"unknown loss {self.loss!r} ({', '.join(LOSSES)})", field="train.loss"
+            )
 
     def task(self, device) -> M3Task:
         return M3Task(self, device)
@@ -66,6 +77,7 @@ class Lots:
     (links), targets ``(N, 4, 100)``, masks ``(N, 4)`` and flowSim's foreground percentiles."""
 
     scenario_id: np.ndarray
+    n_foreground: np.ndarray
     tokens: np.ndarray
     empty: np.ndarray
     n_links: np.ndarray
@@ -110,6 +122,7 @@ def load_lots(dataset: str | Path) -> Lots:
     shape = (n, N_BUCKETS_OUT, N_PCT)
     return Lots(
         scenario_id=table.scenario_id.to_numpy(),
+        n_foreground=table.n_foreground.to_numpy().astype(np.float32),
         tokens=tokens,
         empty=empty,
         n_links=table.n_links.to_numpy().astype(np.int64),
@@ -120,7 +133,21 @@ def load_lots(dataset: str | Path) -> Lots:
 
 
 def split(lots: Lots, cfg: M3TrainConfig) -> dict[str, Lots]:
-    """Train/val/test by scenario, shuffled by ``cfg.seed``."""
+    """Train/val/test by scenario, shuffled by ``cfg.seed`` (every row of a scenario, with the
+    mixture loss: a network's paths stay together)."""
+    if cfg.loss == "mixture":
+        names = np.unique(lots.scenario_id)
+        picked = np.random.default_rng(cfg.seed).permutation(len(names))
+        n_val = round(cfg.val_fraction * len(names))
+        n_test = round(cfg.test_fraction * len(names))
+        parts = {
+            "val": names[picked[:n_val]],
+            "test": names[picked[n_val : n_val + n_test]],
+            "train": names[picked[n_val + n_test :]],
+        }
+        return {
+            k: lots.take(np.flatnonzero(np.isin(lots.scenario_id, v))) for k, v in parts.items()
+        }
     order = np.random.default_rng(cfg.seed).permutation(len(lots))
     n_val, n_test = round(cfg.val_fraction * len(lots)), round(cfg.test_fraction * len(lots))
     return {
@@ -171,6 +198,8 @@ class M3Task:
         self.cfg, self.device = cfg, device
         self.splits = split(load_lots(cfg.dataset), cfg)
         self.model = self.module = M3Model(cfg.model)
+        if cfg.init_checkpoint:
+            self.model.load_state_dict(initial_weights(cfg))
         self.ddp_kwargs = None
         self.n_sums = 2  # loss × lots, lots
 
@@ -182,6 +211,10 @@ class M3Task:
 
     def batches(self, epoch: int) -> list:
         cfg = self.cfg
+        if cfg.loss == "mixture":  # one scenario (network) a batch
+            groups = scenario_groups(self.splits["train"])
+            order = np.random.default_rng([cfg.seed, epoch]).permutation(len(groups))
+            return [groups[k] for k in order]
         order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.splits["train"]))
         return [order[k : k + cfg.batch_size] for k in range(0, len(order), cfg.batch_size)]
 
@@ -193,14 +226,22 @@ class M3Task:
     def _loss(self, module: torch.nn.Module, lots: Lots) -> torch.Tensor:
         target = torch.from_numpy(lots.target).to(self.device)
         mask = torch.from_numpy(lots.mask).to(self.device)
-        return loss_fn(module(*lots.tensors(self.device)), target, mask)
+        pred = module(*lots.tensors(self.device))
+        if self.cfg.loss == "mixture":
+            weight = torch.from_numpy(lots.n_foreground).to(self.device)
+            return mixture_loss(pred, target, mask, weight)
+        return loss_fn(pred, target, mask)
 
     def validate(self, rank: int, world: int) -> list[float]:
-        """The whole split's loss on every rank (counted once per rank: the mean is kept)."""
+        """The whole split's loss on every rank (counted once per rank: the mean is kept; with
+        the mixture loss, the mean over its scenarios)."""
         val = self.splits["val"]
         if not len(val):
             return [float("nan"), 1.0]
         with torch.no_grad():
+            if self.cfg.loss == "mixture":
+                losses = [float(self._loss(self.model, val.take(g))) for g in scenario_groups(val)]
+                return [float(np.mean(losses)), 1.0]
             return [float(self._loss(self.model, val)), 1.0]
 
     def metrics(self, epoch: int, train: list[float], val: list[float], epoch_s: float) -> dict:
@@ -210,6 +251,25 @@ class M3Task:
             "val_loss": val[0] / val[1],
             "epoch_s": epoch_s,
         }
+
+
+def scenario_groups(lots: Lots) -> list[np.ndarray]:
+    """Row indices of each scenario, in scenario order."""
+    names, first = np.unique(lots.scenario_id, return_inverse=True)
+    return [np.flatnonzero(first == k) for k in range(len(names))]
+
+
+def initial_weights(cfg: M3TrainConfig) -> dict[str, torch.Tensor]:
+    """``init_checkpoint``'s weights, for a model of the same configuration."""
+    from m4ray.models import checkpoint
+
+    model, _ = checkpoint.load(cfg.init_checkpoint, kind=M3)
+    if model.cfg != cfg.model:
+        raise InputError(
+            f"{cfg.init_checkpoint} holds a model {model.cfg}, not the configured {cfg.model}",
+            field="train.init_checkpoint",
+        )
+    return model.state_dict()
 
 
 def error_text(table: dict[str, dict[str, float]], n_lots: int) -> str:
@@ -234,8 +294,9 @@ m3 (SIGCOMM'24): a causal transformer (dim {m.dim}, {m.layers} layers, {m.heads}
 slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Load with
 `m4ray.models.checkpoint.load(<dir>, kind=m4ray.m3.train.M3)`.
 
-- dataset version: `{meta["dataset_version"]}` (datagen_m3 parking lots), train/val/test lots:
-  {lots["train"]}/{lots["val"]}/{lots["test"]} (split by lot)
+- dataset version: `{meta["dataset_version"]}` (datagen_m3: parking lots; datagen_m3_net: paths
+  of whole networks), train/val/test samples: {lots["train"]}/{lots["val"]}/{lots["test"]} (split
+  by scenario)
 - congestion control it was trained on: {", ".join(meta["supported_cc"])} (ns-3 RDMA-style
   DCTCP); other CCs are refused at estimation time
 - path flowSim (tokens and the corrected baseline): {
@@ -244,10 +305,12 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
         else "classic (no queues)"
     }
 - training: {meta["epochs"]} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr}, weight decay
-  {cfg.weight_decay}; {meta["hardware"]}; {meta["train_wall_s"]} s wall
+  {cfg.weight_decay}; {meta["hardware"]}; {meta["train_wall_s"]} s wall; loss `{cfg.loss}`
+  {"(the mixture of a network's paths, one network a batch)" if cfg.loss == "mixture" else ""}
+  {f"from `{cfg.init_checkpoint}`" if cfg.init_checkpoint else ""}
 - command: `{meta["command"]}`; code: git `{meta["git_commit"]}`
 
-## Held-out lots: foreground percentile error |est/ns-3 − 1| (mean over lot × size bucket)
+## Held-out samples: foreground percentile error |est/ns-3 − 1| (mean over sample × size bucket)
 
 | model | {" | ".join(table["m3"])} |
 |---|{"---|" * len(table["m3"])}
@@ -261,6 +324,7 @@ __all__ = [
     "M3Task",
     "M3TrainConfig",
     "error_text",
+    "initial_weights",
     "load_lots",
     "model_card",
     "optimizer",

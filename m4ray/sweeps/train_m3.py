@@ -10,6 +10,7 @@ from m4ray.m3.train import (
     M3,
     M3TrainConfig,
     error_text,
+    initial_weights,
     load_lots,
     model_card,
     percentile_errors,
@@ -31,6 +32,8 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     version = dataset_version(cfg.dataset)
     cfg = cfg.resolved()
     lots = load_lots(cfg.dataset)  # fails here, not in a worker, on a bad dataset
+    if cfg.init_checkpoint:
+        initial_weights(cfg)  # so does a checkpoint of another model
     what = f"train_m3: {len(lots)} lots, dataset {version}"
     trained = train(
         sweep, raw_config, cfg, train_loop, M3Model, version=version, run_dir=run_dir, what=what

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn
@@ -87,3 +88,33 @@ def test_overfits_one_batch():
         loss.backward()
         opt.step()
     assert loss.item() < 0.05 < first
+
+
+def test_mixture_loss_compares_the_mixtures_not_each_path():
+    """The mixture loss is zero when the predicted mixture is the target's, even though every
+    path is wrong (two paths swapped), is positive when the tail shrinks, and its gradient
+    reaches the predictions; its quantiles are the estimate's (Mixture.quantile)."""
+    from m4ray.m3.aggregate import Mixture
+    from m4ray.models.m3 import MIXTURE_LEVELS, loss_fn, mixture_loss, mixture_quantiles
+
+    rng = np.random.default_rng(0)
+    target = torch.from_numpy(np.sort(rng.uniform(1, 5, (6, 4, 100)), axis=-1))
+    mask = torch.ones(6, 4, dtype=torch.bool)
+    weight = torch.full((6,), 3.0)
+    swapped = target[[1, 0, 2, 3, 4, 5]]
+    assert float(mixture_loss(swapped, target, mask, weight)) == 0.0
+    assert float(loss_fn(swapped, target, mask)) > 0.01  # per path it is wrong
+    shrunk = (target * 0.8).requires_grad_()
+    loss = mixture_loss(shrunk, target, mask, weight)
+    assert float(loss) == pytest.approx(-np.log(0.8), rel=1e-6)
+    loss.backward()
+    assert shrunk.grad is not None and float(shrunk.grad.abs().sum()) > 0
+    w = torch.from_numpy(rng.uniform(1, 10, 6))
+    values = target[:, 0]
+    levels = torch.tensor(MIXTURE_LEVELS, dtype=values.dtype)
+    ours = mixture_quantiles(values, w, levels).numpy()
+    points = np.repeat(w.numpy() / 100, 100)
+    theirs = Mixture(values=values.reshape(-1).numpy(), weights=points).quantile(
+        np.array(MIXTURE_LEVELS)
+    )
+    np.testing.assert_allclose(ours, theirs)

@@ -161,6 +161,23 @@ def test_train_m3_exports_a_checkpoint_that_round_trips(m3_run):
         checkpoint.load(export)  # an m3 checkpoint is not an m4 one
 
 
+def test_train_m3_fits_the_mixture_from_a_checkpoint(m3_run):
+    """train.loss=mixture (one scenario a batch, scenarios split whole) from the exported
+    checkpoint's weights; a checkpoint of another model size is refused by name."""
+    out, _, _ = m3_run
+    export = out / "train_m3" / "export"
+    proc = sweep(out, "+experiment=train_m3", "train.epochs=1", "train.num_workers=1",
+                 "train.loss=mixture", f"train.init_checkpoint={export}", "name=mix",
+                 "train.val_fraction=0.2", "train.test_fraction=0.2", *TINY_MODEL)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    card = (out / "mix" / "export" / "model_card.md").read_text()
+    assert "loss `mixture`" in card and str(export) in card
+    bad = sweep(out, "+experiment=train_m3", "train.epochs=1", "train.num_workers=1",
+                f"train.init_checkpoint={export}", "name=bad", "train.model.dim=32",
+                "train.model.heads=2", "train.model.ffn=32", "train.model.mlp=32")  # fmt: skip
+    assert bad.returncode == 2 and "train.init_checkpoint" in bad.stderr + bad.stdout
+
+
 def test_estimate_on_a_small_fat_tree_with_flowsim_comparison(m3_run):
     out, _, _ = m3_run
     export = out / "train_m3" / "export"
