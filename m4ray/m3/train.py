@@ -68,7 +68,11 @@ class M3TrainConfig(RunSettings):
         return self.dataset
 
     def resolved(self) -> M3TrainConfig:
-        return dataclasses.replace(self, dataset=str(Path(self.dataset).resolve()))
+        """Paths made absolute (the Ray workers run elsewhere)."""
+        init = self.init_checkpoint and str(Path(self.init_checkpoint).resolve())
+        return dataclasses.replace(
+            self, dataset=str(Path(self.dataset).resolve()), init_checkpoint=init
+        )
 
 
 @dataclass(kw_only=True, slots=True)
