@@ -107,7 +107,7 @@ def report(title: str, est: dict, walls: dict):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", help="the shared data folder (for m4_example)")
-    parser.add_argument("--checkpoint", default="checkpoints/m3-small")
+    parser.add_argument("--checkpoint", default="checkpoints/m3-v2")
     parser.add_argument("--flows", type=int, default=20_000)
     parser.add_argument(
         "--mean", type=float, nargs="*", default=[20_000.0, 100_000.0], help="mean flow sizes (B)"

@@ -114,7 +114,7 @@ class M3Config:
     workload: M3Workload = field(default_factory=M3Workload)
     network: M3Network = field(default_factory=M3Network)
     n_paths: int = 500
-    checkpoint: str = "checkpoints/m3-small"
+    checkpoint: str = "checkpoints/m3-v2"
     compare: list[str] = field(default_factory=list)
     tasks: int = 8  # Ray tasks the sampled paths are spread over
     ns3_wall_limit_s: float = 3600.0

@@ -5,10 +5,11 @@ each sampled path's flowSim feature tokens and posts them; ``@serve.batch`` gath
 concurrent requests into one forward pass. ``POST /predict`` returns every path's 4 × 100
 foreground percentiles; when every path also carries its foreground counts per output bucket and
 its draw count, the response also holds the network-wide estimate (p50/p90/p99 overall and per
-bucket, :func:`m4ray.m3.aggregate.aggregate`). ``GET /health`` names the checkpoint and the CCs it
-was trained on; a request for another CC gets 400 (as do tokens of the wrong shape), nothing else
-changes. Run with ``python -m m4ray.sweeps +experiment=serve serve.m3_checkpoint=<dir>`` (route
-``/m3``) or ``serve run m4ray.serve.m3:app``.
+bucket, :func:`m4ray.m3.aggregate.aggregate`). ``GET /health`` names the checkpoint, the CCs it
+was trained on and whether its path flowSim runs with standing queues (``path_flowsim_queues``:
+the client's tokens must be computed so); a request for another CC gets 400 (as do tokens of the
+wrong shape), nothing else changes. Run with ``python -m m4ray.sweeps +experiment=serve
+serve.m3_checkpoint=<dir>`` (route ``/m3``) or ``serve run m4ray.serve.m3:app``.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the route types of the pickled
@@ -47,7 +48,7 @@ class PredictRequest(BaseModel):
 class M3Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    checkpoint: str = "checkpoints/m3-small"
+    checkpoint: str = "checkpoints/m3-v2"
     max_batch_requests: int = Field(32, ge=1)
     batch_wait_s: float = Field(0.002, ge=0)
     threads: int = Field(1, ge=1)
@@ -132,6 +133,9 @@ class M3Service:
             "ok": True,
             "checkpoint": self.checkpoint,
             "supported_cc": self.info.get("supported_cc", []),
+            # the tokens and baseline a client must send: path flowSim with standing queues
+            # (m4ray.m3.lot.lot_queues) or without, as the checkpoint was trained
+            "path_flowsim_queues": bool(self.info.get("path_flowsim_queues", False)),
             "batches": self.batches,
         }
 

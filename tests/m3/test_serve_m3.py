@@ -106,3 +106,4 @@ def test_bad_requests_get_400(served, features):
     assert bad.status_code == 400 and "paths[0].baseline" in bad.text
     health = httpx.get(f"{url}/health", timeout=30).json()
     assert health["supported_cc"] == ["dctcp"] and health["batches"] >= 1
+    assert health["path_flowsim_queues"] is False  # this checkpoint records none
