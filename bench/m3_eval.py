@@ -119,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from m4ray.m3.aggregate import empirical
-    from m4ray.m3.estimate import M3Config, estimate, load_model, network_ns3, reference_run
+    from m4ray.m3.estimate import M3Config, checkpoint_rdma, estimate, load_model, reference_run
     from m4ray.m3.paths import RoutedFlows
     from m4ray.runtime.cluster import RayConfig, start_ray
     from m4ray.sim.routing import Routing, WireFormat
@@ -131,8 +131,7 @@ def main() -> None:
         cfg = M3Config(workload=workload, network=network, n_paths=args.paths,
                        checkpoint=args.checkpoint)  # fmt: skip
         model, info = load_model(cfg.checkpoint, network.cc)
-        # path flowSim as the checkpoint was trained (with standing queues or without)
-        rdma = network_ns3(cfg, topo).rdma if info.get("path_flowsim_queues") else None
+        rdma = checkpoint_rdma(cfg, topo, info)  # path flowSim as the checkpoint was trained
         routing = Routing(topo, seed=args.seed, wire=wire)
         flows = workload.flows(routing, args.seed)
         # warm the Ray workers (imports, the compiled path flowSim) on a few paths, as in any

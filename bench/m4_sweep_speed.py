@@ -115,13 +115,17 @@ def grid_points(n: int) -> list[tuple[int, int]]:
     return points
 
 
-WIRE = {"name": "jumbo"}  # table 2's packets (--wire): the experiment's jumbo frames by default
-
-
-def grid(
-    scale: float, n_scenarios: int, config, backend: str, collective: str = "hierarchical"
+def grid(  # noqa: PLR0917 (the grid's axes)
+    scale: float,
+    n_scenarios: int,
+    config,
+    backend: str,
+    collective: str = "hierarchical",
+    wire: str = "jumbo",
 ) -> list[Scenario]:
-    wire = resolved("+experiment=gray_failure", f"wire={WIRE['name']}").wire
+    """The first grid points as scenarios; ``wire``: the packets (the experiment's jumbo frames,
+    or ``default``: the full-size study's 1,000 B)."""
+    wire = resolved("+experiment=gray_failure", f"wire={wire}").wire
     points = grid_points(n_scenarios)
     spec, workload = COLLECTIVES[collective]
     return [
@@ -143,8 +147,13 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def in_process(
-    scales: list[float], group: int, ns3: bool, collective: str, transports=("rdma", "tcp")
+def in_process(  # noqa: PLR0917 (table 2's settings)
+    scales: list[float],
+    group: int,
+    ns3: bool,
+    collective: str,
+    transports=("rdma", "tcp"),
+    wire: str = "jumbo",
 ) -> list[list]:
     from simai_flows import study_ns3  # bench/: the study's ns-3 preset, as the sweep runs it
 
@@ -156,8 +165,8 @@ def in_process(
     n8r4 = grid_points(group).index((8, 4))
     rows = []
     for scale in scales:
-        flowsim = grid(scale, group, FlowSimConfig(), "flowsim", collective)
-        m4s = grid(scale, group, m4, "m4", collective)
+        flowsim = grid(scale, group, FlowSimConfig(), "flowsim", collective, wire)
+        m4s = grid(scale, group, m4, "m4", collective, wire)
         t_fs, fs_out = timed(lambda s=flowsim: [simulate(x) for x in s])
         t_alone, alone = timed(lambda s=m4s: [simulate(x) for x in s])
         t_group, grouped = timed(lambda s=m4s: simulate_together(s, m4.shared_stepper(), simulate))
@@ -243,13 +252,14 @@ def main() -> None:
         help="ns-3 transports timed at full scale (TCP at 1,000 B takes about an hour)",
     )  # fmt: skip
     args = parser.parse_args()
-    WIRE["name"] = args.wire
     if not args.no_commands:
         rows = whole_commands(args.repeat)
         print("\nThe default gray-failure grid (105 scenarios, scale 0.08), whole command:")
         head = ["backends", "runs", "min s", "median s", "min / flowSim", "median / flowSim"]
         print(format_table(head, rows))
-    rows = in_process(args.scales, args.group, not args.no_ns3, args.collective, args.transports)
+    rows = in_process(
+        args.scales, args.group, not args.no_ns3, args.collective, args.transports, args.wire
+    )
     _, workload = COLLECTIVES[args.collective]
     print(
         f"\nPer scenario in one process ({args.group} grid points with N=8 R=4, {workload}, "

@@ -30,7 +30,7 @@ from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import fingerprint
 from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate
 from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, lot_queues
-from m4ray.m3.paths import RoutedFlows
+from m4ray.m3.paths import PathScenario, RoutedFlows
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
 from m4ray.sim.routing import Routing, WireFormat
@@ -147,31 +147,57 @@ def load_model(directory: str, cc: str):
     return model, info
 
 
+@dataclass(frozen=True, slots=True)
+class PathSample:
+    """What the estimate computes for one sampled path: its lot, path flowSim's slowdown of
+    every lot flow, the model's tokens and empty flags, path flowSim's foreground percentiles
+    (the baseline m3 corrects) and the foreground flows per output bucket."""
+
+    scenario: PathScenario
+    slowdown: np.ndarray
+    tokens: np.ndarray
+    empty: np.ndarray
+    baseline: np.ndarray
+    counts: np.ndarray
+
+
+def path_sample(
+    routed: RoutedFlows, path, draws: int, wire: WireFormat, network: NetConfig, *, rdma=None
+) -> PathSample:
+    """One sampled path as the estimate sees it (``rdma``: the network's ``RdmaConfig`` where
+    path flowSim runs with standing queues, as the checkpoint was trained: ``model.json``
+    ``path_flowsim_queues``); training samples from whole networks are made by this too
+    (:mod:`m4ray.m3.netpaths`)."""
+    scn = routed.scenario(path, draws)
+    if scn.n_links not in HOPS:
+        raise InputError(
+            f"a path of {scn.n_links} links (links {list(path)}); m3 knows {HOPS}",
+            field="topology",
+        )
+    lot = LotNetwork.of(scn)
+    queues = None if rdma is None else lot_queues(lot, wire, scn, rdma)
+    _, slowdown = flowsim_fct(scn, wire, lot, queues)
+    bdp = fg_bdp_bytes(lot, wire, 64)
+    config = network.vector(scn.n_links, scn.capacity_bps, bdp)
+    fg = scn.foreground
+    tok, empty = tokens(slowdown, scn.size_bytes, scn.a, scn.b, fg, config)
+    pct, _ = targets(slowdown[fg], scn.size_bytes[fg])
+    counts = np.bincount(np.digitize(scn.size_bytes[fg], [1000, 10000, 50000]), minlength=4)
+    return PathSample(
+        scenario=scn, slowdown=slowdown, tokens=tok, empty=empty, baseline=pct, counts=counts
+    )
+
+
 def path_features(
     routed: RoutedFlows, sampled, wire: WireFormat, network: NetConfig, rdma=None
 ) -> list:
-    """Per sampled path: tokens, empty flags, foreground counts per output bucket, path flowSim's
-    foreground percentiles, and the draw count (a Ray task runs one chunk). ``rdma``: the
-    network's ``RdmaConfig`` where path flowSim runs with standing queues (the checkpoint was
-    trained so: ``model.json`` ``path_flowsim_queues``)."""
+    """Per sampled path (:func:`path_sample`): tokens, empty flags, foreground counts per output
+    bucket, path flowSim's foreground percentiles, and the draw count (a Ray task runs one
+    chunk)."""
     out = []
     for path, draws in sampled:
-        scn = routed.scenario(path, draws)
-        if scn.n_links not in HOPS:
-            raise InputError(
-                f"a path of {scn.n_links} links (links {list(path)}); m3 knows {HOPS}",
-                field="topology",
-            )
-        lot = LotNetwork.of(scn)
-        queues = None if rdma is None else lot_queues(lot, wire, scn, rdma)
-        _, slowdown = flowsim_fct(scn, wire, lot, queues)
-        bdp = fg_bdp_bytes(lot, wire, 64)
-        config = network.vector(scn.n_links, scn.capacity_bps, bdp)
-        fg = scn.foreground
-        tok, empty = tokens(slowdown, scn.size_bytes, scn.a, scn.b, fg, config)
-        pct, _ = targets(slowdown[fg], scn.size_bytes[fg])
-        counts = np.bincount(np.digitize(scn.size_bytes[fg], [1000, 10000, 50000]), minlength=4)
-        out.append((tok, empty, counts, pct, draws))
+        s = path_sample(routed, path, draws, wire, network, rdma=rdma)
+        out.append((s.tokens, s.empty, s.counts, s.baseline, draws))
     return out
 
 
@@ -232,6 +258,13 @@ def network_ns3(cfg: M3Config, topo):
     """The network's ns-3 config (``M3Network.ns3``) at the topology's host and core rates."""
     host = topo.bandwidth_bps[np.isin(topo.link_src, topo.hosts)]
     return cfg.network.ns3(float(host.min()), float(topo.bandwidth_bps.max()))
+
+
+def checkpoint_rdma(cfg: M3Config, topo, info: dict):
+    """The network's ``RdmaConfig`` where the checkpoint was trained on path flowSim with
+    standing queues (``model.json`` ``path_flowsim_queues``; :func:`path_sample` then runs it
+    so), else None."""
+    return network_ns3(cfg, topo).rdma if info.get("path_flowsim_queues") else None
 
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:

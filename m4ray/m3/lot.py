@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ import numpy as np
 from m4ray.errors import InputError
 from m4ray.m3.paths import PathScenario
 from m4ray.m3.pathsim import path_drain_times
+from m4ray.sim.flowsim import queue_caps, round_trip, wire_window
 from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Cable, Topology
 
@@ -155,18 +155,10 @@ def lot_queues(
     if rdma.cc != "dctcp":
         raise InputError(f"standing queues know DCTCP only, not {rdma.cc!r}", field="queues")
     paths, cls = class_paths(lot, scenario.a, scenario.b)
-    packet = (wire.mtu_bytes + wire.header_bytes) * 8.0
-    rtt = np.array(
-        [2 * p.latency_s + (packet + rdma.ack_bytes * 8.0) * p.inverse_bw_sum for p in paths]
-    )[cls]
-    window = rdma.window_bytes or 0
-    wire_window = (
-        math.ceil(window / wire.mtu_bytes) * float(wire.mtu_bytes + wire.header_bytes)
-        if window > 0
-        else math.inf
-    )
-    caps = [0.0] + [float(rdma.ecn_k(c)) for c in lot.capacity_bps[1:]]
-    return rtt, wire_window, caps
+    rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])[cls]
+    caps = queue_caps(rdma.ecn_k_bytes, lot.capacity_bps)
+    caps[0] = 0.0
+    return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist()
 
 
 def flowsim_fct(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,9 +30,9 @@ from m4ray.datagen.sampling import check_range, integer, size_distribution, unif
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
 from m4ray.m3.datagen import M3_TABLES, LotScenario
-from m4ray.m3.estimate import M3Network, M3Workload
-from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, lot_queues
-from m4ray.models.m3_features import HOPS, targets, tokens
+from m4ray.m3.estimate import M3Network, M3Workload, path_sample
+from m4ray.m3.lot import LotNetwork, fg_bdp_bytes
+from m4ray.models.m3_features import targets
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import FatTreeSpec
 
@@ -58,15 +57,6 @@ class NetworkPathsScenario:
     @property
     def scenario_id(self) -> str:
         return fingerprint(dataclasses.replace(self, wall_limit_s=0.0))
-
-    @property
-    def run_id(self) -> str:
-        return self.scenario_id
-
-    def describe(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("family", "index", "seed")} | {
-            "scenario_id": self.scenario_id
-        }
 
     def _rates(self) -> tuple[float, float]:
         t = self.topology
@@ -99,48 +89,37 @@ class NetworkPathsScenario:
         } | ({"path_queues": True} if self.queues else {})
 
     def record(self) -> dict[str, pa.Table]:
-        """ns-3 on the whole network, then each sampled path's estimate inputs and targets."""
-        import dataclasses as dc
-
+        """ns-3 on the whole network, then each sampled path's estimate inputs
+        (:func:`~m4ray.m3.estimate.path_sample`, as the estimate makes them) and targets."""
         from m4ray.m3.paths import RoutedFlows
         from m4ray.sim.trace import run_trace  # ns-3 loads inside the worker only
 
         topo = self.topology.build()
         routing = Routing(topo, seed=self.seed, wire=self.wire)
         flows = self.workload.flows(routing, self.seed)
-        edge, core = self._rates()
-        ns3 = dc.replace(self.network.ns3(edge, core), wall_limit_s=self.wall_limit_s)
+        ns3 = dataclasses.replace(self.network.ns3(*self._rates()), wall_limit_s=self.wall_limit_s)
         table = run_trace(topo, flows, ns3, routing)
         slowdown = table.column("slowdown").to_numpy()
         ideal_all = table.column("ideal_fct_s").to_numpy()
         fct_all = table.column("fct_s").to_numpy()
         routed = RoutedFlows(flows, routing)
-        rdma, config_of = ns3.rdma, self.network.net_config()
+        rdma = ns3.rdma if self.queues else None
+        network = self.network.net_config()
         samples: dict[str, list] = {name: [] for name in M3_TABLES["lot_samples"].names}
         fg_rows: dict[str, list] = {name: [] for name in M3_TABLES["lot_flows"].names}
         for path, _ in routed.sample(self.n_paths, self.seed):
-            scn = routed.scenario(path)
-            if scn.n_links not in HOPS:
-                raise InputError(f"a path of {scn.n_links} links; m3 knows {HOPS}", field="k")
-            lot = LotNetwork.of(scn)
-            queues = lot_queues(lot, self.wire, scn, rdma) if self.queues else None
-            _, flowsim = flowsim_fct(scn, self.wire, lot, queues)
-            config = config_of.vector(
-                scn.n_links, scn.capacity_bps, fg_bdp_bytes(lot, self.wire, 64)
-            )
-            fg = scn.foreground
+            sample = path_sample(routed, path, 1, self.wire, network, rdma=rdma)
+            scn, fg = sample.scenario, sample.scenario.foreground
             origin = scn.origin[fg]
-            tok, empty = tokens(flowsim, scn.size_bytes, scn.a, scn.b, fg, config)
             target, mask = targets(slowdown[origin], scn.size_bytes[fg])
-            baseline, _ = targets(flowsim[fg], scn.size_bytes[fg])
             for name, value in (
                 ("n_links", scn.n_links),
                 ("n_foreground", int(fg.sum())),
-                ("tokens", tok.reshape(-1)),
-                ("empty", empty.reshape(-1)),
+                ("tokens", sample.tokens.reshape(-1)),
+                ("empty", sample.empty.reshape(-1)),
                 ("target", target.reshape(-1)),
                 ("mask", mask),
-                ("flowsim_target", baseline.reshape(-1)),
+                ("flowsim_target", sample.baseline.reshape(-1)),
             ):
                 samples[name].append(value)
             n_fg = len(origin)
@@ -154,7 +133,7 @@ class NetworkPathsScenario:
                 ("fct_s", fct_all[origin]),
                 ("ideal_fct_s", ideal_all[origin]),
                 ("slowdown", slowdown[origin]),
-                ("flowsim_slowdown", flowsim[fg]),
+                ("flowsim_slowdown", sample.slowdown[fg]),
             ):
                 fg_rows[name].append(value)
         flows_table = {name: np.concatenate(parts) for name, parts in fg_rows.items()}
@@ -163,11 +142,11 @@ class NetworkPathsScenario:
             "lot_samples": pa.table(samples, schema=M3_TABLES["lot_samples"]),
         }
 
+    # the datagen job's scenario protocol, as the parking lots have it
+    run_id = LotScenario.run_id
+    describe = LotScenario.describe
     stats = staticmethod(LotScenario.stats)
-
-    @staticmethod
-    def write_plots(run_dir: Path, frame) -> list[Path]:
-        return LotScenario.write_plots(run_dir, frame)
+    write_plots = staticmethod(LotScenario.write_plots)
 
 
 @dataclass(kw_only=True, slots=True)

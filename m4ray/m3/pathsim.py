@@ -32,9 +32,9 @@ import numpy as np
 from m4ray.errors import InputError, SimulationError
 from m4ray.m3.native import library as native_library
 from m4ray.m3.native import path_finish as native_finish
+from m4ray.sim.flowsim import QUEUE_FULL
 
 _REL_TIE = 1e-9  # as m4ray.sim.flowsim: events this close (relative) happen together
-QUEUE_FULL = 1e-6  # as m4ray.sim.flowsim: a link this close to full is full
 
 
 def class_rates(

@@ -173,6 +173,16 @@ def network_ack_fraction(network, wire: WireFormat) -> float:
     return ack_fraction(network.rdma.ack_bytes, wire)
 
 
+def round_trip_s(
+    wire: WireFormat, latency_s: float, inverse_bw_sum: float, ack_bytes: int = ACK_BYTES
+) -> float:
+    """A packet's round trip over a path of one-way ``latency_s`` and Σ 1/bandwidth: a full
+    packet's delivery and an ACK's return over the same links (:class:`Window`'s, and the
+    standing queues' excess in flight, ``m4ray.sim.flowsim.StandingQueues``)."""
+    packet = (wire.mtu_bytes + wire.header_bytes) * 8.0
+    return 2 * latency_s + (packet + ack_bytes * 8.0) * inverse_bw_sum
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """A sender's window of ``bytes`` payload (RDMA's fixed window; 0 = none): it may have ``k =
@@ -214,7 +224,7 @@ class Window:
         if self.bytes <= 0:
             return np.inf, bits
         packet = (wire.mtu_bytes + wire.header_bytes) * 8.0
-        rtt = 2 * latency_s + (packet + self.ack_bytes * 8.0) * inverse_bw_sum
+        rtt = round_trip_s(wire, latency_s, inverse_bw_sum, self.ack_bytes)
         k = math.ceil(self.bytes / wire.mtu_bytes)
         tx = packet / bottleneck_bps
         if rtt <= k * tx:

@@ -184,7 +184,7 @@ class NativeLoop:
             rc = self.lib.m4ray_fluidsim_queue_delay(
                 self.fluid, len(links), known[1], ctypes.byref(self._queue_s)
             )
-            _check(-rc if rc else 0)
+            _check(-rc)  # the fluid state's 2 / 3: out of memory / no rate
             delay += self._queue_s.value
         _check(
             self.lib.m4ray_loop_add(

@@ -52,6 +52,7 @@ from m4ray.models.fairshare import (
     ack_fraction,
     compiled_max_min_rates,
     reverse_links,
+    round_trip_s,
 )
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.dagloop import NativeLoop, library
@@ -98,21 +99,31 @@ class StandingQueues:
 
     def caps(self, capacity_bps: np.ndarray) -> np.ndarray:
         """Each link's most queued bytes, by its rate (a switch's port)."""
-        points = sorted(self.k_bytes)
-        rates, values = [p[0] for p in points], [p[1] for p in points]
-        return np.interp(np.asarray(capacity_bps, dtype=np.float64), rates, values)
+        return queue_caps(self.k_bytes, capacity_bps)
 
     def window_wire(self, wire: WireFormat) -> float:
         """The window on the wire (bytes): its packets with their headers."""
-        return math.ceil(self.window_bytes / wire.mtu_bytes) * float(
-            wire.mtu_bytes + wire.header_bytes
-        )
+        return wire_window(self.window_bytes, wire)
+
+
+def queue_caps(k_bytes: list[list[float]], capacity_bps) -> np.ndarray:
+    """The most each link queues, ``k_bytes`` (``[[rate_bps, bytes], ...]``) at its rate."""
+    points = sorted(k_bytes)
+    rates, values = [p[0] for p in points], [p[1] for p in points]
+    return np.interp(np.asarray(capacity_bps, dtype=np.float64), rates, values)
+
+
+def wire_window(window_bytes: int, wire: WireFormat) -> float:
+    """A window of payload on the wire (bytes: whole packets with their headers); none (0):
+    unbounded, so a full link's queue stands at its cap."""
+    if window_bytes <= 0:
+        return math.inf
+    return math.ceil(window_bytes / wire.mtu_bytes) * float(wire.mtu_bytes + wire.header_bytes)
 
 
 def round_trip(path: Path, wire: WireFormat, ack_bytes: int) -> float:
-    """A packet's round trip over ``path`` (:class:`Window`'s): delivery and its ACK back."""
-    packet = (wire.mtu_bytes + wire.header_bytes) * 8.0
-    return 2 * path.latency_s + (packet + ack_bytes * 8.0) * path.inverse_bw_sum
+    """A packet's round trip over ``path`` (:func:`round_trip_s`)."""
+    return round_trip_s(wire, path.latency_s, path.inverse_bw_sum, ack_bytes)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -321,15 +332,19 @@ class FlowSim(QueueClock):
         self._rtt = np.concatenate([self._rtt, np.array(rtt, dtype=np.float64)])
         self._new = []
 
-    def _next_completion(self) -> tuple[float, np.ndarray]:
+    def _refresh(self) -> None:
+        """Arrivals in, and the rates brought up to date if anything changed."""
         self._flush()
-        if not len(self._ids):
-            return float("inf"), np.zeros(0, dtype=np.int64)
-        if self._dirty:
+        if len(self._ids) and self._dirty:
             capped = self.window is not None or self.rate_cap_bps is not None
             self._rates = self._share(self._caps if capped else None)
             self._dirty = False
             self._q_sums = None
+
+    def _next_completion(self) -> tuple[float, np.ndarray]:
+        self._refresh()
+        if not len(self._ids):
+            return float("inf"), np.zeros(0, dtype=np.int64)
         with np.errstate(divide="ignore"):
             left = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
         # rounding in _advance can leave a drained flow a hair below zero bits: it finishes now
@@ -365,7 +380,7 @@ class FlowSim(QueueClock):
     def _queue_delay(self, links: np.ndarray) -> float:
         """The standing queues a flow arriving now on ``links`` waits for (module docstring;
         ``m4ray_fluidsim_queue_delay`` in ``_maxmin.c`` is its twin, sum for sum)."""
-        self._next_completion()  # earlier arrivals in, rates up to date
+        self._refresh()  # earlier arrivals in, rates up to date
         if not len(self._ids):
             return 0.0
         if self._q_sums is None:

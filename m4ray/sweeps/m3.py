@@ -11,9 +11,9 @@ from m4ray.fingerprint import fingerprint
 from m4ray.m3.aggregate import empirical
 from m4ray.m3.estimate import (
     M3Config,
+    checkpoint_rdma,
     estimate,
     load_model,
-    network_ns3,
     reference_run,
     summary,
     warm_up,
@@ -40,8 +40,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     warm_up(ray, cfg.tasks)  # workers up and path flowSim loaded: the clock times the estimate
     began = time.perf_counter()
     routed = RoutedFlows(flows, routing)
-    # path flowSim as the checkpoint was trained: with standing queues or without
-    rdma = network_ns3(cfg, topo).rdma if info.get("path_flowsim_queues") else None
+    rdma = checkpoint_rdma(cfg, topo, info)  # path flowSim as the checkpoint was trained
     estimates = estimate(routed, cfg, seed=sweep.seed, ray=ray, model=model, wire=wire, rdma=rdma)
     walls = {"m3": time.perf_counter() - began}
     walls["path_flowsim"] = walls["m3"]

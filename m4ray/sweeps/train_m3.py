@@ -3,9 +3,13 @@ exported with its card (``m4ray.train.job``: the training run all model kinds sh
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from m4ray.errors import InputError
 from m4ray.m3.train import (
     M3,
     M3TrainConfig,
@@ -60,12 +64,6 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
 def path_queues(dataset: str) -> bool:
     """Whether the dataset's lots ran path flowSim with standing queues (their ``params``'
     ``path_queues``): the estimate must then run it so too. A mix is an error."""
-    import json
-
-    import pandas as pd
-
-    from m4ray.errors import InputError
-
     params = pd.read_parquet(Path(dataset) / "scenarios.parquet", columns=["params", "status"])
     flags = {
         bool(json.loads(p).get("path_queues", False))
