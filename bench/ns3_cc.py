@@ -19,8 +19,8 @@ ns-3), flow by flow, on the shared per-flow results (``ns3_cc/``; its README say
   the ACK's way back added (its path's propagation plus one ACK's serialisation per hop).
 
 Prints, per scenario and CC, the median and p90 of |FCT ratio − 1| to the reference overall and
-per size bucket (<10 KB, 10 KB–1 MB, ≥1 MB), flowSim's beside it (on DCTCP shards also flowSim
-with standing queues, ``FlowSimConfig.queues``), and wall times. Paths are our own
+per size bucket (<10 KB, 10 KB–1 MB, ≥1 MB), flowSim's beside it (on m3's shards also flowSim
+with each CC's standing queues, ``FlowSimConfig.queues``), and wall times. Paths are our own
 ECMP (same lengths as the reference's, not the same hash). ACKs queue with the data at switches
 where the reference's do (upstream always; the m3 fork with ACK_HIGH_PRIO 0). Differences we know
 of and keep: NACKs are not throttled by time; PFC's threshold is static (a quarter of the buffer
@@ -183,9 +183,8 @@ def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) 
             ),
             "flowSim": FlowSimConfig(),
         }
-        if cc == "dctcp":  # the standing-queue model knows DCTCP's K and window
-            queues = StandingQueues.of(backends[cc], routing)
-            backends["flowSim+queues"] = FlowSimConfig(queues=queues)
+        queues = StandingQueues.of(backends[cc], routing)  # its CC's level (standing_levels)
+        backends["flowSim+queues"] = FlowSimConfig(queues=queues)
         if cc != "dctcp":
             dctcp = dict(cfg)
             dctcp["EWMA_GAIN"] = ["0.0625"]
@@ -228,6 +227,28 @@ def fat_flows(base: Path, n_flows: int):
     return flows, key
 
 
+FAT_RUNS = {  # label: (config, per-flow result) in hpcc_fat_websearch/
+    "hpcc": ("config_topology_flow_hp95ai50.txt", "fct_topology_flow_hp95ai50.txt.gz"),
+    "timely": ("config_fat_flow_timely.txt", "fct_fat_flow_timely.txt.gz"),
+    "timely fixwin": ("config_fat_flow_timely_fixwin.txt", "fct_fat_flow_timely_fixwin.txt.gz"),
+    "timely nowin": ("config_fat_flow_timely_nowin.txt", "fct_fat_flow_timely_nowin.txt.gz"),
+}
+
+
+def fat_results(path: Path, key: dict, n_flows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's FCT and standalone FCT (s) of each flow of :func:`fat_flows`' key (NaN
+    where it has none: outside the prefix, or unfinished)."""
+    fct, ideal = np.full(n_flows, np.nan), np.full(n_flows, np.nan)
+    with gzip.open(path, "rt") as fh:
+        for line in fh:
+            f = line.split()
+            sip, dip = (int(f[0], 16) >> 8) & 0xFFFF, (int(f[1], 16) >> 8) & 0xFFFF
+            i = key.get((sip, dip, int(f[2])))
+            if i is not None:
+                fct[i], ideal[i] = int(f[6]) * 1e-9, int(f[7]) * 1e-9
+    return fct, ideal
+
+
 def fat_tree(
     folder: Path, n_flows: int, rows: list, notes: list, *, only=None, dynamic_pfc: bool = False
 ) -> None:
@@ -241,25 +262,12 @@ def fat_tree(
     size = np.array([f.size_bytes for f in flows])
     wire = WireFormat(mtu_bytes=1000, header_bytes=48)
     routing = Routing(topo, wire=wire)
-    runs = {
-        "hpcc": ("config_topology_flow_hp95ai50.txt", "fct_topology_flow_hp95ai50.txt.gz"),
-        "timely": ("config_fat_flow_timely.txt", "fct_fat_flow_timely.txt.gz"),
-        "timely fixwin": ("config_fat_flow_timely_fixwin.txt", "fct_fat_flow_timely_fixwin.txt.gz"),
-        "timely nowin": ("config_fat_flow_timely_nowin.txt", "fct_fat_flow_timely_nowin.txt.gz"),
-    }
     flowsim_fct = None
-    for label, (config, result) in runs.items():
+    for label, (config, result) in FAT_RUNS.items():
         if only and label not in only:
             continue
         cfg = read_config(base / config)
-        theirs = np.full(len(flows), np.nan)
-        with gzip.open(base / result, "rt") as fh:
-            for line in fh:
-                f = line.split()
-                sip, dip = (int(f[0], 16) >> 8) & 0xFFFF, (int(f[1], 16) >> 8) & 0xFFFF
-                i = key.get((sip, dip, int(f[2])))
-                if i is not None:
-                    theirs[i] = int(f[6]) * 1e-9
+        theirs, _ = fat_results(base / result, key, len(flows))
         cc = label.split()[0]
         buffer = int(cfg["BUFFER_SIZE"][0]) * 1024 * 1024  # MB upstream
         backend = network(

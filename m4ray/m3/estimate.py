@@ -27,7 +27,7 @@ import pandas as pd
 
 from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
-from m4ray.fingerprint import fingerprint
+from m4ray.fingerprint import added_field, fingerprint
 from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate
 from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, lot_queues
 from m4ray.m3.paths import PathScenario, RoutedFlows
@@ -69,13 +69,17 @@ class M3Workload:
 
 @dataclass(kw_only=True, slots=True)
 class M3Network:
-    """The network's CC settings (bytes): what ns-3 runs and what the model is told."""
+    """The network's CC settings (bytes): what ns-3 runs and what the model is told. ``cc``
+    any of ns-3's (``m4ray.sim.ns3.cc``) with its ``cc_params`` (None: its defaults, and for
+    DCQCN RED from K_min = ``ecn_k_bytes`` to K_max = 4 K_min, both scaled with link rate);
+    the shipped m3 models know DCTCP only."""
 
     buffer_bytes: int = 400_000
     window_bytes: int = 18_000
     ecn_k_bytes: int = 12_000  # at the host link rate; scaled with link rate
     pfc: bool = True
     cc: str = "dctcp"
+    cc_params: dict[str, Any] | None = added_field(None, "ns-3 under every CC (issue 32)")  # noqa: RUF009
 
     def net_config(self) -> NetConfig:
         return NetConfig(
@@ -90,12 +94,14 @@ class M3Network:
         from m4ray.sim.ns3.backend import Ns3Config
         from m4ray.sim.ns3.transports import RdmaConfig
 
-        if self.cc != "dctcp":
-            raise InputError(f"ns-3 here runs DCTCP only, not {self.cc!r}", field="m3.network.cc")
         k = float(self.ecn_k_bytes)
         points = [[edge_bps, k]] + (
             [[core_bps, k * core_bps / edge_bps]] if core_bps > edge_bps else []
         )
+        params = dict(self.cc_params or {})
+        if self.cc == "dcqcn":
+            params.setdefault("k_min_bytes", points)
+            params.setdefault("k_max_bytes", [[rate, 4 * v] for rate, v in points])
         return Ns3Config(
             rdma=RdmaConfig(
                 buffer_bytes=self.buffer_bytes,
@@ -103,6 +109,8 @@ class M3Network:
                 pfc_threshold_bytes=self.buffer_bytes // 4,
                 ecn_k_bytes=points,
                 window_bytes=self.window_bytes,
+                cc=self.cc,
+                cc_params=params or None,
             )
         )
 

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from m4ray.errors import InputError
 from m4ray.m3.paths import PathScenario
 from m4ray.m3.pathsim import path_drain_times
-from m4ray.sim.flowsim import queue_caps, round_trip, wire_window
+from m4ray.sim.flowsim import queue_caps, round_trip, standing_levels, wire_window
 from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Cable, Topology
 
@@ -149,14 +148,16 @@ def lot_queues(
     lot: LotNetwork, wire: WireFormat, scenario: PathScenario, rdma
 ) -> tuple[np.ndarray, float, list[float]]:
     """Path flowSim's standing queues on a lot (:class:`~m4ray.sim.flowsim.StandingQueues`'
-    model) for an RDMA DCTCP network (``RdmaConfig``): each flow's round trip over its lot
-    route, the senders' window on the wire (no window: unbounded, a full link then holds K) and
-    each path link's cap, DCTCP's K at its rate (link 0 leaves the source host: none)."""
-    if rdma.cc != "dctcp":
-        raise InputError(f"standing queues know DCTCP only, not {rdma.cc!r}", field="queues")
+    model) for an RDMA network (``RdmaConfig``): each flow's round trip over its lot route, the
+    senders' window on the wire (no window: unbounded, a full link then holds its level) and
+    each path link's cap, the level its CC holds at its rate
+    (:func:`~m4ray.sim.flowsim.standing_levels`, TIMELY's from the lot's largest round trip;
+    link 0 leaves the source host: none)."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)
-    rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])[cls]
-    caps = queue_caps(rdma.ecn_k_bytes, lot.capacity_bps)
+    class_rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])
+    levels = standing_levels(rdma, sorted(set(lot.capacity_bps)), lambda: float(class_rtt.max()))
+    rtt = class_rtt[cls]
+    caps = queue_caps(levels, lot.capacity_bps)
     caps[0] = 0.0
     return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist()
 

@@ -22,8 +22,9 @@ a congested network takes its ideal time, where ns-3's waits behind what larger 
 queued. A window-based sender keeps up to ``window - rate x rtt`` bytes in flight beyond its own
 bandwidth-delay product (its first window leaves at line rate); they wait in the switch queues
 of the full links it crosses. So a full link (its data fill its capacity) out of a switch holds
-the sum of its flows' excess, at most the level its congestion control keeps (DCTCP: its
-marking threshold K); a host's own uplink holds none (its NIC paces its flows, a switch queues
+the sum of its flows' excess, at most the level its congestion control keeps
+(:func:`standing_levels`: DCTCP's K, DCQCN's K_min, TIMELY's T_low less the base round trip,
+none under HPCC); a host's own uplink holds none (its NIC paces its flows, a switch queues
 nothing there). A flow arriving waits for the queues of the full links on its path to drain
 (``Σ q_l / C_l``), added to its delivery. It lets the fluid model see small flows' tails:
 against the HPCC simulator's own DCTCP run (``bench/m4_example.py``) and our ns-3 on m3's
@@ -57,6 +58,7 @@ from m4ray.models.fairshare import (
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.dagloop import NativeLoop, library
 from m4ray.sim.flows import Flow
+from m4ray.sim.ns3.transports import max_base_rtt_s
 from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Topology
 
@@ -66,36 +68,41 @@ QUEUE_FULL = 1e-6  # a link whose data are within this share of its capacity is 
 @dataclass(kw_only=True, slots=True)
 class StandingQueues:
     """flowSim's queues (module docstring): every sender's ``window_bytes`` of payload (on the
-    wire: whole packets with their headers) and the most a switch port queues, ``k_bytes`` as
-    ``[[rate_bps, bytes], ...]`` (linear in rate between points, held beyond the ends): the
-    level its congestion control holds a full link's queue at (DCTCP: K). Hosts' uplinks
-    queue nothing."""
+    wire: whole packets with their headers; 0: no window, so a full link's queue stands at its
+    level) and the most a switch port queues, ``k_bytes`` as ``[[rate_bps, bytes], ...]``
+    (linear in rate between points, held beyond the ends): the level its congestion control
+    holds a full link's queue at (:func:`standing_levels`). Hosts' uplinks queue nothing."""
 
     window_bytes: int
     k_bytes: list[list[float]]
 
     def __post_init__(self) -> None:
-        from m4ray.sim.ns3.cc import check_points
-
-        if self.window_bytes <= 0:
-            raise InputError(f"must be > 0, got {self.window_bytes}", field="queues.window_bytes")
-        check_points(self.k_bytes, "queues.k_bytes")
+        if self.window_bytes < 0:
+            raise InputError(
+                f"must be >= 0 (0: no window), got {self.window_bytes}", field="queues.window_bytes"
+            )
+        if not self.k_bytes or any(len(p) != 2 or p[0] <= 0 or p[1] < 0 for p in self.k_bytes):
+            raise InputError(
+                "expected [[rate_bps, bytes], ...] with rates > 0 and bytes >= 0",
+                field="queues.k_bytes",
+            )
 
     @classmethod
     def of(cls, network, routing: Routing) -> StandingQueues:
-        """The queues of an ns-3 network config (``Ns3Config``): its RDMA window and DCTCP's K
-        (with RED marking, K_min: DCTCP holds the queue near where marking starts)."""
-        rdma = network.rdma
-        if network.transport != "rdma" or rdma.cc != "dctcp":
+        """The queues of an ns-3 network config (``Ns3Config``): its RDMA window and the level
+        its congestion control holds a full switch port at (:func:`standing_levels`)."""
+        if network.transport != "rdma":
             raise InputError(
-                "standing queues know DCTCP over RDMA only (its K and window), not "
-                f"{network.transport} {rdma.cc if network.transport == 'rdma' else ''}".rstrip(),
+                f"standing queues know RDMA's congestion controls, not {network.transport}",
                 field="queues",
             )
-        window = rdma.window(routing)
-        if window <= 0:
-            raise InputError("standing queues need a sender window", field="queues")
-        return cls(window_bytes=window, k_bytes=[list(p) for p in rdma.ecn_k_bytes])
+        rdma = network.rdma
+        levels = standing_levels(
+            rdma,
+            sorted({float(b) for b in routing.topo.bandwidth_bps}),
+            lambda: max_base_rtt_s(routing, rdma.ack_bytes),
+        )
+        return cls(window_bytes=rdma.window(routing), k_bytes=levels)
 
     def caps(self, capacity_bps: np.ndarray) -> np.ndarray:
         """Each link's most queued bytes, by its rate (a switch's port)."""
@@ -104,6 +111,32 @@ class StandingQueues:
     def window_wire(self, wire: WireFormat) -> float:
         """The window on the wire (bytes): its packets with their headers."""
         return wire_window(self.window_bytes, wire)
+
+
+def standing_levels(rdma, rates_bps, base_rtt_s) -> list[list[float]]:
+    """``[[rate_bps, bytes], ...]``: the queue a full switch port holds, at each of ``rates_bps``,
+    under the congestion control of ``rdma`` (``RdmaConfig``), from what each controls to:
+
+    * DCTCP: its marking threshold K (under RED, K_min: it holds the queue where marking
+      starts);
+    * DCQCN: K_min (RED's probability is small at its fixed point, so the queue sits just
+      above where marking starts);
+    * TIMELY: the queue delay that brings the round trip to T_low (below T_low it only
+      increases): ``rate x (T_low - base RTT)``, with the network's largest base round trip
+      (``base_rtt_s``, called only here; GLOBAL_T's);
+    * HPCC: none (it holds its links at η < 1 of their rate, where no queue stands).
+    """
+    if rdma.cc == "dctcp":
+        return [list(p) for p in rdma.ecn_k_bytes]
+    params = rdma.cc_config()
+    if rdma.cc == "dcqcn":
+        return [list(p) for p in params.k_min_bytes]
+    if rdma.cc == "hpcc":
+        return [[float(rate), 0.0] for rate in rates_bps]
+    if rdma.cc == "timely":
+        delay = max(params.t_low_s - base_rtt_s(), 0.0)
+        return [[float(rate), rate * delay / 8.0] for rate in rates_bps]
+    raise InputError(f"standing queues do not know {rdma.cc!r}", field="queues")
 
 
 def queue_caps(k_bytes: list[list[float]], capacity_bps) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 
 from m4ray.errors import InputError
 from m4ray.m3 import native
-from m4ray.m3.lot import LotNetwork
+from m4ray.m3.lot import LotNetwork, class_paths
 from m4ray.m3.pathsim import class_rates, path_drain_times
 from m4ray.sim.flows import Flow
 from m4ray.sim.flowsim import FlowSim
@@ -250,9 +250,12 @@ def test_standing_queues_compiled_loop_matches_python(engine):
         assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
 
 
-def test_standing_queues_know_dctcp_only():
+def test_lot_queues_take_each_cc_level():
+    """A lot's standing queues hold each CC's level (``standing_levels``): DCTCP's K, HPCC
+    none, TIMELY's T_low less the lot's largest round trip; the source host's link none."""
     from m4ray.m3.lot import lot_queues
     from m4ray.m3.paths import PathScenario
+    from m4ray.sim.flowsim import round_trip
     from m4ray.sim.ns3.transports import RdmaConfig
 
     lot = LotNetwork(capacity_bps=(10 * G, 10 * G), latency_s=(1e-6,) * 2, nic_cap_bps=10 * G)
@@ -262,8 +265,13 @@ def test_standing_queues_know_dctcp_only():
         a=one, b=one + 2, size_bytes=np.array([1000]), start_s=np.zeros(1), origin=one,
         foreground=np.array([True]),
     )  # fmt: skip
-    with pytest.raises(InputError, match="DCTCP only") as err:
-        lot_queues(lot, WireFormat(), scn, RdmaConfig(cc="hpcc"))
-    assert err.value.field == "queues"
+    rtt, _, caps = lot_queues(lot, WireFormat(), scn, RdmaConfig(ecn_k_bytes=[[10 * G, 9e3]]))
+    assert caps == [0.0, 9e3]
+    assert lot_queues(lot, WireFormat(), scn, RdmaConfig(cc="hpcc"))[2] == [0.0, 0.0]
+    timely = RdmaConfig(cc="timely", cc_params={"t_low_s": 20e-6})
+    _, _, caps = lot_queues(lot, WireFormat(), scn, timely)
+    path = class_paths(lot, scn.a, scn.b)[0][0]
+    assert rtt[0] == round_trip(path, WireFormat(), timely.ack_bytes)
+    assert caps[1] == pytest.approx(10 * G * (20e-6 - rtt[0]) / 8, rel=1e-12)
     with pytest.raises(InputError, match="one round trip per flow"):
         path_drain_times([0], [2], [8000.0], [0.0], [10 * G] * 2, queues=(np.zeros(2), 1e4, [0, 0]))

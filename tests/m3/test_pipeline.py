@@ -73,6 +73,45 @@ def test_lone_flows_on_a_lot_run_at_the_nic_cap_in_ns3():
     assert flows.flowsim_slowdown.to_numpy() == pytest.approx(1.0, abs=1e-9)
 
 
+def test_the_m3_network_runs_every_cc_in_ns3_beside_its_fluid_references():
+    """``M3Network(cc=...)``: DCQCN's RED from K_min = K to 4 K at each rate, the others with
+    their defaults; ns-3 runs each on a small fat-tree (every flow done, never faster than
+    ideal), flowSim with the CC's standing queues never faster than classic flowSim."""
+    from m4ray.m3.estimate import M3Network
+    from m4ray.sim.flows import Flow
+    from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.topologies import fat_tree
+    from m4ray.sim.trace import run_trace
+
+    rdma = M3Network(cc="dcqcn").ns3(10e9, 40e9).rdma
+    params = rdma.cc_config()
+    assert params.k_min_bytes == [[10e9, 12_000.0], [40e9, 48_000.0]]
+    assert params.k_max_bytes == [[10e9, 48_000.0], [40e9, 192_000.0]]
+    assert rdma.red_marking(10e9) == (12_000, 48_000, params.p_max, "cc_params.k_max_bytes")
+    own = M3Network(cc="timely", cc_params={"t_low_s": 30e-6}).ns3(10e9, 40e9).rdma
+    assert own.cc == "timely" and own.cc_config().t_low_s == 30e-6
+    topo = fat_tree(k=4)
+    routing = Routing(topo, seed=1)
+    rng = np.random.default_rng(3)
+    flows = [
+        Flow(i, int(s), int(d), int(rng.choice([500, 30_000, 300_000])), i * 2e-6)
+        for i, (s, d) in enumerate(rng.choice(16, (120, 2)))
+        if s != d
+    ]
+
+    def slowdowns(backend) -> np.ndarray:
+        table = run_trace(topo, flows, backend, routing).to_pandas().set_index("flow_id")
+        return table.slowdown.loc[[f.id for f in flows]].to_numpy()
+
+    classic = slowdowns(FlowSimConfig())
+    for cc in ("dcqcn", "hpcc", "timely"):
+        ns3 = M3Network(cc=cc).ns3(10e9, 10e9)
+        assert slowdowns(ns3).min() > 0.99, cc
+        queued = slowdowns(FlowSimConfig(queues=StandingQueues.of(ns3, routing)))
+        assert (queued >= classic * (1 - 1e-12)).all(), cc
+
+
 def test_lots_with_standing_queues_change_path_flowsim_not_ns3(tmp_path):
     """A lot recorded with path flowSim's standing queues: the same ns-3 run, flowSim's
     slowdowns never below the plain ones (many above), and the scenario says so (``params``),

@@ -296,8 +296,9 @@ def test_compiled_max_min_equals_the_numpy_reference():
         {"window_bytes": 30_000, "ack_load": True},
         {"queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 12_000], [40e9, 48_000]]}},
         {"queues": {"window_bytes": 9_000, "k_bytes": [[10e9, 30_000]]}, "ack_load": True},
+        {"queues": {"window_bytes": 0, "k_bytes": [[10e9, 30_000]]}},
     ],
-    ids=["classic", "cap", "acks", "window+acks", "queues", "queues+acks"],
+    ids=["classic", "cap", "acks", "window+acks", "queues", "queues+acks", "queues, no window"],
 )
 def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
     """flowSim's fluid state in C (``m4ray_fluidsim_*``, the default where it compiles) against
@@ -380,7 +381,8 @@ def test_standing_queues_need_a_full_link():
 
 @pytest.mark.parametrize(
     ("queues", "field"),
-    [({"window_bytes": 0, "k_bytes": [[10e9, 1e4]]}, "queues.window_bytes"),
+    [({"window_bytes": -1, "k_bytes": [[10e9, 1e4]]}, "queues.window_bytes"),
+     ({"window_bytes": 9000, "k_bytes": [[0, 1e4]]}, "queues.k_bytes"),
      ({"window_bytes": 9000, "k_bytes": [[10e9, -1]]}, "queues.k_bytes"),
      ({"window_bytes": 9000, "k_bytes": []}, "queues.k_bytes")],
 )  # fmt: skip
@@ -392,21 +394,51 @@ def test_impossible_standing_queues_name_the_field(queues, field):
     assert err.value.field == field
 
 
-def test_standing_queues_of_a_network_take_its_window_and_k():
-    """From an ns-3 config: the RDMA window and DCTCP's K; other CCs and TCP are refused by
-    name (their standing level is not K)."""
+def test_standing_queues_of_a_network_take_its_window_and_its_cc_level():
+    """From an ns-3 config: the RDMA window and the level its CC holds a full port at —
+    DCTCP's K, DCQCN's K_min, TIMELY's T_low less the largest base round trip (at each of the
+    topology's rates), HPCC none; TCP is refused by name."""
     from m4ray.errors import InputError
+    from m4ray.sim.flowsim import StandingQueues
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.transports import RdmaConfig, max_base_rtt_s
+
+    topo = parking_lot([10, 40], 1e-6)
+    routing = Routing(topo)
+    k = [[10e9, 12_000], [40e9, 48_000]]
+    rdma = RdmaConfig(window_bytes=18_000, ecn_k_bytes=k)
+    queues = StandingQueues.of(Ns3Config(rdma=rdma), routing)
+    assert queues.window_bytes == 18_000
+    assert queues.caps(np.array([10e9, 25e9, 100e9])).tolist() == [12_000, 30_000, 48_000]
+    dcqcn = {"k_min_bytes": [[10e9, 20_000]], "k_max_bytes": [[10e9, 80_000]]}
+    rdma = RdmaConfig(window_bytes=18_000, cc="dcqcn", cc_params=dcqcn)
+    assert StandingQueues.of(Ns3Config(rdma=rdma), routing).k_bytes == [[10e9, 20_000]]
+    rdma = RdmaConfig(window_bytes=0, cc="timely", cc_params={"t_low_s": 30e-6})
+    queues = StandingQueues.of(Ns3Config(rdma=rdma), routing)
+    delay = 30e-6 - max_base_rtt_s(routing, rdma.ack_bytes)
+    assert 0 < delay < 30e-6 and queues.window_bytes == 0
+    np.testing.assert_allclose(queues.caps(np.array([10e9, 40e9])), [1.25e9 * delay, 5e9 * delay])
+    hpcc = StandingQueues.of(Ns3Config(rdma=RdmaConfig(cc="hpcc")), routing)
+    assert hpcc.caps(topo.bandwidth_bps).max() == 0.0
+    with pytest.raises(InputError, match="RDMA's congestion controls") as err:
+        StandingQueues.of(Ns3Config(transport="tcp"), routing)
+    assert err.value.field == "queues"
+
+
+def test_standing_queues_under_hpcc_are_classic_flowsim_and_without_a_window_stand_at_the_level():
+    """HPCC holds no standing queue: flowSim with its queues gives classic flowSim's FCTs to
+    the bit. With no window (TIMELY without one) a full link's queue stands at its level
+    whatever the flows' rates: the short flow waits level / rate."""
     from m4ray.sim.flowsim import StandingQueues
     from m4ray.sim.ns3.backend import Ns3Config
     from m4ray.sim.ns3.transports import RdmaConfig
 
+    flows = [Flow(0, 0, 1, 10_000_000, 0.0), Flow(1, 0, 1, 500, 100e-6)]
     topo = parking_lot([10], 1e-6)
-    routing = Routing(topo)
-    rdma = RdmaConfig(window_bytes=18_000, ecn_k_bytes=[[10e9, 12_000], [40e9, 48_000]])
-    queues = StandingQueues.of(Ns3Config(rdma=rdma), routing)
-    assert queues.window_bytes == 18_000
-    assert queues.caps(np.array([10e9, 25e9, 100e9])).tolist() == [12_000, 30_000, 48_000]
-    for network in (Ns3Config(transport="tcp"), Ns3Config(rdma=RdmaConfig(cc="hpcc"))):
-        with pytest.raises(InputError, match="DCTCP over RDMA only") as err:
-            StandingQueues.of(network, routing)
-        assert err.value.field == "queues"
+    hpcc = StandingQueues.of(Ns3Config(rdma=RdmaConfig(cc="hpcc")), Routing(topo))
+    assert queued_trace({"queues": hpcc}, flows).equals(queued_trace({}, flows))
+    classic = queued_trace({}, flows).to_numpy()
+    queued = queued_trace({"queues": {"window_bytes": 0, "k_bytes": [[10e9, 50_000]]}}, flows)
+    np.testing.assert_allclose(
+        queued.to_numpy() - classic, [0.0, 50_000 * 8 / 10e9], rtol=1e-9, atol=1e-15
+    )
