@@ -26,10 +26,10 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from m4ray.datagen.sampling import check_range, integer, size_distribution, uniform
+from m4ray.datagen.sampling import CcRanges, check_range, integer, size_distribution, uniform
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
-from m4ray.m3.datagen import M3_TABLES, LotScenario
+from m4ray.m3.datagen import M3_TABLES, LotScenario, cc_param
 from m4ray.m3.estimate import M3Network, M3Workload, path_sample
 from m4ray.m3.lot import LotNetwork, fg_bdp_bytes
 from m4ray.models.m3_features import targets
@@ -72,21 +72,25 @@ class NetworkPathsScenario:
 
     def params(self) -> dict[str, Any]:
         w, n, t = self.workload, self.network, self.topology
-        return {
-            "traffic": "network",
-            "k": t.k,
-            "oversubscription": t.oversubscription,
-            "n_flows_target": w.n_flows,
-            "size_dist": w.size["kind"],
-            "size_mean_bytes": w.size_mean_bytes,
-            "arrival_sigma": w.arrival_sigma,
-            "max_load": w.max_load,
-            "buffer_bytes": n.buffer_bytes,
-            "window_bytes": n.window_bytes,
-            "ecn_k_bytes": n.ecn_k_bytes,
-            "pfc": n.pfc,
-            "n_paths": self.n_paths,
-        } | ({"path_queues": True} if self.queues else {})
+        return (
+            {
+                "traffic": "network",
+                "k": t.k,
+                "oversubscription": t.oversubscription,
+                "n_flows_target": w.n_flows,
+                "size_dist": w.size["kind"],
+                "size_mean_bytes": w.size_mean_bytes,
+                "arrival_sigma": w.arrival_sigma,
+                "max_load": w.max_load,
+                "buffer_bytes": n.buffer_bytes,
+                "window_bytes": n.window_bytes,
+                "ecn_k_bytes": n.ecn_k_bytes,
+                "pfc": n.pfc,
+                "n_paths": self.n_paths,
+            }
+            | ({"path_queues": True} if self.queues else {})
+            | cc_param(n.cc)
+        )
 
     def record(self) -> dict[str, pa.Table]:
         """ns-3 on the whole network, then each sampled path's estimate inputs
@@ -153,7 +157,9 @@ class NetworkPathsScenario:
 class NetworkFamily:
     """Ranges of the networks :class:`NetworkPathsScenario` draws (inclusive ``[low, high]``;
     KB = 1000 B): fat-trees of ``k`` and oversubscription drawn from the lists, open-loop
-    workloads as the lots draw theirs, DCTCP settings as the lots'."""
+    workloads as the lots draw theirs, DCTCP settings as the lots', and the congestion control
+    from ``cc`` (one listed: no draw, so DCTCP-only families draw as before; DCQCN's RED from
+    its ranges, the others' parameters likewise: :class:`~m4ray.datagen.sampling.CcRanges`)."""
 
     k: list[int] = field(default_factory=lambda: [4])
     oversubscription: list[int] = field(default_factory=lambda: [1, 2])
@@ -172,8 +178,12 @@ class NetworkFamily:
     n_paths: int = 500
     queues: bool = True
     wire: WireFormat = field(default_factory=WireFormat)
+    cc: CcRanges = field(default_factory=CcRanges)
 
     def __post_init__(self) -> None:
+        if isinstance(self.cc, dict):
+            self.cc = CcRanges(**self.cc)
+        self.cc.check("cc")
         self.sizes = {name: size_distribution(name, spec) for name, spec in self.sizes.items()}
         if not self.sizes:
             raise InputError("needs at least one size distribution", field="sizes")
@@ -211,6 +221,7 @@ class NetworkFamily:
             window_bytes=round(uniform(rng, self.window_kb) * 1000),
             ecn_k_bytes=round(uniform(rng, self.ecn_k_kb) * 1000),
             pfc=bool(rng.random() < self.pfc_probability),
+            **dict(zip(("cc", "cc_params"), self.cc.draw(rng), strict=True)),
         )
         return NetworkPathsScenario(
             family=name,

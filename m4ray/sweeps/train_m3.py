@@ -23,7 +23,7 @@ from m4ray.m3.train import (
 )
 from m4ray.models.m3 import M3Model
 from m4ray.train.data import dataset_version
-from m4ray.train.job import publish, train
+from m4ray.train.job import dataset_ccs, publish, train
 from m4ray.train.loop import train_loop
 
 SECTIONS = {"train": M3TrainConfig}  # checked before run
@@ -50,7 +50,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         cfg,
         metrics,
         lots={k: len(v) for k, v in splits.items()},
-        supported_cc=["dctcp"],
+        supported_cc=dataset_ccs(cfg.dataset),
         path_flowsim_queues=path_queues(cfg.dataset),
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")

@@ -34,6 +34,31 @@ def test_network_paths_record_the_estimates_inputs_and_the_networks_targets():
     assert (flows.flowsim_slowdown >= 1 - 1e-9).all() and (flows.slowdown > 0.5).all()
 
 
+def test_network_paths_under_another_cc_run_its_ns3_and_its_queue_level():
+    """A family drawing congestion controls: DCTCP-only families draw the same networks as
+    before (no draw), another CC's network runs in ns-3 under it, records it in ``params``
+    (what ``train_m3`` reads as the checkpoint's CCs) and its path flowSim waits at its level."""
+    plain = NetworkFamily(n_flows=[1500, 1500], sizes={"lognormal": {"sigma": 1.5}}, n_paths=30)
+    same = NetworkFamily(
+        n_flows=[1500, 1500], sizes={"lognormal": {"sigma": 1.5}}, n_paths=30, cc={"ccs": ["dctcp"]}
+    )
+    assert plain.sample("net", 0, 7, 0.0).scenario_id == same.sample("net", 0, 7, 0.0).scenario_id
+    assert "cc" not in plain.sample("net", 0, 7, 0.0).params()
+    family = NetworkFamily(
+        n_flows=[1500, 1500], sizes={"lognormal": {"sigma": 1.5}}, n_paths=30,
+        cc={"ccs": ["timely"], "timely_t_low_us": [30.0, 30.0]},
+    )  # fmt: skip
+    scenario = family.sample("net", 0, 7, 300.0)
+    assert scenario.network.cc == "timely" and scenario.params()["cc"] == "timely"
+    assert scenario.network.cc_params["t_low_s"] == pytest.approx(30e-6)
+    flows = scenario.record()["lot_flows"].to_pandas()
+    assert len(flows) > 10 and (flows.flowsim_slowdown >= 1 - 1e-9).all()
+    assert (flows.slowdown > 0.5).all()
+    with pytest.raises(InputError) as err:
+        NetworkFamily(cc={"ccs": ["cubic"]})
+    assert err.value.field == "cc.ccs"
+
+
 @pytest.mark.parametrize(
     ("settings", "field"),
     [({"k": [3]}, "k"), ({"max_load": [0.5, 1.5]}, "max_load"), ({"n_paths": 0}, "n_paths")],
