@@ -11,6 +11,8 @@ against packet-level results we did not produce and against our ns-3.
   back added (``ns3_cc.ack_way_back``); slowdowns use their standalone FCT. The queue levels
   come from each run's own settings (:func:`m4ray.sim.flowsim.standing_levels`: TIMELY's built-in
   T_low 50 µs less the network's largest base round trip; HPCC none), fitted to nothing here.
+* ``field`` also: m3's eight 2-hop shards (``m3_pl3/``, two per CC, DCQCN's only field
+  results), p90 and p99 of 300 flows each (too few for size buckets).
 * ``ours``: m4ray's ns-3 under DCTCP, DCQCN, HPCC and TIMELY (``M3Network(cc=...)``, each CC's
   defaults; DCQCN's RED from K_min = K to 4 K) on m3's held-out workload: a k = 8 fat tree
   (10 Gbit/s hosts, 40 Gbit/s fabric), web-search sizes scaled to a 20 KB mean, log-normal
@@ -24,6 +26,8 @@ there: they charge mean-field waits some flows never had).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 import time
 from pathlib import Path
@@ -34,7 +38,16 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from m3_eval import WEBSEARCH  # noqa: E402  (bench/ beside us)
-from ns3_cc import FAT_RUNS, ack_way_back, fat_flows, fat_results, network, read_config  # noqa: E402
+from m4_example import print_table  # noqa: E402
+from ns3_cc import (  # noqa: E402
+    FAT_RUNS,
+    ack_way_back,
+    fat_flows,
+    fat_results,
+    m3_shard,
+    network,
+    read_config,
+)
 
 BACKENDS = ("flowsim", "flowsim_queues")
 
@@ -111,6 +124,35 @@ def field(folder: Path, rows: list, notes: list) -> list[str]:
     return buckets
 
 
+def shards(folder: Path, notes: list) -> None:
+    """m3's eight 2-hop shards (two per CC, 300 flows each: too few for buckets): the
+    reference's p90 / p99 slowdown and each fluid model's error at both."""
+    from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.topology import read_topology
+    from m4ray.sim.trace import run_trace
+
+    base = folder / "m3_pl3"
+    topo = read_topology(base / "topo-pl-3.txt")
+    rows = []
+    for shard in sorted(p for p in base.iterdir() if p.is_dir()):
+        cfg, param, cc, flows, theirs, ideal, buffer, window, wire = m3_shard(shard)
+        routing = Routing(topo, wire=wire)
+        ns3 = network(cfg, cc, buffer_bytes=buffer, window=window, fork=True)
+        want = np.quantile(theirs / ideal, [0.9, 0.99])
+        cells = [f"{shard.name.split('_')[0]} ({param[4]})", f"{want[0]:.2f} / {want[1]:.2f}"]
+        for backend in (FlowSimConfig(), FlowSimConfig(queues=StandingQueues.of(ns3, routing))):
+            table = run_trace(topo, flows, backend, routing).to_pandas().set_index("flow_id")
+            fct = table.fct_s.loc[[f.id for f in flows]].to_numpy()
+            got = np.quantile(np.maximum(fct, ideal) / ideal, [0.9, 0.99])
+            cells.append(" / ".join(f"{g / w - 1:+.1%}" for g, w in zip(got, want, strict=True)))
+        rows.append(cells)
+    notes.append("m3's 2-hop shards (300 flows each), p90 / p99 slowdown:")
+    with io.StringIO() as out, contextlib.redirect_stdout(out):
+        print_table(["shard (CC)", "reference", "flowsim", "flowsim_queues"], rows)
+        notes.append(out.getvalue())
+
+
 def ours(args, rows: list, notes: list) -> list[str]:
     from m4ray.m3.estimate import M3Config, M3Network, M3Workload, reference_run
     from m4ray.runtime.cluster import RayConfig, start_ray
@@ -153,13 +195,12 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/bench/flowsim_queues_cc")
     args = parser.parse_args()
 
-    from m4_example import print_table
-
     rows: list[list[str]] = []
     notes: list[str] = []
     buckets: list[str] = []
     if args.only in (None, "field"):
         buckets = field(args.folder, rows, notes)
+        shards(args.folder, notes)
     if args.only in (None, "ours"):
         buckets = ours(args, rows, notes)
     print("\np99 FCT slowdown: the reference's (flows), then each fluid model's error against it;")

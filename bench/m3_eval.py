@@ -3,11 +3,13 @@
     .venv/bin/python bench/m3_eval.py                                   # held-out fat-trees
     .venv/bin/python bench/m3_eval.py --shared ../shared/data          # + m4_example vs HPCC
     .venv/bin/python bench/m3_eval.py --flows 5000 --oversub 1 --mean 20000   # smaller
+    .venv/bin/python bench/m3_eval.py --ccs dcqcn hpcc timely --checkpoint <m3 of those CCs>
 
 Held-out scenarios: k=8 fat-trees with 10 Gbps hosts and a 40 Gbps fabric at 1:1 (128 hosts) and
 2:1 (256 hosts), web-search flow sizes scaled to a mean of 20 KB and 100 KB (the training lots
 draw exponential, log-normal, Pareto and Gaussian sizes with means of 1-100 KB, never this CDF),
-log-normal arrivals at 50 % max link load. m4_example: its 256-host
+log-normal arrivals at 50 % max link load; ns-3 under each of ``--ccs`` (``M3Network(cc=...)``:
+each CC's defaults, DCQCN's RED from K to 4 K). m4_example: its 256-host
 topology and 2,000 flows with the DCTCP settings of its HPCC config; its HPCC result is a fifth
 column. For each: m3 (the checkpoint's correction over 500 sampled paths), path flowSim (the same
 paths uncorrected; with standing queues where the checkpoint was trained so), network-wide
@@ -36,19 +38,21 @@ def scenarios(args):
     from m4ray.m3.estimate import M3Network, M3Workload
     from m4ray.sim.topologies import fat_tree
 
-    for mean in args.mean:
-        for oversub in args.oversub:
-            topo = fat_tree(
-                k=8, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9, oversubscription=oversub
-            )
-            workload = M3Workload(
-                n_flows=args.flows,
-                size={"kind": "empirical", "cdf": WEBSEARCH},
-                size_mean_bytes=mean,
-                max_load=0.5,
-            )
-            name = f"fat-tree {oversub}:1 websearch {mean / 1000:g}KB"
-            yield name, topo, workload, M3Network(), None
+    for cc in args.ccs:
+        for mean in args.mean:
+            for oversub in args.oversub:
+                topo = fat_tree(
+                    k=8, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9, oversubscription=oversub
+                )
+                workload = M3Workload(
+                    n_flows=args.flows,
+                    size={"kind": "empirical", "cdf": WEBSEARCH},
+                    size_mean_bytes=mean,
+                    max_load=0.5,
+                )
+                name = f"fat-tree {oversub}:1 websearch {mean / 1000:g}KB"
+                name += "" if cc == "dctcp" else f" {cc}"
+                yield name, topo, workload, M3Network(cc=cc), None
     if args.shared:
         sys.path.insert(0, str(BENCH))
         import m4_example  # the HPCC config mapping and result reader
@@ -113,6 +117,9 @@ def main() -> None:
         "--mean", type=float, nargs="*", default=[20_000.0, 100_000.0], help="mean flow sizes (B)"
     )
     parser.add_argument("--oversub", type=int, nargs="*", default=[1, 2])
+    parser.add_argument(
+        "--ccs", nargs="+", default=["dctcp"], help="congestion controls of the fat-trees' ns-3"
+    )
     parser.add_argument("--paths", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/bench/m3_eval")

@@ -148,33 +148,44 @@ def run(topo, flows, backend_cfg, routing) -> tuple[dict[int, float], float]:
     return dict(zip(ids, fcts, strict=True)), time.perf_counter() - t0
 
 
-def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) -> None:
+def m3_shard(shard: Path):
+    """One of m3's shards: its config, its param line's fields, our name of its CC, its flows
+    (times from the first start), the reference's FCT and ideal FCT (s, by flow id), its buffer
+    (KB in the m3 fork) and window (bytes) and its wire."""
     from m4ray.sim.flows import Flow
+    from m4ray.sim.routing import WireFormat
+
+    cfg = read_config(next(shard.glob("config_*.txt")))
+    param = (next(shard.glob("param_*.txt")).read_text().splitlines()[1]).split()
+    cc = next(ours for prefix, ours in M3_CC.items() if param[4].startswith(prefix))
+    size = np.load(shard / "fsize.npy")
+    start = np.load(shard / "fat.npy") * 1e-9
+    pairs = np.load(shard / "fsd.npy")
+    flows = [
+        Flow(i, int(pairs[i, 0]), int(pairs[i, 1]), int(size[i]), float(start[i] - start[0]))
+        for i in range(len(size))
+    ]
+    fid = np.load(next(shard.glob("fid_*.npy")))
+    theirs = np.empty(len(size))
+    theirs[fid] = np.load(next(shard.glob("fct_topo*.npy"))) * 1e-9
+    their_ideal = np.empty(len(size))
+    their_ideal[fid] = np.load(next(shard.glob("fct_i_*.npy"))) * 1e-9
+    buffer = int(cfg["BUFFER_SIZE"][0]) * 1024  # KB in the m3 fork
+    window = int(cfg["FIXED_WIN"][0])
+    wire = WireFormat(mtu_bytes=int(cfg["PACKET_PAYLOAD_SIZE"][0]), header_bytes=48)
+    return cfg, param, cc, flows, theirs, their_ideal, buffer, window, wire
+
+
+def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) -> None:
     from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
-    from m4ray.sim.routing import Routing, WireFormat
+    from m4ray.sim.routing import Routing
     from m4ray.sim.topology import read_topology
 
     base = folder / "m3_pl3"
     topo = read_topology(base / "topo-pl-3.txt")
     for shard in sorted(p for p in base.iterdir() if p.is_dir()):
-        cfg = read_config(next(shard.glob("config_*.txt")))
-        param = (next(shard.glob("param_*.txt")).read_text().splitlines()[1]).split()
-        cc = next(ours for prefix, ours in M3_CC.items() if param[4].startswith(prefix))
-        size = np.load(shard / "fsize.npy")
-        start = np.load(shard / "fat.npy") * 1e-9
-        pairs = np.load(shard / "fsd.npy")
-        flows = [
-            Flow(i, int(pairs[i, 0]), int(pairs[i, 1]), int(size[i]), float(start[i] - start[0]))
-            for i in range(len(size))
-        ]
-        fid = np.load(next(shard.glob("fid_*.npy")))
-        theirs = np.empty(len(size))
-        theirs[fid] = np.load(next(shard.glob("fct_topo*.npy"))) * 1e-9
-        their_ideal = np.empty(len(size))
-        their_ideal[fid] = np.load(next(shard.glob("fct_i_*.npy"))) * 1e-9
-        buffer = int(cfg["BUFFER_SIZE"][0]) * 1024  # KB in the m3 fork
-        window = int(cfg["FIXED_WIN"][0])
-        wire = WireFormat(mtu_bytes=int(cfg["PACKET_PAYLOAD_SIZE"][0]), header_bytes=48)
+        cfg, param, cc, flows, theirs, their_ideal, buffer, window, wire = m3_shard(shard)
+        size = np.array([f.size_bytes for f in flows])
         routing = Routing(topo, wire=wire)
         name = shard.name.split("_")[0]
         backends = {
