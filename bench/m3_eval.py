@@ -108,7 +108,7 @@ def report(title: str, est: dict, walls: dict):
     return errs, per_bucket
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", help="the shared data folder (for m4_example)")
     parser.add_argument("--checkpoint", default="checkpoints/m3-v2")
@@ -123,8 +123,13 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="outputs/bench/m3_eval")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
+
+    from m4ray.errors import InputError
     from m4ray.m3.aggregate import empirical
     from m4ray.m3.estimate import M3Config, checkpoint_rdma, estimate, load_model, reference_run
     from m4ray.m3.paths import RoutedFlows
@@ -137,7 +142,11 @@ def main() -> None:
     for name, topo, workload, network, hpcc in scenarios(args):
         cfg = M3Config(workload=workload, network=network, n_paths=args.paths,
                        checkpoint=args.checkpoint)  # fmt: skip
-        model, info = load_model(cfg.checkpoint, network.cc)
+        try:
+            model, info = load_model(cfg.checkpoint, network.cc)
+        except InputError as err:  # a CC the checkpoint was not trained on
+            print(f"\n## {name}: skipped ({err})")
+            continue
         rdma = checkpoint_rdma(cfg, topo, info)  # path flowSim as the checkpoint was trained
         routing = Routing(topo, seed=args.seed, wire=wire)
         flows = workload.flows(routing, args.seed)
