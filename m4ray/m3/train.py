@@ -301,8 +301,8 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
 - dataset version: `{meta["dataset_version"]}` (datagen_m3: parking lots; datagen_m3_net: paths
   of whole networks), train/val/test samples: {lots["train"]}/{lots["val"]}/{lots["test"]} (split
   by scenario)
-- congestion control it was trained on: {", ".join(meta["supported_cc"])} (ns-3 RDMA-style
-  DCTCP); other CCs are refused at estimation time
+- congestion control it was trained on: {", ".join(meta["supported_cc"])} (m4ray's ns-3
+  RDMA); other CCs are refused at estimation time
 - path flowSim (tokens and the corrected baseline): {
         "with standing queues (`model.json` `path_flowsim_queues`; the estimate runs it so)"
         if meta.get("path_flowsim_queues")
