@@ -123,7 +123,7 @@ def standing_levels(rdma, rates_bps, base_rtt_s) -> list[list[float]]:
       above where marking starts);
     * TIMELY: the queue delay that brings the round trip to T_low (below T_low it only
       increases): ``rate x (T_low - base RTT)``, with the network's largest base round trip
-      (``base_rtt_s``, called only here; GLOBAL_T's);
+      (``base_rtt_s``: a function, called for TIMELY only);
     * HPCC: none (it holds its links at η < 1 of their rate, where no queue stands).
     """
     if rdma.cc == "dctcp":
