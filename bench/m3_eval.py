@@ -3,7 +3,8 @@
     .venv/bin/python bench/m3_eval.py                                   # held-out fat-trees
     .venv/bin/python bench/m3_eval.py --shared ../shared/data          # + m4_example vs HPCC
     .venv/bin/python bench/m3_eval.py --flows 5000 --oversub 1 --mean 20000   # smaller
-    .venv/bin/python bench/m3_eval.py --ccs dcqcn hpcc timely --checkpoint <m3 of those CCs>
+    .venv/bin/python bench/m3_eval.py --ccs dcqcn hpcc timely --checkpoint checkpoints/m3-v3
+    .venv/bin/python bench/m3_eval.py --ccs timely --cc-params '{"t_low_s": 3e-5}' ...
 
 Held-out scenarios: k=8 fat-trees with 10 Gbps hosts and a 40 Gbps fabric at 1:1 (128 hosts) and
 2:1 (256 hosts), web-search flow sizes scaled to a mean of 20 KB and 100 KB (the training lots
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -52,7 +54,9 @@ def scenarios(args):
                 )
                 name = f"fat-tree {oversub}:1 websearch {mean / 1000:g}KB"
                 name += "" if cc == "dctcp" else f" {cc}"
-                yield name, topo, workload, M3Network(cc=cc), None
+                name += f" {args.cc_params}" if args.cc_params else ""
+                network = M3Network(cc=cc, cc_params=json.loads(args.cc_params or "null"))
+                yield name, topo, workload, network, None
     if args.shared:
         sys.path.insert(0, str(BENCH))
         import m4_example  # the HPCC config mapping and result reader
@@ -119,6 +123,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--oversub", type=int, nargs="*", default=[1, 2])
     parser.add_argument(
         "--ccs", nargs="+", default=["dctcp"], help="congestion controls of the fat-trees' ns-3"
+    )
+    parser.add_argument(
+        "--cc-params",
+        help="JSON cc_params for the CC(s) of --ccs, e.g. a range m3 was not trained on: "
+        "'{\"t_low_s\": 3e-5}' with --ccs timely",
     )
     parser.add_argument("--paths", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
