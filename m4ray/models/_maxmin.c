@@ -273,10 +273,10 @@ typedef struct {
     int capped, dirty;
     mmws *ws;
     /* standing queues (m4ray_fluidsim_queued; FlowSim's StandingQueues): each flow's round
-     * trip, the window on the wire, each link's queue cap, and per-link sums at a rate
-     * computation */
-    double *rtt, *q_cap, *q_load, *q_excess, q_window;
-    int queued, q_fresh;
+     * trip and start, the window on the wire, each link's queue cap, and per-link sums at a
+     * rate computation; q_first: only flows in their first round trip keep an excess */
+    double *rtt, *t_start, *q_cap, *q_load, *q_excess, q_window;
+    int queued, q_fresh, q_first;
 } fluidsim;
 
 void m4ray_fluidsim_free(fluidsim *s) {
@@ -295,6 +295,7 @@ void m4ray_fluidsim_free(fluidsim *s) {
     free(s->ack_cap);
     free(s->data);
     free(s->rtt);
+    free(s->t_start);
     free(s->q_cap);
     free(s->q_load);
     free(s->q_excess);
@@ -341,6 +342,7 @@ static int fs_grow(fluidsim *s, int64_t n, int64_t n_idx) {
         GROW(rates, double);
         GROW(left, double);
         GROW(rtt, double);
+        GROW(t_start, double);
 #undef GROW
         s->cap = c;
     }
@@ -360,7 +362,7 @@ int m4ray_fluidsim_add(fluidsim *s, int64_t tag, int64_t n, const int64_t *links
     if (fs_grow(s, s->n + 1, s->n_idx + n)) return 2;
     int64_t i = s->n++;
     s->tag[i] = tag, s->len[i] = n, s->delay[i] = delay, s->caps[i] = cap;
-    s->remaining[i] = bits, s->rtt[i] = 0.0;
+    s->remaining[i] = bits, s->rtt[i] = 0.0, s->t_start[i] = 0.0;
     for (int64_t k = 0; k < n; ++k) s->idx[s->n_idx++] = links[k];
     s->off[i + 1] = s->n_idx;
     s->dirty = 1;
@@ -431,26 +433,28 @@ int m4ray_fluidsim_next(fluidsim *s, double now, double *t_done, int64_t *n_fini
 }
 
 /* Standing queues on (FlowSim's StandingQueues): window = the senders' window on the wire
- * (bytes), q_cap[l] = the most link l queues (its CC's standing level, bytes). 0 or 2. */
-int m4ray_fluidsim_queued(fluidsim *s, double window, const double *q_cap) {
+ * (bytes), q_cap[l] = the most link l queues (its CC's standing level, bytes); first: only
+ * flows in their first round trip keep an excess (HPCC). 0 or 2. */
+int m4ray_fluidsim_queued(fluidsim *s, double window, const double *q_cap, int first) {
     int64_t n = s->n_links + 1;
     s->q_cap = malloc(n * sizeof(double));
     s->q_load = malloc(n * sizeof(double));
     s->q_excess = malloc(n * sizeof(double));
     if (!s->q_cap || !s->q_load || !s->q_excess) return 2;
     for (int64_t l = 0; l < s->n_links; ++l) s->q_cap[l] = q_cap[l];
-    s->q_window = window, s->queued = 1, s->q_fresh = 0;
+    s->q_window = window, s->queued = 1, s->q_fresh = 0, s->q_first = first;
     return 0;
 }
 
-/* The queueing delay a flow arriving now meets on links[0..n) (FlowSim._queue_delay, the same
- * arithmetic in the same order): rates brought up to date, then per link the data rate and
- * the bytes the flows crossing it keep in flight beyond their own bandwidth-delay product
- * (window - rate x rtt, at least 0); a link whose data fill its capacity (the one the last
- * pass shared) holds the lesser of that and its cap (0 on hosts' uplinks), which the flow
- * waits to drain. Returns 0, 2 out of memory, or 3 when active flows have no rate; *queue_s
- * the delay. */
-int m4ray_fluidsim_queue_delay(fluidsim *s, int64_t n, const int64_t *links, double *queue_s) {
+/* The queueing delay a flow arriving at time now meets on links[0..n) (FlowSim._queue_delay,
+ * the same arithmetic in the same order): rates brought up to date, then per link the data
+ * rate and the bytes the flows crossing it keep in flight beyond their own bandwidth-delay
+ * product (window - rate x rtt, at least 0; with q_first only a flow that started less than
+ * its round trip ago); a link whose data fill its capacity (the one the last pass shared)
+ * holds the lesser of that and its cap (0 on hosts' uplinks), which the flow waits to drain.
+ * Returns 0, 2 out of memory, or 3 when active flows have no rate; *queue_s the delay. */
+int m4ray_fluidsim_queue_delay(fluidsim *s, int64_t n, const int64_t *links, double now,
+                               double *queue_s) {
     *queue_s = 0.0;
     if (!s->queued || s->n == 0) return 0;
     if (s->dirty) {
@@ -462,13 +466,13 @@ int m4ray_fluidsim_queue_delay(fluidsim *s, int64_t n, const int64_t *links, dou
         for (int64_t l = 0; l < s->n_links; ++l) s->q_load[l] = 0.0, s->q_excess[l] = 0.0;
         for (int64_t i = 0; i < s->n; ++i) {
             double excess = s->q_window - s->rates[i] * s->rtt[i] / 8.0;
-            if (excess < 0.0) excess = 0.0;
+            if (excess < 0.0 || (s->q_first && !(now - s->t_start[i] < s->rtt[i]))) excess = 0.0;
             for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) {
                 s->q_load[s->idx[e]] += s->rates[i];
                 s->q_excess[s->idx[e]] += excess;
             }
         }
-        s->q_fresh = 1;
+        s->q_fresh = !s->q_first; /* first round trips: young flows age with time */
     }
     const double *shared = s->ack_fraction != 0.0 && s->ack_passes > 1 ? s->ack_cap : s->capacity;
     double total = 0.0;
@@ -486,9 +490,9 @@ void m4ray_fluidsim_set_queue_cap(fluidsim *s, int64_t link, double bytes) {
     if (s->queued) s->q_cap[link] = bytes;
 }
 
-/* The round trip of the flow added last (standing queues' excess in flight). */
-void m4ray_fluidsim_set_rtt(fluidsim *s, double rtt) {
-    if (s->n) s->rtt[s->n - 1] = rtt;
+/* The round trip and start of the flow added last (standing queues' excess in flight). */
+void m4ray_fluidsim_set_rtt(fluidsim *s, double rtt, double start) {
+    if (s->n) s->rtt[s->n - 1] = rtt, s->t_start[s->n - 1] = start;
 }
 
 void m4ray_fluidsim_advance(fluidsim *s, double dt) {
@@ -509,7 +513,7 @@ void m4ray_fluidsim_complete(fluidsim *s, int64_t *tags, double *delays) {
         }
         s->tag[kept] = s->tag[i], s->len[kept] = s->len[i], s->delay[kept] = s->delay[i];
         s->caps[kept] = s->caps[i], s->remaining[kept] = s->remaining[i];
-        s->rates[kept] = s->rates[i], s->rtt[kept] = s->rtt[i];
+        s->rates[kept] = s->rates[i], s->rtt[kept] = s->rtt[i], s->t_start[kept] = s->t_start[i];
         for (int64_t e = lo; e < hi; ++e) s->idx[e_out++] = s->idx[e];
         ++kept;
         s->off[kept] = e_out;

@@ -76,10 +76,10 @@ def library() -> ctypes.CDLL | None:
         "m4ray_loop_launch": (i64, [vp, i64, vp, vp, vp, vp, vp, vp, vp]),
         "m4ray_loop_run": (cint, [vp, f64, vp, vp, vp]),
         "m4ray_fluidsim_set_capacity": (None, [vp, i64, f64]),
-        "m4ray_fluidsim_queued": (cint, [vp, f64, vp]),
-        "m4ray_fluidsim_queue_delay": (cint, [vp, i64, vp, vp]),
+        "m4ray_fluidsim_queued": (cint, [vp, f64, vp, cint]),
+        "m4ray_fluidsim_queue_delay": (cint, [vp, i64, vp, f64, vp]),
         "m4ray_fluidsim_set_queue_cap": (None, [vp, i64, f64]),
-        "m4ray_fluidsim_set_rtt": (None, [vp, f64]),
+        "m4ray_fluidsim_set_rtt": (None, [vp, f64, f64]),
         "m4ray_route_many": (
             cint,
             [vp, vp, vp, vp, ctypes.c_uint64, i64, i64, vp, vp, vp, i64, vp],
@@ -169,9 +169,11 @@ class NativeLoop:
         cap: float,
         bits: float,
         rtt: float | None = None,
+        now: float = 0.0,
     ) -> None:
-        """A flow from :meth:`FlowSim.send`: ``on_done(flow_id, t)`` at its delivery; with
-        ``rtt`` (standing queues, :meth:`queued`) it waits for the queues on its path too."""
+        """A flow from :meth:`FlowSim.send` at time ``now``: ``on_done(flow_id, t)`` at its
+        delivery; with ``rtt`` (standing queues, :meth:`queued`) it waits for the queues on
+        its path too."""
         self.next_tag += 1
         self.sends[self.next_tag] = (flow_id, on_done)
         known = self.paths.get(links)  # a path's links as a C array, made once per path
@@ -182,7 +184,7 @@ class NativeLoop:
                 self.paths[links] = known
         if rtt is not None:
             rc = self.lib.m4ray_fluidsim_queue_delay(
-                self.fluid, len(links), known[1], ctypes.byref(self._queue_s)
+                self.fluid, len(links), known[1], now, ctypes.byref(self._queue_s)
             )
             _check(-rc)  # the fluid state's 2 / 3: out of memory / no rate
             delay += self._queue_s.value
@@ -192,13 +194,14 @@ class NativeLoop:
             )
         )
         if rtt is not None:
-            self.lib.m4ray_fluidsim_set_rtt(self.fluid, rtt)
+            self.lib.m4ray_fluidsim_set_rtt(self.fluid, rtt, now)
 
-    def queued(self, window_wire_bytes: float, caps: np.ndarray) -> None:
-        """Standing queues on (``flowsim.StandingQueues``): the window on the wire and each
-        link's most queued bytes."""
+    def queued(self, window_wire_bytes: float, caps: np.ndarray, first_rtt: bool) -> None:
+        """Standing queues on (``flowsim.StandingQueues``): the window on the wire, each
+        link's most queued bytes, and whether only flows in their first round trip queue."""
         caps = np.ascontiguousarray(caps, dtype=np.float64)
-        _check(-self.lib.m4ray_fluidsim_queued(self.fluid, window_wire_bytes, _ptr(caps)))
+        rc = self.lib.m4ray_fluidsim_queued(self.fluid, window_wire_bytes, _ptr(caps), first_rtt)
+        _check(-rc)
 
     def set_queue_cap(self, link: int, bytes_: float) -> None:
         self.lib.m4ray_fluidsim_set_queue_cap(self.fluid, link, bytes_)

@@ -23,8 +23,9 @@ queued. A window-based sender keeps up to ``window - rate x rtt`` bytes in fligh
 bandwidth-delay product (its first window leaves at line rate); they wait in the switch queues
 of the full links it crosses. So a full link (its data fill its capacity) out of a switch holds
 the sum of its flows' excess, at most the level its congestion control keeps
-(:func:`standing_levels`: DCTCP's K, DCQCN's K_min, TIMELY's T_low less the base round trip,
-none under HPCC); a host's own uplink holds none (its NIC paces its flows, a switch queues
+(:func:`standing_levels`: DCTCP's K, DCQCN's K_min, TIMELY's T_low less the base round trip;
+under HPCC, which holds none, only flows in their first round trip queue their excess,
+``StandingQueues.first_rtt``); a host's own uplink holds none (its NIC paces its flows, a switch queues
 nothing there). A flow arriving waits for the queues of the full links on its path to drain
 (``Σ q_l / C_l``), added to its delivery. It lets the fluid model see small flows' tails:
 against the HPCC simulator's own DCTCP run (``bench/m4_example.py``) and our ns-3 on m3's
@@ -71,10 +72,14 @@ class StandingQueues:
     wire: whole packets with their headers; 0: no window, so a full link's queue stands at its
     level) and the most a switch port queues, ``k_bytes`` as ``[[rate_bps, bytes], ...]``
     (linear in rate between points, held beyond the ends): the level its congestion control
-    holds a full link's queue at (:func:`standing_levels`). Hosts' uplinks queue nothing."""
+    holds a full link's queue at (:func:`standing_levels`). Hosts' uplinks queue nothing.
+    ``first_rtt``: only a flow in its first round trip keeps its excess queued (HPCC: its
+    first window leaves at line rate before any feedback; after a round trip its INT feedback
+    holds links below η, where nothing stands)."""
 
     window_bytes: int
     k_bytes: list[list[float]]
+    first_rtt: bool = added_field(False, "HPCC's first windows (issue 32)")
 
     def __post_init__(self) -> None:
         if self.window_bytes < 0:
@@ -97,11 +102,11 @@ class StandingQueues:
                 field="queues",
             )
         rdma = network.rdma
-        levels = standing_levels(
-            rdma,
-            sorted({float(b) for b in routing.topo.bandwidth_bps}),
-            lambda: max_base_rtt_s(routing, rdma.ack_bytes),
-        )
+        rates = sorted({float(b) for b in routing.topo.bandwidth_bps})
+        if rdma.cc == "hpcc":  # no standing level: its first windows, up to the buffer
+            levels = [[rate, float(rdma.buffer_bytes)] for rate in rates]
+            return cls(window_bytes=rdma.window(routing), k_bytes=levels, first_rtt=True)
+        levels = standing_levels(rdma, rates, lambda: max_base_rtt_s(routing, rdma.ack_bytes))
         return cls(window_bytes=rdma.window(routing), k_bytes=levels)
 
     def caps(self, capacity_bps: np.ndarray) -> np.ndarray:
@@ -124,7 +129,8 @@ def standing_levels(rdma, rates_bps, base_rtt_s) -> list[list[float]]:
     * TIMELY: the queue delay that brings the round trip to T_low (below T_low it only
       increases): ``rate x (T_low - base RTT)``, with the network's largest base round trip
       (``base_rtt_s``: a function, called for TIMELY only);
-    * HPCC: none (it holds its links at η < 1 of their rate, where no queue stands).
+    * HPCC: none (it holds its links at η < 1 of their rate, where no queue stands; flowSim's
+      :meth:`StandingQueues.of` queues its first windows instead, ``first_rtt``).
     """
     if rdma.cc == "dctcp":
         return [list(p) for p in rdma.ecn_k_bytes]
@@ -241,7 +247,7 @@ class FlowSim(QueueClock):
         self._delay = np.zeros(0)
         self._caps = np.zeros(0)
         self._done_cb = np.empty(0, dtype=object)
-        self._new: list[tuple] = []  # (id, links, delay, callback, cap, bits) since the flush
+        self._new: list[tuple] = []  # (id, links, delay, callback, cap, bits, rtt, start)
         self._remaining = np.zeros(0)  # bits
         self._rates = np.zeros(0)  # bits/s, valid while not self._dirty
         self._dirty = False
@@ -254,6 +260,7 @@ class FlowSim(QueueClock):
             self._q_cap[np.isin(topology.link_src, topology.hosts)] = 0.0
         self._q_window = 0.0 if queues is None else queues.window_wire(routing.wire)
         self._rtt = np.zeros(0)
+        self._start = np.zeros(0)  # arrival times (standing queues' first round trips)
         self._shared = self._capacity  # the capacity the last rate computation shared
         self._q_sums: tuple[np.ndarray, np.ndarray] | None = None  # per link, at these rates
         # the same state and the event loop in C (``_dagloop.c``), where it compiles: the
@@ -265,7 +272,7 @@ class FlowSim(QueueClock):
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
             self.events = self._core.queue
             if queues is not None:
-                self._core.queued(self._q_window, self._q_cap)
+                self._core.queued(self._q_window, self._q_cap, queues.first_rtt)
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -288,13 +295,14 @@ class FlowSim(QueueClock):
                 cap=cap,
                 bits=bits,
                 rtt=rtt if self.queues is not None else None,
+                now=self._now,
             )
             return
         self._n_events += 1
         links = np.asarray(path.links, dtype=np.int64)
         if self.queues is not None:
             delay += self._queue_delay(links)
-        self._new.append((flow.id, links, delay, on_done, cap, bits, rtt))
+        self._new.append((flow.id, links, delay, on_done, cap, bits, rtt, self._now))
         self._dirty = True
 
     @property
@@ -352,7 +360,7 @@ class FlowSim(QueueClock):
         new = self._new
         if not new:
             return
-        ids, links, delay, callbacks, caps, bits, rtt = zip(*new, strict=True)
+        ids, links, delay, callbacks, caps, bits, rtt, start = zip(*new, strict=True)
         done_cb = np.empty(len(new), dtype=object)
         done_cb[:] = callbacks
         self._ids = np.concatenate([self._ids, np.array(ids, dtype=np.int64)])
@@ -363,6 +371,7 @@ class FlowSim(QueueClock):
         self._done_cb = np.concatenate([self._done_cb, done_cb])
         self._remaining = np.concatenate([self._remaining, np.array(bits, dtype=np.float64)])
         self._rtt = np.concatenate([self._rtt, np.array(rtt, dtype=np.float64)])
+        self._start = np.concatenate([self._start, np.array(start, dtype=np.float64)])
         self._new = []
 
     def _refresh(self) -> None:
@@ -419,11 +428,15 @@ class FlowSim(QueueClock):
         if self._q_sums is None:
             n_links = len(self._capacity)
             excess = np.maximum(self._q_window - self._rates * self._rtt / 8.0, 0.0)
+            if self.queues.first_rtt:  # only flows in their first round trip
+                excess = np.where(self._now - self._start < self._rtt, excess, 0.0)
             self._q_sums = (
                 np.bincount(self._idx, np.repeat(self._rates, self._lens), n_links),
                 np.bincount(self._idx, np.repeat(excess, self._lens), n_links),
             )
         load, excess = self._q_sums
+        if self.queues.first_rtt:  # young flows age with time: no reuse
+            self._q_sums = None
         total = 0.0
         for link in links.tolist():
             if load[link] < self._shared[link] * (1.0 - QUEUE_FULL):
@@ -454,6 +467,7 @@ class FlowSim(QueueClock):
         self._done_cb = self._done_cb[keep]
         self._remaining = self._remaining[keep]
         self._rtt = self._rtt[keep]
+        self._start = self._start[keep]
         self._dirty = True
         self._n_events += len(callbacks)
         for flow_id, delay, on_done in callbacks:

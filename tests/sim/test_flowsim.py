@@ -297,8 +297,18 @@ def test_compiled_max_min_equals_the_numpy_reference():
         {"queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 12_000], [40e9, 48_000]]}},
         {"queues": {"window_bytes": 9_000, "k_bytes": [[10e9, 30_000]]}, "ack_load": True},
         {"queues": {"window_bytes": 0, "k_bytes": [[10e9, 30_000]]}},
+        {"queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 4e5]], "first_rtt": True}},
     ],
-    ids=["classic", "cap", "acks", "window+acks", "queues", "queues+acks", "queues, no window"],
+    ids=[
+        "classic",
+        "cap",
+        "acks",
+        "window+acks",
+        "queues",
+        "queues+acks",
+        "queues, no window",
+        "first round trips",
+    ],
 )
 def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
     """flowSim's fluid state in C (``m4ray_fluidsim_*``, the default where it compiles) against
@@ -419,24 +429,31 @@ def test_standing_queues_of_a_network_take_its_window_and_its_cc_level():
     assert 0 < delay < 30e-6 and queues.window_bytes == 0
     np.testing.assert_allclose(queues.caps(np.array([10e9, 40e9])), [1.25e9 * delay, 5e9 * delay])
     hpcc = StandingQueues.of(Ns3Config(rdma=RdmaConfig(cc="hpcc")), routing)
-    assert hpcc.caps(topo.bandwidth_bps).max() == 0.0
+    assert hpcc.first_rtt and hpcc.caps(topo.bandwidth_bps).min() == RdmaConfig().buffer_bytes
+    assert not queues.first_rtt
     with pytest.raises(InputError, match="RDMA's congestion controls") as err:
         StandingQueues.of(Ns3Config(transport="tcp"), routing)
     assert err.value.field == "queues"
 
 
-def test_standing_queues_under_hpcc_are_classic_flowsim_and_without_a_window_stand_at_the_level():
-    """HPCC holds no standing queue: flowSim with its queues gives classic flowSim's FCTs to
-    the bit. With no window (TIMELY without one) a full link's queue stands at its level
-    whatever the flows' rates: the short flow waits level / rate."""
-    from m4ray.sim.flowsim import StandingQueues
-    from m4ray.sim.ns3.backend import Ns3Config
-    from m4ray.sim.ns3.transports import RdmaConfig
+def test_first_round_trip_queues_and_no_window_queues():
+    """``first_rtt`` (HPCC's): a flow arriving while a long flow is in its first round trip
+    waits for that flow's window beyond its bandwidth-delay product; one arriving later waits
+    nothing (classic flowSim). With no window a full link's queue stands at its level whatever
+    the flows' rates: the short flow waits level / rate."""
+    from m4ray.sim.flowsim import round_trip
 
-    flows = [Flow(0, 0, 1, 10_000_000, 0.0), Flow(1, 0, 1, 500, 100e-6)]
     topo = parking_lot([10], 1e-6)
-    hpcc = StandingQueues.of(Ns3Config(rdma=RdmaConfig(cc="hpcc")), Routing(topo))
-    assert queued_trace({"queues": hpcc}, flows).equals(queued_trace({}, flows))
+    routing = Routing(topo)
+    rtt = round_trip(routing.path(0, 1, 0), routing.wire, 64)
+    first = {"window_bytes": 100_000, "k_bytes": [[10e9, 1e6]], "first_rtt": True}
+    excess = 100 * 1048 - 10e9 * rtt / 8
+    for arrival, wait in ((rtt / 2, excess * 8 / 10e9), (2 * rtt, 0.0)):
+        flows = [Flow(0, 0, 1, 10_000_000, 0.0), Flow(1, 0, 1, 500, arrival)]
+        classic = queued_trace({}, flows).to_numpy()
+        queued = queued_trace({"queues": first}, flows).to_numpy()
+        np.testing.assert_allclose(queued - classic, [0.0, wait], rtol=1e-9, atol=1e-15)
+    flows = [Flow(0, 0, 1, 10_000_000, 0.0), Flow(1, 0, 1, 500, 100e-6)]
     classic = queued_trace({}, flows).to_numpy()
     queued = queued_trace({"queues": {"window_bytes": 0, "k_bytes": [[10e9, 50_000]]}}, flows)
     np.testing.assert_allclose(
