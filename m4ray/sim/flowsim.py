@@ -25,8 +25,8 @@ of the full links it crosses. So a full link (its data fill its capacity) out of
 the sum of its flows' excess, at most the level its congestion control keeps
 (:func:`standing_levels`: DCTCP's K, DCQCN's K_min, TIMELY's T_low less the base round trip;
 under HPCC, which holds none, only flows in their first round trip queue their excess,
-``StandingQueues.first_rtt``); a host's own uplink holds none (its NIC paces its flows, a switch queues
-nothing there). A flow arriving waits for the queues of the full links on its path to drain
+``StandingQueues.first_rtt``); a host's own uplink holds none (its NIC paces its flows, a switch
+queues nothing there). A flow arriving waits for the queues of the full links on its path to drain
 (``Σ q_l / C_l``), added to its delivery. It lets the fluid model see small flows' tails:
 against the HPCC simulator's own DCTCP run (``bench/m4_example.py``) and our ns-3 on m3's
 default workload (``+experiment=m3 'm3.compare=[ns3,flowsim,flowsim_queues]'``); counting
