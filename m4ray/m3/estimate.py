@@ -148,11 +148,31 @@ def load_model(directory: str, cc: str):
     model, info = checkpoint.load(directory, kind=M3)
     supported = info.get("supported_cc", [])
     if cc not in supported:
+        others = [str(d) for d in m3_checkpoints_knowing(cc, Path(directory).parent)]
+        hint = f"; m3.checkpoint={others[0]} knows it" if others else ""
         raise InputError(
-            f"the checkpoint {directory} was trained on {supported}, not {cc!r}",
+            f"the checkpoint {directory} was trained on {supported}, not {cc!r}{hint}",
             field="m3.network.cc",
         )
     return model, info
+
+
+def m3_checkpoints_knowing(cc: str, folder: Path) -> list[Path]:
+    """The m3 checkpoints beside each other in ``folder`` (``checkpoints/``) trained on
+    ``cc``, the latest name first (a hint for a refused CC)."""
+    import json
+
+    found = []
+    for meta in sorted(folder.glob("*/model.json"), reverse=True):
+        try:
+            info = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if str(info.get("format", "")).startswith("m4ray-m3") and cc in info.get(
+            "supported_cc", []
+        ):
+            found.append(meta.parent)
+    return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,6 +112,18 @@ def test_the_m3_network_runs_every_cc_in_ns3_beside_its_fluid_references():
         assert (queued >= classic * (1 - 1e-12)).all(), cc
 
 
+def test_a_refused_cc_names_a_shipped_m3_that_knows_it():
+    """m3-v2 knows DCTCP only: asked for HPCC it refuses, naming the shipped m3-v3."""
+    from m4ray.errors import InputError
+    from m4ray.m3.estimate import load_model
+
+    with pytest.raises(InputError, match=r"m3\.checkpoint=.*m3-v3 knows it") as err:
+        load_model(str(REPO / "checkpoints" / "m3-v2"), "hpcc")
+    assert err.value.field == "m3.network.cc"
+    _, info = load_model(str(REPO / "checkpoints" / "m3-v3"), "hpcc")
+    assert info["supported_cc"] == ["dcqcn", "dctcp", "hpcc", "timely"]
+
+
 def test_lots_with_standing_queues_change_path_flowsim_not_ns3(tmp_path):
     """A lot recorded with path flowSim's standing queues: the same ns-3 run, flowSim's
     slowdowns never below the plain ones (many above), and the scenario says so (``params``),
