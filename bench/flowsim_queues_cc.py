@@ -19,8 +19,8 @@ against packet-level results we did not produce and against our ns-3.
   arrivals at 50 % peak link load. ns-3 runs are cached by content under ``--out``.
 
 For each: the reference's p99 slowdown per bucket, then flowSim's and flowSim with standing
-queues' p99 error against it; and the per-flow median |slowdown error| (queues do not help
-there: they charge mean-field waits some flows never had).
+queues' p99 error against it (also drawn, ``<out>/p99_errors.png``); and the per-flow median
+|slowdown error| (queues do not help there: they charge mean-field waits some flows never had).
 """
 
 from __future__ import annotations
@@ -62,8 +62,11 @@ def p99s(slowdown: np.ndarray, size: np.ndarray) -> dict[str, float]:
     return out
 
 
-def rows_for(where: str, ref_name: str, ref: np.ndarray, ours: dict, size: np.ndarray, *, rows):
-    """One reference row (its p99s) and one error row per backend."""
+def rows_for(
+    where: str, ref_name: str, ref: np.ndarray, ours: dict, size: np.ndarray, *, rows, errors
+):
+    """One reference row (its p99s) and one error row per backend (``errors``: the same as
+    numbers, ``{where: {backend: {bucket: error}}}``, for the plot)."""
     want = p99s(ref, size)
     counts = {"overall": len(size)}
     from m4ray.m3.aggregate import BUCKET_NAMES, OUT_EDGES
@@ -74,12 +77,13 @@ def rows_for(where: str, ref_name: str, ref: np.ndarray, ours: dict, size: np.nd
     for name, slowdown in ours.items():
         got = p99s(slowdown, size)
         cells = [f"{got[b] / want[b] - 1:+.1%}" if b in got else "-" for b in want]
+        errors.setdefault(where, {})[name] = {b: got[b] / want[b] - 1 for b in want if b in got}
         median = float(np.median(np.abs(slowdown / ref - 1)))
         rows.append([where, name, *cells, f"{median:.1%}"])
     return list(want)
 
 
-def field(folder: Path, rows: list, notes: list) -> list[str]:
+def field(folder: Path, rows: list, notes: list, errors: dict) -> list[str]:
     from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
     from m4ray.sim.routing import Routing, WireFormat
     from m4ray.sim.topology import read_topology
@@ -119,7 +123,13 @@ def field(folder: Path, rows: list, notes: list) -> list[str]:
         }
         where = f"HPCC simulator {label}"
         buckets = rows_for(
-            where, "reference", theirs[done] / ideal[done], slow, size[done], rows=rows
+            where,
+            "reference",
+            theirs[done] / ideal[done],
+            slow,
+            size[done],
+            rows=rows,
+            errors=errors,
         )
     return buckets
 
@@ -153,7 +163,7 @@ def shards(folder: Path, notes: list) -> None:
         notes.append(out.getvalue())
 
 
-def ours(args, rows: list, notes: list) -> list[str]:
+def ours(args, rows: list, notes: list, errors: dict) -> list[str]:
     from m4ray.m3.estimate import M3Config, M3Network, M3Workload, reference_run
     from m4ray.runtime.cluster import RayConfig, start_ray
     from m4ray.sim.routing import Routing, WireFormat
@@ -179,7 +189,7 @@ def ours(args, rows: list, notes: list) -> list[str]:
                 name, topo, flows, routing, cfg=cfg, cache=Path(args.out) / "cache", ray=ray
             )
         where = f"our ns-3 {cc}"
-        buckets = rows_for(where, "ns-3", got.pop("ns3"), got, size, rows=rows)
+        buckets = rows_for(where, "ns-3", got.pop("ns3"), got, size, rows=rows, errors=errors)
         wall = ", ".join(f"{name} {walls[name]:.1f} s" for name in ("ns3", *BACKENDS))
         notes.append(f"{where}: {len(flows)} flows; wall {wall}")
     return buckets
@@ -197,17 +207,46 @@ def main() -> None:
 
     rows: list[list[str]] = []
     notes: list[str] = []
+    errors: dict[str, dict[str, dict[str, float]]] = {}
     buckets: list[str] = []
     if args.only in (None, "field"):
-        buckets = field(args.folder, rows, notes)
+        buckets = field(args.folder, rows, notes, errors)
         shards(args.folder, notes)
     if args.only in (None, "ours"):
-        buckets = ours(args, rows, notes)
+        buckets = ours(args, rows, notes, errors)
     print("\np99 FCT slowdown: the reference's (flows), then each fluid model's error against it;")
     print("last column: per-flow median |slowdown / reference - 1|\n")
     print_table(["where", "who", *buckets, "per-flow p50"], rows)
     print()
     print("\n".join(notes))
+    print(f"\nplot: {plot(errors, buckets, Path(args.out) / 'p99_errors.png')}")
+
+
+def plot(errors: dict, buckets: list[str], path: Path) -> Path:
+    """Each scenario's p99 error per size bucket, flowSim beside flowSim with queues."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(errors), 1, figsize=(8, 1.6 * len(errors)), sharex=True)
+    axes = np.atleast_1d(axes)
+    x = np.arange(len(buckets))
+    for ax, (where, by_backend) in zip(axes, errors.items(), strict=True):
+        for k, (name, err) in enumerate(by_backend.items()):
+            values = [100 * err.get(b, np.nan) for b in buckets]
+            ax.bar(x + (k - 0.5) * 0.38, values, width=0.38, label=name)
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_ylabel("%", rotation=0)
+        ax.set_title(where, fontsize=9, loc="left")
+    axes[0].legend(fontsize=8, loc="lower right")
+    axes[-1].set_xticks(x, buckets)
+    fig.suptitle("p99 FCT slowdown error against the reference, by flow size")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
