@@ -152,12 +152,15 @@ def lot_queues(
     senders' window on the wire (no window: unbounded, a full link then holds its level) and
     each path link's cap, the level its CC holds at its rate
     (:func:`~m4ray.sim.flowsim.standing_levels`, TIMELY's from the lot's largest round trip;
-    link 0 leaves the source host: none)."""
+    link 0 leaves the source host: none). Path flowSim has no first-round-trip mode: a CC whose
+    queue is only its first windows (HPCC) queues nothing here, as m3-v3 was trained."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)
     class_rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])
-    levels = standing_levels(rdma, sorted(set(lot.capacity_bps)), lambda: float(class_rtt.max()))
+    levels, first_rtt = standing_levels(
+        rdma, sorted(set(lot.capacity_bps)), lambda: float(class_rtt.max())
+    )
     rtt = class_rtt[cls]
-    caps = queue_caps(levels, lot.capacity_bps)
+    caps = np.zeros(len(lot.capacity_bps)) if first_rtt else queue_caps(levels, lot.capacity_bps)
     caps[0] = 0.0
     return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist()
 

@@ -139,26 +139,21 @@ def load_lots(dataset: str | Path) -> Lots:
 def split(lots: Lots, cfg: M3TrainConfig) -> dict[str, Lots]:
     """Train/val/test by scenario, shuffled by ``cfg.seed`` (every row of a scenario, with the
     mixture loss: a network's paths stay together)."""
+    rng = np.random.default_rng(cfg.seed)
+    unit = None  # rows; with the mixture loss, each row's scenario
     if cfg.loss == "mixture":
-        names = np.unique(lots.scenario_id)
-        picked = np.random.default_rng(cfg.seed).permutation(len(names))
-        n_val = round(cfg.val_fraction * len(names))
-        n_test = round(cfg.test_fraction * len(names))
-        parts = {
-            "val": names[picked[:n_val]],
-            "test": names[picked[n_val : n_val + n_test]],
-            "train": names[picked[n_val + n_test :]],
-        }
-        return {
-            k: lots.take(np.flatnonzero(np.isin(lots.scenario_id, v))) for k, v in parts.items()
-        }
-    order = np.random.default_rng(cfg.seed).permutation(len(lots))
-    n_val, n_test = round(cfg.val_fraction * len(lots)), round(cfg.test_fraction * len(lots))
-    return {
-        "val": lots.take(order[:n_val]),
-        "test": lots.take(order[n_val : n_val + n_test]),
-        "train": lots.take(order[n_val + n_test :]),
+        _, unit = np.unique(lots.scenario_id, return_inverse=True)
+    n = len(lots) if unit is None else int(unit.max()) + 1
+    order = rng.permutation(n)
+    n_val, n_test = round(cfg.val_fraction * n), round(cfg.test_fraction * n)
+    parts = {
+        "val": order[:n_val],
+        "test": order[n_val : n_val + n_test],
+        "train": order[n_val + n_test :],
     }
+    if unit is None:
+        return {k: lots.take(v) for k, v in parts.items()}
+    return {k: lots.take(np.flatnonzero(np.isin(unit, v))) for k, v in parts.items()}
 
 
 def optimizer(model: torch.nn.Module, cfg: M3TrainConfig) -> torch.optim.Optimizer:

@@ -59,7 +59,6 @@ from m4ray.models.fairshare import (
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.dagloop import NativeLoop, library
 from m4ray.sim.flows import Flow
-from m4ray.sim.ns3.transports import max_base_rtt_s
 from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Topology
 
@@ -96,6 +95,8 @@ class StandingQueues:
     def of(cls, network, routing: Routing) -> StandingQueues:
         """The queues of an ns-3 network config (``Ns3Config``): its RDMA window and the level
         its congestion control holds a full switch port at (:func:`standing_levels`)."""
+        from m4ray.sim.ns3.transports import max_base_rtt_s
+
         if network.transport != "rdma":
             raise InputError(
                 f"standing queues know RDMA's congestion controls, not {network.transport}",
@@ -103,11 +104,10 @@ class StandingQueues:
             )
         rdma = network.rdma
         rates = sorted({float(b) for b in routing.topo.bandwidth_bps})
-        if rdma.cc == "hpcc":  # no standing level: its first windows, up to the buffer
-            levels = [[rate, float(rdma.buffer_bytes)] for rate in rates]
-            return cls(window_bytes=rdma.window(routing), k_bytes=levels, first_rtt=True)
-        levels = standing_levels(rdma, rates, lambda: max_base_rtt_s(routing, rdma.ack_bytes))
-        return cls(window_bytes=rdma.window(routing), k_bytes=levels)
+        levels, first_rtt = standing_levels(
+            rdma, rates, lambda: max_base_rtt_s(routing, rdma.ack_bytes)
+        )
+        return cls(window_bytes=rdma.window(routing), k_bytes=levels, first_rtt=first_rtt)
 
     def caps(self, capacity_bps: np.ndarray) -> np.ndarray:
         """Each link's most queued bytes, by its rate (a switch's port)."""
@@ -118,9 +118,11 @@ class StandingQueues:
         return wire_window(self.window_bytes, wire)
 
 
-def standing_levels(rdma, rates_bps, base_rtt_s) -> list[list[float]]:
-    """``[[rate_bps, bytes], ...]``: the queue a full switch port holds, at each of ``rates_bps``,
-    under the congestion control of ``rdma`` (``RdmaConfig``), from what each controls to:
+def standing_levels(rdma, rates_bps, base_rtt_s) -> tuple[list[list[float]], bool]:
+    """``[[rate_bps, bytes], ...]``: the most a full switch port queues, at each of
+    ``rates_bps``, under the congestion control of ``rdma`` (``RdmaConfig``), and whether only
+    flows in their first round trip queue (:attr:`StandingQueues.first_rtt`), from what each CC
+    controls to:
 
     * DCTCP: its marking threshold K (under RED, K_min: it holds the queue where marking
       starts);
@@ -129,19 +131,20 @@ def standing_levels(rdma, rates_bps, base_rtt_s) -> list[list[float]]:
     * TIMELY: the queue delay that brings the round trip to T_low (below T_low it only
       increases): ``rate x (T_low - base RTT)``, with the network's largest base round trip
       (``base_rtt_s``: a function, called for TIMELY only);
-    * HPCC: none (it holds its links at η < 1 of their rate, where no queue stands; flowSim's
-      :meth:`StandingQueues.of` queues its first windows instead, ``first_rtt``).
+    * HPCC: no standing queue (it holds its links at η < 1 of their rate), but a flow's first
+      window leaves at line rate before any INT feedback: first round trips only, up to the
+      switch buffer.
     """
     if rdma.cc == "dctcp":
-        return [list(p) for p in rdma.ecn_k_bytes]
+        return [list(p) for p in rdma.ecn_k_bytes], False
     params = rdma.cc_config()
     if rdma.cc == "dcqcn":
-        return [list(p) for p in params.k_min_bytes]
+        return [list(p) for p in params.k_min_bytes], False
     if rdma.cc == "hpcc":
-        return [[float(rate), 0.0] for rate in rates_bps]
+        return [[float(rate), float(rdma.buffer_bytes)] for rate in rates_bps], True
     if rdma.cc == "timely":
         delay = max(params.t_low_s - base_rtt_s(), 0.0)
-        return [[float(rate), rate * delay / 8.0] for rate in rates_bps]
+        return [[float(rate), rate * delay / 8.0] for rate in rates_bps], False
     raise InputError(f"standing queues do not know {rdma.cc!r}", field="queues")
 
 
@@ -425,18 +428,17 @@ class FlowSim(QueueClock):
         self._refresh()  # earlier arrivals in, rates up to date
         if not len(self._ids):
             return 0.0
-        if self._q_sums is None:
+        sums = self._q_sums  # per link at these rates; first round trips age: never reused
+        if sums is None or self.queues.first_rtt:
             n_links = len(self._capacity)
             excess = np.maximum(self._q_window - self._rates * self._rtt / 8.0, 0.0)
             if self.queues.first_rtt:  # only flows in their first round trip
                 excess = np.where(self._now - self._start < self._rtt, excess, 0.0)
-            self._q_sums = (
+            sums = self._q_sums = (
                 np.bincount(self._idx, np.repeat(self._rates, self._lens), n_links),
                 np.bincount(self._idx, np.repeat(excess, self._lens), n_links),
             )
-        load, excess = self._q_sums
-        if self.queues.first_rtt:  # young flows age with time: no reuse
-            self._q_sums = None
+        load, excess = sums
         total = 0.0
         for link in links.tolist():
             if load[link] < self._shared[link] * (1.0 - QUEUE_FULL):
