@@ -28,7 +28,7 @@ import pandas as pd
 from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import added_field, fingerprint
-from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate
+from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, bootstrap, bucket_shares
 from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, lot_queues
 from m4ray.m3.paths import PathScenario, RoutedFlows
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
@@ -276,9 +276,10 @@ def estimate(
         pred = model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], lengths, torch.from_numpy(baseline))
     counts = np.stack([r[2] for r in rows])
     draws = np.array([r[4] for r in rows])
+    share = bucket_shares(routed.size_bytes)  # every flow is routed: the shares are known
     return {
-        "m3": aggregate(pred.numpy(), counts, draws),
-        "path_flowsim": aggregate(baseline, counts, draws),
+        "m3": aggregate(pred.numpy(), counts, draws, share),
+        "path_flowsim": aggregate(baseline, counts, draws, share),
     }
 
 
@@ -338,18 +339,33 @@ def _reference_task(name: str, topo, flows, backend, routing) -> tuple[np.ndarra
     return table.column("slowdown").to_numpy(), time.perf_counter() - began
 
 
-def summary(estimates: dict[str, Estimate], walls: dict[str, float]) -> pd.DataFrame:
+def summary(
+    estimates: dict[str, Estimate], walls: dict[str, float], *, replicates: int = 200, seed: int = 0
+) -> pd.DataFrame:
+    """One row per method and bucket: p50/p90/p99 and, for sampled estimates (m3, path
+    flowSim), ``p99_lo``/``p99_hi``, the 5th and 95th percentiles of p99 over ``replicates``
+    bootstrap replicates of the sampled paths (:func:`~m4ray.m3.aggregate.bootstrap`; 0: none):
+    how far the answer would move with another draw of as many paths. With ns-3 among the
+    estimates, every p99 (and that range) as an error against ns-3's."""
     rows = []
     for method, est in estimates.items():
+        noise = None
+        if est.sample is not None and replicates > 0:
+            noise = bootstrap(*est.sample, levels=(0.99,), n=replicates, seed=seed)
         for bucket, mix in [("overall", est.overall), *est.buckets.items()]:
             row = {"method": method, "bucket": bucket, "wall_s": walls.get(method, np.nan)}
             for q in QUANTILES:
                 row[f"p{round(q * 100)}"] = float(mix.quantile(q))
+            if noise is not None:
+                row["p99_lo"], row["p99_hi"] = np.nanquantile(noise[bucket][:, 0], [0.05, 0.95])
             rows.append(row)
     frame = pd.DataFrame(rows)
     if "ns3" in estimates:
-        ref = frame[frame.method == "ns3"].set_index("bucket").p99
-        frame["p99_err_vs_ns3"] = frame.p99 / frame.bucket.map(ref) - 1
+        ref = frame.bucket.map(frame[frame.method == "ns3"].set_index("bucket").p99)
+        frame["p99_err_vs_ns3"] = frame.p99 / ref - 1
+        for end in ("lo", "hi"):
+            if f"p99_{end}" in frame:
+                frame[f"err_{end}"] = frame[f"p99_{end}"] / ref - 1
     return frame
 
 

@@ -51,7 +51,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
             name, topo, flows, routing, cfg=cfg, cache=run_dir / "cache", ray=ray
         )
         estimates[name] = empirical(slowdown, size)
-    frame = summary(estimates, walls)
+    frame = summary(estimates, walls, seed=sweep.seed)
     tag = fingerprint([raw_config.get("topology"), raw_config.get("m3"), sweep.seed], 10)
     out = run_dir / f"estimate-{tag}.parquet"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,12 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     }
     write_manifest(run_dir, raw_config, [out, plot], extra=extra, name=f"manifest-{tag}.json")
     print()
-    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep=""))
+    print(
+        f"p99_lo / p99_hi (err_lo / err_hi): p99's 90 % range over bootstrap replicates of the "
+        f"{cfg.n_paths} sampled paths, how far another draw would move it (not the model's "
+        "error; m3.n_paths narrows it)"
+    )
     if "ns3" in walls:
         print(
             f"\nm3 {walls['m3']:.2f} s (its Ray workers started first, as ns-3's clock starts "

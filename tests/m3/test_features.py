@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from m4ray.errors import InputError
-from m4ray.m3.aggregate import aggregate, empirical
+from m4ray.m3.aggregate import aggregate, bootstrap, empirical
 from m4ray.models.m3_features import (
     CONFIG_FIELDS,
     IN_EDGES,
@@ -100,21 +100,62 @@ def test_bad_inputs():
 
 def test_aggregation_gives_the_mixture_quantiles():
     """Path A: 3 fg flows < 1 KB, percentiles 1..100; path B: 1 fg flow in 1-10 KB, 101..200.
-    Overall mixture = 0.75 × U{1..100} + 0.25 × U{101..200}."""
+    With the network's bucket shares (3:1), the overall mixture = 0.75 × U{1..100} + 0.25 ×
+    U{101..200}."""
     pred = np.ones((2, 4, 100))
     pred[0, 0] = np.arange(1, 101)
     pred[1, 1] = np.arange(101, 201)
     counts = np.array([[3, 0, 0, 0], [0, 1, 0, 0]])
-    est = aggregate(pred, counts, draws=np.array([5, 1]))
+    est = aggregate(pred, counts, draws=np.array([5, 1]), bucket_share=np.array([3, 1, 0, 0]))
     assert est.bucket_weight == {"<1KB": 0.75, "1-10KB": 0.25}
     assert est.overall.quantile(0.5) == 67  # 0.5 / 0.75 of the first pool
     assert est.overall.quantile(0.99) == 196  # (0.99 - 0.75) / 0.25 = 0.96 of the second
     assert est.buckets["1-10KB"].quantile(0.99) == 199 and est.buckets["1-10KB"].quantile(1) == 200
+    # without them, the draws estimate the shares: 5 draws of A's flows, 1 of B's
+    drawn = aggregate(pred, counts, draws=np.array([5, 1]))
+    assert drawn.bucket_weight == pytest.approx({"<1KB": 5 / 6, "1-10KB": 1 / 6})
     # draws weight paths within a bucket: A twice as likely as C in bucket 0
     pred2 = np.ones((2, 4, 100))
     pred2[0, 0], pred2[1, 0] = 1.0, 3.0
     est2 = aggregate(pred2, np.array([[1, 0, 0, 0], [1, 0, 0, 0]]), draws=np.array([2, 1]))
     assert est2.overall.quantile(0.66) == 1.0 and est2.overall.quantile(0.67) == 3.0
+
+
+def test_a_path_weighs_in_a_bucket_by_its_flows_there():
+    """Path A: 9 flows >= 50 KB and 1 < 1 KB (slowdown 5), drawn 10 times (∝ its 10 flows);
+    path B: 1 flow < 1 KB (slowdown 1), drawn once. The network's small flows are one of each,
+    so the small-flow bucket is half 5, half 1 (weighing A by its draws alone made it 10:1)."""
+    pred = np.ones((2, 4, 100))
+    pred[0, 0], pred[0, 3], pred[1, 0] = 5.0, 2.0, 1.0
+    counts = np.array([[1, 0, 0, 9], [1, 0, 0, 0]])
+    small = aggregate(pred, counts, draws=np.array([10, 1])).buckets["<1KB"]
+    assert small.quantile(0.5) == 1.0 and small.quantile(0.51) == 5.0
+
+
+def test_bootstrap_resamples_the_draws():
+    pred = np.ones((3, 4, 100))
+    pred[:, 0] = np.arange(1, 101) * np.array([1.0, 2.0, 4.0])[:, None]
+    counts = np.array([[2, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]])
+    draws = np.array([4, 2, 2])
+    boot = bootstrap(pred, counts, draws, n=300, seed=7)
+    assert set(boot) == {"overall", "<1KB"} and boot["overall"].shape == (300, 3)
+    np.testing.assert_array_equal(
+        boot["overall"], bootstrap(pred, counts, draws, n=300, seed=7)["overall"]
+    )
+    p99 = float(aggregate(pred, counts, draws).overall.quantile(0.99))
+    spread = boot["overall"][:, 2]
+    assert spread.min() < p99 < spread.max()  # the replicates move around the estimate
+    assert np.all(spread >= 99) and np.all(spread <= 400)  # within the paths' values
+    # one path: nothing to resample
+    one = bootstrap(pred[:1], counts[:1], draws[:1], n=20)
+    assert np.all(
+        one["<1KB"]
+        == aggregate(pred[:1], counts[:1], draws[:1])
+        .buckets["<1KB"]
+        .quantile(np.array([0.5, 0.9, 0.99]))
+    )
+    with pytest.raises(InputError, match="draws"):
+        bootstrap(pred, counts, np.zeros(3))
 
 
 def test_empirical_matches_nearest_rank():
@@ -128,3 +169,23 @@ def test_aggregate_rejects_empty_samples():
         aggregate(np.zeros((0, 4, 100)), np.zeros((0, 4)), np.zeros(0))
     with pytest.raises(InputError, match="no foreground"):
         aggregate(np.ones((1, 4, 100)), np.zeros((1, 4)), np.ones(1))
+
+
+def test_summary_gives_the_sampling_range_of_sampled_estimates():
+    from m4ray.m3.estimate import summary
+
+    rng = np.random.default_rng(3)
+    pred = np.sort(1 + rng.exponential(size=(40, 4, 100)), axis=2)
+    counts = rng.integers(0, 3, size=(40, 4))
+    counts[:, 0] += 1
+    sampled = aggregate(pred, counts, rng.integers(1, 4, size=40), np.array([5, 3, 2, 1]))
+    measured = empirical(1 + rng.exponential(size=500), rng.integers(50, 200_000, size=500))
+    frame = summary({"m3": sampled, "ns3": measured}, {}, replicates=50, seed=1)
+    mine = frame[frame.method == "m3"]
+    assert (mine.p99_lo <= mine.p99_hi).all() and mine.p99_lo.notna().all()
+    assert frame[frame.method == "ns3"].p99_lo.isna().all()  # measured: nothing was sampled
+    ref = frame[frame.method == "ns3"].set_index("bucket").p99
+    np.testing.assert_allclose(mine.err_lo, mine.p99_lo / mine.bucket.map(ref) - 1)
+    again = summary({"m3": sampled, "ns3": measured}, {}, replicates=50, seed=1)
+    assert frame.equals(again)  # a seeded bootstrap
+    assert "p99_lo" not in summary({"m3": sampled}, {}, replicates=0)
