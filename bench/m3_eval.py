@@ -140,7 +140,7 @@ def main() -> None:
 
     from m4ray.errors import InputError
     from m4ray.m3.aggregate import empirical
-    from m4ray.m3.estimate import M3Config, checkpoint_rdma, estimate, load_model, reference_run
+    from m4ray.m3.estimate import M3Config, checkpoint_queues, estimate, load_model, reference_run
     from m4ray.m3.paths import RoutedFlows
     from m4ray.runtime.cluster import RayConfig, start_ray
     from m4ray.sim.routing import Routing, WireFormat
@@ -156,13 +156,13 @@ def main() -> None:
         except InputError as err:  # a CC the checkpoint was not trained on
             print(f"\n## {name}: skipped ({err})")
             continue
-        rdma = checkpoint_rdma(cfg, topo, info)  # path flowSim as the checkpoint was trained
+        queues = checkpoint_queues(cfg, topo, info)  # path flowSim as the checkpoint was trained
         routing = Routing(topo, seed=args.seed, wire=wire)
         flows = workload.flows(routing, args.seed)
         # warm the Ray workers (imports, the compiled path flowSim) on a few paths, as in any
         # session after its first estimate; ns-3's clock likewise starts after it has loaded
         warm = dataclasses.replace(cfg, n_paths=2 * cfg.tasks)
-        kw = {"seed": args.seed, "ray": ray, "model": model, "wire": wire, "rdma": rdma}
+        kw = {"seed": args.seed, "ray": ray, "model": model, "wire": wire, "queues": queues}
         estimate(RoutedFlows(flows, routing), warm, **kw)
         began = time.perf_counter()
         routed = RoutedFlows(flows, routing)

@@ -58,7 +58,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
 
     from m4ray.config import CONF_DIR
     from m4ray.m3.aggregate import aggregate, bootstrap, bucket_shares, empirical
-    from m4ray.m3.estimate import checkpoint_rdma, estimate, load_model, reference_run
+    from m4ray.m3.estimate import checkpoint_queues, estimate, load_model, reference_run
     from m4ray.m3.paths import RoutedFlows
     from m4ray.models.m3_features import OUT_EDGES, targets
     from m4ray.runtime.cluster import start_ray
@@ -86,7 +86,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
             ns3, truth = slowdown, p99s(empirical(slowdown, size))
         else:
             fixed[name] = p99s(empirical(slowdown, size)) / truth - 1
-    rdma = checkpoint_rdma(cfg, topo, info)
+    queues = checkpoint_queues(cfg, topo, info)
     rows = []
     for n_paths in args.paths:
         errors: dict[str, list[np.ndarray]] = {
@@ -105,7 +105,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
                 ray=ray,
                 model=model,
                 wire=sweep.wire,
-                rdma=rdma,
+                queues=queues,
             )
             walls.append(time.perf_counter() - began)
             errors["m3"].append(p99s(est["m3"]) / truth - 1)

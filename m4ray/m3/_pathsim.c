@@ -101,37 +101,54 @@ static void class_rates(int k, const int *ca, const int *cb, const int64_t *coun
     }
 }
 
-/* Standing queues (pathsim._queue_wait): per path link the data rate and the bytes its flows
+/* Standing queues (pathsim._Queues): per path link the data rate and the bytes its flows
  * keep in flight beyond their bandwidth-delay product (window - rate x rtt, at least 0), by
- * class in class order. */
+ * class in class order; young (first round trips only): the flows of each class that keep
+ * it, else all of them. */
 static void queue_sums(int k, const int *ca, const int *cb, const int64_t *counts,
-                       const double *rate, const double *crtt, double window, int L,
-                       double *qload, double *qexcess) {
+                       const int64_t *young, const double *rate, const double *crtt,
+                       double window, int L, double *qload, double *qexcess) {
     for (int l = 0; l < L; l++) qload[l] = 0.0, qexcess[l] = 0.0;
     for (int c = 0; c < k; c++) {
         if (!counts[c]) continue;
         double excess = window - rate[c] * crtt[c] / 8.0;
         if (excess < 0.0) excess = 0.0;
+        double keep = (double)(young ? young[c] : counts[c]);
         for (int l = ca[c]; l < cb[c]; l++) {
             qload[l] += (double)counts[c] * rate[c];
-            qexcess[l] += (double)counts[c] * excess;
+            qexcess[l] += keep * excess;
         }
     }
+}
+
+/* First round trips: the active flows of class c that arrived less than its round trip ago
+ * (list[off[c]..]: the class's flows in arrival order; arrived[c] so far; oldest[c] the first
+ * that may still be young, moved on as time passes). */
+static int64_t young_flows(int c, double now, const double *start_s, const double *crtt,
+                           const int64_t *off, const int64_t *list, const int64_t *arrived,
+                           int64_t *oldest, const double *finish) {
+    int64_t j = oldest[c], end = off[c] + arrived[c], n = 0;
+    while (j < end && !(now - start_s[list[j]] < crtt[c])) j++;
+    oldest[c] = j;
+    for (; j < end; j++)
+        if (isnan(finish[list[j]])) n++;
+    return n;
 }
 
 /* n flows; cls[i]: class index of flow i (0..k-1, numbered in order of first appearance);
  * ca/cb: each class's first link and last link + 1; order: flow indices by start time (stable);
  * finish: out, the time each flow's last bit drained. With standing queues (rtt not NULL: each
  * flow's round trip; window: the senders' window on the wire, bytes; qcap: each path link's
- * most queued bytes), a flow arriving also waits for the queues of the full links it crosses,
- * added to its finish. */
+ * most queued bytes; first: only flows in their first round trip keep their excess), a flow
+ * arriving also waits for the queues of the full links it crosses, added to its finish. */
 int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const double *start_s,
                       const int64_t *order, int k, const int *ca, const int *cb, int L,
                       const double *capacity, double nic_cap, const double *rtt, double window,
-                      const double *qcap, double *finish) {
+                      const double *qcap, int first, double *finish) {
     int rc = 2;
     double cap = nic_cap > 0 ? nic_cap : INFINITY;
     double *crtt = NULL, *qload = NULL, *qexcess = NULL, *wait = NULL;
+    int64_t *young = NULL, *yoff = NULL, *ylist = NULL, *arrived = NULL, *oldest = NULL;
     int q_fresh = 0;
     if (rtt) {
         crtt = calloc(k ? k : 1, sizeof *crtt);
@@ -154,6 +171,21 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
     if (!counts || !size || !service || !rate || !heaps || !open_ || !remaining || !load ||
         !bottleneck)
         goto out;
+    if (rtt && first) {
+        young = calloc(k ? k : 1, sizeof *young);
+        yoff = calloc(k + 1, sizeof *yoff);
+        ylist = calloc(n ? n : 1, sizeof *ylist);
+        arrived = calloc(k ? k : 1, sizeof *arrived);
+        oldest = calloc(k ? k : 1, sizeof *oldest);
+        if (!young || !yoff || !ylist || !arrived || !oldest) goto out;
+        for (int64_t i = 0; i < n; i++) yoff[cls[i] + 1]++;
+        for (int c = 0; c < k; c++) yoff[c + 1] += yoff[c], oldest[c] = yoff[c];
+        for (int64_t j = 0; j < n; j++) { /* each class's flows in arrival order */
+            int64_t c = cls[order[j]];
+            ylist[yoff[c] + arrived[c]++] = order[j];
+        }
+        for (int c = 0; c < k; c++) arrived[c] = 0;
+    }
     for (int64_t i = 0; i < n; i++) size[cls[i]]++;
     for (int c = 0; c < k; c++) {
         heaps[c].v = malloc((size[c] ? size[c] : 1) * sizeof(item));
@@ -209,8 +241,14 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
                                     remaining, load, bottleneck);
                         dirty = 0, q_fresh = 0;
                     }
-                    if (!q_fresh) {
-                        queue_sums(k, ca, cb, counts, rate, crtt, window, L, qload, qexcess);
+                    if (young) { /* first round trips: young flows age with time */
+                        for (int j = 0; j < k; j++)
+                            young[j] = counts[j] ? young_flows(j, now, start_s, crtt, yoff, ylist,
+                                                               arrived, oldest, finish)
+                                                 : 0;
+                        queue_sums(k, ca, cb, counts, young, rate, crtt, window, L, qload, qexcess);
+                    } else if (!q_fresh) {
+                        queue_sums(k, ca, cb, counts, NULL, rate, crtt, window, L, qload, qexcess);
                         q_fresh = 1;
                     }
                     double w = 0.0;
@@ -222,6 +260,7 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
                     wait[i] = w;
                 }
                 push(&heaps[c], (item){service[c] + bits[i], i});
+                if (arrived) arrived[c]++;
                 counts[c]++;
                 active++;
                 nxt++;
@@ -234,6 +273,7 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
     rc = 0;
 out:
     free(crtt), free(qload), free(qexcess), free(wait);
+    free(young), free(yoff), free(ylist), free(arrived), free(oldest);
     if (heaps)
         for (int c = 0; c < k; c++) free(heaps[c].v);
     free(counts); free(size); free(service); free(rate); free(heaps); free(open_);

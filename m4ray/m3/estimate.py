@@ -29,7 +29,7 @@ from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import added_field, fingerprint
 from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, bootstrap, bucket_shares
-from m4ray.m3.lot import LotNetwork, fg_bdp_bytes, flowsim_fct, lot_queues
+from m4ray.m3.lot import LotNetwork, PathQueues, fg_bdp_bytes, flowsim_fct
 from m4ray.m3.paths import PathScenario, RoutedFlows
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
@@ -189,13 +189,17 @@ class PathSample:
     counts: np.ndarray
 
 
-def path_sample(
-    routed: RoutedFlows, path, draws: int, wire: WireFormat, network: NetConfig, *, rdma=None
+def path_sample(  # noqa: PLR0917 (the path and what it is simulated with)
+    routed: RoutedFlows,
+    path,
+    draws: int,
+    wire: WireFormat,
+    network: NetConfig,
+    queues: PathQueues | None = None,
 ) -> PathSample:
-    """One sampled path as the estimate sees it (``rdma``: the network's ``RdmaConfig`` where
-    path flowSim runs with standing queues, as the checkpoint was trained: ``model.json``
-    ``path_flowsim_queues``); training samples from whole networks are made by this too
-    (:mod:`m4ray.m3.netpaths`)."""
+    """One sampled path as the estimate sees it (``queues``: path flowSim with standing queues,
+    as the checkpoint was trained: :func:`checkpoint_queues`); training samples from whole
+    networks are made by this too (:mod:`m4ray.m3.netpaths`)."""
     scn = routed.scenario(path, draws)
     if scn.n_links not in HOPS:
         raise InputError(
@@ -203,8 +207,7 @@ def path_sample(
             field="topology",
         )
     lot = LotNetwork.of(scn)
-    queues = None if rdma is None else lot_queues(lot, wire, scn, rdma)
-    _, slowdown = flowsim_fct(scn, wire, lot, queues)
+    _, slowdown = flowsim_fct(scn, wire, lot, None if queues is None else queues.of(lot, wire, scn))
     bdp = fg_bdp_bytes(lot, wire, 64)
     config = network.vector(scn.n_links, scn.capacity_bps, bdp)
     fg = scn.foreground
@@ -217,14 +220,14 @@ def path_sample(
 
 
 def path_features(
-    routed: RoutedFlows, sampled, wire: WireFormat, network: NetConfig, rdma=None
+    routed: RoutedFlows, sampled, wire: WireFormat, network: NetConfig, queues=None
 ) -> list:
     """Per sampled path (:func:`path_sample`): tokens, empty flags, foreground counts per output
     bucket, path flowSim's foreground percentiles, and the draw count (a Ray task runs one
     chunk)."""
     out = []
     for path, draws in sampled:
-        s = path_sample(routed, path, draws, wire, network, rdma=rdma)
+        s = path_sample(routed, path, draws, wire, network, queues)
         out.append((s.tokens, s.empty, s.counts, s.baseline, draws))
     return out
 
@@ -248,10 +251,10 @@ def _warm() -> None:
 
 
 def estimate(
-    routed: RoutedFlows, cfg: M3Config, *, seed: int, ray, model, wire, rdma=None
+    routed: RoutedFlows, cfg: M3Config, *, seed: int, ray, model, wire, queues=None
 ) -> dict[str, Estimate]:
-    """m3's estimate and path flowSim's (the same sampled paths, uncorrected); ``rdma``: path
-    flowSim with the network's standing queues (:func:`path_features`)."""
+    """m3's estimate and path flowSim's (the same sampled paths, uncorrected); ``queues``: path
+    flowSim with the network's standing queues (:func:`checkpoint_queues`)."""
     import torch
 
     sampled = routed.sample(cfg.n_paths, seed)
@@ -261,7 +264,7 @@ def estimate(
     chunks = [sampled[k :: cfg.tasks] for k in range(min(cfg.tasks, len(sampled)))]
     rows = [
         r
-        for part in ray.get([task.remote(ref, c, wire, network, rdma) for c in chunks])
+        for part in ray.get([task.remote(ref, c, wire, network, queues) for c in chunks])
         for r in part
     ]
     lmax = max(len(r[0]) for r in rows)
@@ -289,11 +292,14 @@ def network_ns3(cfg: M3Config, topo):
     return cfg.network.ns3(float(host.min()), float(topo.bandwidth_bps.max()))
 
 
-def checkpoint_rdma(cfg: M3Config, topo, info: dict):
-    """The network's ``RdmaConfig`` where the checkpoint was trained on path flowSim with
-    standing queues (``model.json`` ``path_flowsim_queues``; :func:`path_sample` then runs it
-    so), else None."""
-    return network_ns3(cfg, topo).rdma if info.get("path_flowsim_queues") else None
+def checkpoint_queues(cfg: M3Config, topo, info: dict) -> PathQueues | None:
+    """Path flowSim's standing queues on the network as the checkpoint was trained with them
+    (``model.json`` ``path_flowsim_queues``, and ``path_flowsim_first_windows``: HPCC's first
+    windows queue; :func:`path_sample` then runs it so), else None."""
+    if not info.get("path_flowsim_queues"):
+        return None
+    rdma = network_ns3(cfg, topo).rdma
+    return PathQueues(rdma, first_windows=bool(info.get("path_flowsim_first_windows")))
 
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:

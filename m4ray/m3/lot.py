@@ -144,32 +144,51 @@ def ideal_and_delay(
     return delay + wire.wire_bytes(size) * 8 / bottleneck, delay
 
 
+@dataclass(frozen=True, slots=True)
+class PathQueues:
+    """How path flowSim queues on a lot: the network's ``RdmaConfig`` (its CC's standing
+    levels, window and ACKs) and whether a CC whose queue is only its first windows (HPCC)
+    queues them (:func:`lot_queues`). A checkpoint records the mode it was trained with
+    (``model.json`` ``path_flowsim_queues`` / ``path_flowsim_first_windows``)."""
+
+    rdma: object
+    first_windows: bool = False
+
+    def of(self, lot: LotNetwork, wire: WireFormat, scenario: PathScenario) -> tuple:
+        return lot_queues(lot, wire, scenario, self.rdma, first_windows=self.first_windows)
+
+
 def lot_queues(
-    lot: LotNetwork, wire: WireFormat, scenario: PathScenario, rdma
-) -> tuple[np.ndarray, float, list[float]]:
+    lot: LotNetwork, wire: WireFormat, scenario: PathScenario, rdma, *, first_windows: bool = False
+) -> tuple[np.ndarray, float, list[float], bool]:
     """Path flowSim's standing queues on a lot (:class:`~m4ray.sim.flowsim.StandingQueues`'
     model) for an RDMA network (``RdmaConfig``): each flow's round trip over its lot route, the
-    senders' window on the wire (no window: unbounded, a full link then holds its level) and
-    each path link's cap, the level its CC holds at its rate
+    senders' window on the wire (no window: unbounded, a full link then holds its level), each
+    path link's cap, the level its CC holds at its rate
     (:func:`~m4ray.sim.flowsim.standing_levels`, TIMELY's from the lot's largest round trip;
-    link 0 leaves the source host: none). Path flowSim has no first-round-trip mode: a CC whose
-    queue is only its first windows (HPCC) queues nothing here, as m3-v3 was trained."""
+    link 0 leaves the source host: none), and whether only flows in their first round trip
+    queue. A CC whose queue is only its first windows (HPCC) queues them with
+    ``first_windows``, as network-wide flowSim does; without it, nothing (as m3-v3 was
+    trained: its checkpoint says which, ``model.json`` ``path_flowsim_first_windows``)."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)
     class_rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])
     levels, first_rtt = standing_levels(
         rdma, sorted(set(lot.capacity_bps)), lambda: float(class_rtt.max())
     )
     rtt = class_rtt[cls]
-    caps = np.zeros(len(lot.capacity_bps)) if first_rtt else queue_caps(levels, lot.capacity_bps)
+    if first_rtt and not first_windows:
+        caps = np.zeros(len(lot.capacity_bps))
+    else:
+        caps = queue_caps(levels, lot.capacity_bps)
     caps[0] = 0.0
-    return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist()
+    return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist(), bool(first_rtt)
 
 
 def flowsim_fct(
     scenario: PathScenario,
     wire: WireFormat,
     lot: LotNetwork | None = None,
-    queues: tuple[np.ndarray, float, list[float]] | None = None,
+    queues: tuple[np.ndarray, float, list[float], bool] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """flowSim on the path's lot: FCT (s) and slowdown of every (pseudo-)flow; ``queues``
     (:func:`lot_queues`): each flow also waits for the standing queues it meets."""

@@ -28,10 +28,10 @@ import pyarrow as pa
 
 from m4ray.datagen.sampling import CcRanges, check_range, integer, size_distribution, uniform
 from m4ray.errors import InputError
-from m4ray.fingerprint import fingerprint
+from m4ray.fingerprint import added_field, fingerprint
 from m4ray.m3.datagen import M3_TABLES, LotScenario, cc_param
 from m4ray.m3.estimate import M3Network, M3Workload, path_sample
-from m4ray.m3.lot import LotNetwork, fg_bdp_bytes
+from m4ray.m3.lot import LotNetwork, PathQueues, fg_bdp_bytes
 from m4ray.models.m3_features import targets
 from m4ray.sim.routing import Routing, WireFormat
 from m4ray.sim.topologies import FatTreeSpec
@@ -53,6 +53,9 @@ class NetworkPathsScenario:
     queues: bool = True  # path flowSim with standing queues (as the estimate then runs it)
     wire: WireFormat = field(default_factory=WireFormat)
     wall_limit_s: float = 0.0  # the ns-3 run's guard; not part of the scenario's identity
+    # with queues: HPCC's first windows queue in path flowSim (m4ray.m3.lot.PathQueues); set
+    # only where the network's CC queues nothing else (NetworkFamily.sample)
+    first_windows: bool = added_field(False, "path flowSim's first windows (issue 32)")
 
     @property
     def scenario_id(self) -> str:
@@ -89,6 +92,7 @@ class NetworkPathsScenario:
                 "n_paths": self.n_paths,
             }
             | ({"path_queues": True} if self.queues else {})
+            | ({"path_first_windows": True} if self.queues and self.first_windows else {})
             | cc_param(n.cc)
         )
 
@@ -107,12 +111,12 @@ class NetworkPathsScenario:
         ideal_all = table.column("ideal_fct_s").to_numpy()
         fct_all = table.column("fct_s").to_numpy()
         routed = RoutedFlows(flows, routing)
-        rdma = ns3.rdma if self.queues else None
+        queues = PathQueues(ns3.rdma, self.first_windows) if self.queues else None
         network = self.network.net_config()
         samples: dict[str, list] = {name: [] for name in M3_TABLES["lot_samples"].names}
         fg_rows: dict[str, list] = {name: [] for name in M3_TABLES["lot_flows"].names}
         for path, _ in routed.sample(self.n_paths, self.seed):
-            sample = path_sample(routed, path, 1, self.wire, network, rdma=rdma)
+            sample = path_sample(routed, path, 1, self.wire, network, queues)
             scn, fg = sample.scenario, sample.scenario.foreground
             origin = scn.origin[fg]
             target, mask = targets(slowdown[origin], scn.size_bytes[fg])
@@ -177,6 +181,7 @@ class NetworkFamily:
     pfc_probability: float = 0.5
     n_paths: int = 500
     queues: bool = True
+    first_windows: bool = False  # HPCC's first windows queue in path flowSim (PathQueues)
     wire: WireFormat = field(default_factory=WireFormat)
     cc: CcRanges = field(default_factory=CcRanges)
 
@@ -234,7 +239,18 @@ class NetworkFamily:
             queues=self.queues,
             wire=self.wire,
             wall_limit_s=wall_limit_s,
+            # only where it changes path flowSim (a CC that queues only its first windows):
+            # the other networks keep their ids, and a dataset its runs
+            first_windows=self.first_windows and self.queues and _first_rtt_only(network),
         )
+
+
+def _first_rtt_only(network: M3Network) -> bool:
+    """Whether the network's CC queues only its flows' first windows (standing_levels)."""
+    from m4ray.sim.flowsim import standing_levels
+
+    rdma = network.ns3(1e9, 1e9).rdma
+    return standing_levels(rdma, [1e9], lambda: 0.0)[1]
 
 
 __all__ = ["NetworkFamily", "NetworkPathsScenario"]

@@ -24,6 +24,7 @@ Units: bits, bits/s, seconds.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 
@@ -107,7 +108,7 @@ def path_drain_times(
     capacity_bps: np.ndarray | list[float],
     *,
     nic_cap_bps: float | None = None,
-    queues: tuple[np.ndarray, float, list[float]] | None = None,
+    queues: tuple | None = None,
     native: bool | None = None,
 ) -> np.ndarray:
     """Seconds from each flow's arrival until its last bit drained (index order of the input).
@@ -115,7 +116,9 @@ def path_drain_times(
     ``a``/``b``: first path link and last link + 1 of each flow; ``bits``: wire bits; ``start_s``:
     arrival times; ``capacity_bps``: the path's links in order. ``queues``: standing queues, as
     (each flow's round trip s, the senders' window on the wire in bytes, each path link's most
-    queued bytes): a flow also waits for the queues of the full links it crosses. ``native``:
+    queued bytes[, first]): a flow also waits for the queues of the full links it crosses; with
+    ``first`` true only flows in their first round trip keep their excess in flight (HPCC's
+    first windows, :attr:`~m4ray.sim.flowsim.StandingQueues.first_rtt`). ``native``:
     run the compiled loop (:mod:`m4ray.m3.native`, same answers to rounding; ``None``: where it
     builds) or this module's.
     """
@@ -128,11 +131,11 @@ def path_drain_times(
     if native is None:
         native = native_library() is not None
     if queues is not None:
-        rtt, window, qcap = queues
+        rtt, window, qcap, *first = queues
         rtt = np.asarray(rtt, dtype=np.float64)
         if len(rtt) != len(a) or len(qcap) != len(capacity):
             raise InputError("one round trip per flow and one cap per path link", field="queues")
-        queues = (rtt, float(window), [float(q) for q in qcap])
+        queues = (rtt, float(window), [float(q) for q in qcap], bool(first and first[0]))
     run = native_finish if native else _finish
     finish = run(
         flow_class, bits, start_s, order, classes, capacity, nic_cap_bps=nic_cap_bps, queues=queues
@@ -178,14 +181,14 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
     capacity: list[float],
     *,
     nic_cap_bps: float | None,
-    queues: tuple[np.ndarray, float, list[float]] | None = None,
+    queues: tuple[np.ndarray, float, list[float], bool] | None = None,
 ) -> np.ndarray:
     """The event loop in Python: the time each flow's last bit drained (plus, with ``queues``,
     what it waited for standing queues at its arrival)."""
     n, k = len(flow_class), len(classes)
     finish = np.full(n, np.nan)
     wait = np.zeros(n)
-    standing = None if queues is None else _Queues(flow_class, k, queues, capacity)
+    standing = None if queues is None else _Queues(flow_class, k, queues, capacity, start_s)
     counts, service = [0] * k, [0.0] * k
     heaps: list[list[tuple[float, int]]] = [[] for _ in range(k)]
     order = order.tolist()
@@ -228,7 +231,8 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
                     if dirty:
                         rates = class_rates(classes, counts, capacity, nic_cap_bps)
                         dirty = False
-                    wait[i] = standing.wait(c, classes, counts, rates)
+                    wait[i] = standing.wait(c, classes, counts, rates, now=now, finish=finish)
+                    standing.arrived(c, i)
                 heapq.heappush(heaps[c], (service[c] + bits[i], i))
                 counts[c] += 1
                 active += 1
@@ -242,29 +246,46 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
 class _Queues:
     """Standing queues on a path (``_pathsim.c``'s, sum for sum): per path link the data rate
     and the bytes the flows crossing it keep in flight beyond their bandwidth-delay product,
-    summed by class in class order once per rate computation; a flow arriving waits for the
-    queues of the full links it crosses."""
+    summed by class in class order once per rate computation (with ``first``: only the flows
+    in their first round trip keep theirs, so the sums age with time and are made at every
+    arrival); a flow arriving waits for the queues of the full links it crosses."""
 
-    def __init__(self, flow_class: np.ndarray, k: int, queues: tuple, capacity: list[float]):
-        rtt, self.window, self.qcap = queues
+    def __init__(
+        self, flow_class: np.ndarray, k: int, queues: tuple, capacity: list[float], start_s
+    ) -> None:
+        rtt, self.window, self.qcap, self.first = queues
         self.capacity = capacity
         self.class_rtt = [0.0] * k
         for i in range(len(flow_class) - 1, -1, -1):  # each class's first flow's
             self.class_rtt[int(flow_class[i])] = float(rtt[i])
         self.rates: list[float] | None = None
         self.sums: tuple[list[float], list[float]] = ([], [])
+        self.start = start_s.tolist()
+        self.recent: list[collections.deque] = [collections.deque() for _ in range(k)]
 
-    def wait(self, c: int, classes, counts, rates: list[float]) -> float:
-        if rates is not self.rates:  # new rates: sum again
+    def arrived(self, c: int, i: int) -> None:
+        if self.first:
+            self.recent[c].append(i)
+
+    def _young(self, j: int, now: float, finish: np.ndarray) -> int:
+        """Class ``j``'s active flows that arrived less than its round trip ago."""
+        recent = self.recent[j]
+        while recent and not (now - self.start[recent[0]] < self.class_rtt[j]):
+            recent.popleft()
+        return sum(1 for i in recent if math.isnan(finish[i]))
+
+    def wait(self, c: int, classes, counts, rates: list[float], *, now: float, finish) -> float:
+        if self.first or rates is not self.rates:  # new rates (or time): sum again
             self.rates = rates
             load, excess = [0.0] * len(self.capacity), [0.0] * len(self.capacity)
             for j, (a, b) in enumerate(classes):
                 if not counts[j]:
                     continue
                 e = max(self.window - rates[j] * self.class_rtt[j] / 8.0, 0.0)
+                keep = float(self._young(j, now, finish) if self.first else counts[j])
                 for link in range(a, b):
                     load[link] += counts[j] * rates[j]
-                    excess[link] += counts[j] * e
+                    excess[link] += keep * e
             self.sums = (load, excess)
         load, excess = self.sums
         total = 0.0

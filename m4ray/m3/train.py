@@ -302,6 +302,10 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
         "with standing queues (`model.json` `path_flowsim_queues`; the estimate runs it so)"
         if meta.get("path_flowsim_queues")
         else "classic (no queues)"
+    }{
+        ", HPCC's first windows queued (`path_flowsim_first_windows`)"
+        if meta.get("path_flowsim_first_windows")
+        else ""
     }
 - training: {meta["epochs"]} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr}, weight decay
   {cfg.weight_decay}; {meta["hardware"]}; {meta["train_wall_s"]} s wall; loss `{cfg.loss}`

@@ -136,6 +136,7 @@ class M3Service:
             # the tokens and baseline a client must send: path flowSim with standing queues
             # (m4ray.m3.lot.lot_queues) or without, as the checkpoint was trained
             "path_flowsim_queues": bool(self.info.get("path_flowsim_queues", False)),
+            "path_flowsim_first_windows": bool(self.info.get("path_flowsim_first_windows", False)),
             "batches": self.batches,
         }
 

@@ -11,7 +11,7 @@ from m4ray.fingerprint import fingerprint
 from m4ray.m3.aggregate import empirical
 from m4ray.m3.estimate import (
     M3Config,
-    checkpoint_rdma,
+    checkpoint_queues,
     estimate,
     load_model,
     reference_run,
@@ -40,8 +40,10 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     warm_up(ray, cfg.tasks)  # workers up and path flowSim loaded: the clock times the estimate
     began = time.perf_counter()
     routed = RoutedFlows(flows, routing)
-    rdma = checkpoint_rdma(cfg, topo, info)  # path flowSim as the checkpoint was trained
-    estimates = estimate(routed, cfg, seed=sweep.seed, ray=ray, model=model, wire=wire, rdma=rdma)
+    queues = checkpoint_queues(cfg, topo, info)  # path flowSim as the checkpoint was trained
+    estimates = estimate(
+        routed, cfg, seed=sweep.seed, ray=ray, model=model, wire=wire, queues=queues
+    )
     walls = {"m3": time.perf_counter() - began}
     walls["path_flowsim"] = walls["m3"]
     size = routed.size_bytes

@@ -52,6 +52,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         lots={k: len(v) for k, v in splits.items()},
         supported_cc=dataset_ccs(cfg.dataset),
         path_flowsim_queues=path_queues(cfg.dataset),
+        path_flowsim_first_windows=path_first_windows(cfg.dataset),
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")
     publish(trained, export_dir, meta, model_card(meta, table, cfg), kind=M3)
@@ -79,4 +80,25 @@ def path_queues(dataset: str) -> bool:
     return flags == {True}
 
 
-__all__ = ["SECTIONS", "path_queues", "run"]
+def path_first_windows(dataset: str) -> bool:
+    """Whether the dataset's lots under a CC that queues only its first windows (HPCC) ran path
+    flowSim with those (their ``params``' ``path_first_windows``,
+    :class:`~m4ray.m3.lot.PathQueues`); a CC whose lots differ is an error."""
+    params = pd.read_parquet(Path(dataset) / "scenarios.parquet", columns=["params", "status"])
+    by_cc: dict[str, set[bool]] = {}
+    for p, ok in zip(params.params, params.status, strict=True):
+        if ok == "ok":
+            values = json.loads(p)
+            flag = bool(values.get("path_first_windows", False))
+            by_cc.setdefault(values.get("cc", "dctcp"), set()).add(flag)
+    mixed = sorted(cc for cc, flags in by_cc.items() if len(flags) > 1)
+    if mixed:
+        raise InputError(
+            f"{', '.join(mixed)} lots with and without path flowSim's first windows in one dataset",
+            file=dataset,
+            field="first_windows",
+        )
+    return any(True in flags for flags in by_cc.values())
+
+
+__all__ = ["SECTIONS", "path_first_windows", "path_queues", "run"]

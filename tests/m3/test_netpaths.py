@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from m4ray.errors import InputError
@@ -57,6 +60,36 @@ def test_network_paths_under_another_cc_run_its_ns3_and_its_queue_level():
     with pytest.raises(InputError) as err:
         NetworkFamily(cc={"ccs": ["cubic"]})
     assert err.value.field == "cc.ccs"
+
+
+def test_first_windows_only_where_the_cc_queues_nothing_else(tmp_path):
+    """A family with ``first_windows`` sets it on HPCC's networks only (the CC that queues
+    only its first windows): the others keep their ids; ``params`` says it, and a dataset whose
+    HPCC networks differ in it is refused by ``train_m3``."""
+    from m4ray.sweeps.train_m3 import path_first_windows
+
+    def family(**kw):
+        return NetworkFamily(n_flows=[1500, 1500], n_paths=30, cc={"ccs": ["dctcp", "hpcc"]}, **kw)
+
+    drawn = [family(first_windows=True).sample("net", i, 100 + i, 0.0) for i in range(12)]
+    before = [family().sample("net", i, 100 + i, 0.0) for i in range(12)]
+    ccs = {s.network.cc for s in drawn}
+    assert ccs == {"dctcp", "hpcc"}
+    for new, old in zip(drawn, before, strict=True):
+        assert new.first_windows == (new.network.cc == "hpcc")
+        assert (new.scenario_id == old.scenario_id) == (new.network.cc != "hpcc")
+        assert new.params().get("path_first_windows", False) == new.first_windows
+    rows = [json.dumps(s.params()) for s in drawn]
+    frame = pd.DataFrame({"params": rows, "status": ["ok"] * len(rows)})
+    frame.to_parquet(tmp_path / "scenarios.parquet")
+    assert path_first_windows(str(tmp_path)) is True
+    hpcc = next(i for i, s in enumerate(drawn) if s.network.cc == "hpcc")
+    rows[hpcc] = json.dumps(before[hpcc].params())
+    pd.DataFrame({"params": rows, "status": ["ok"] * len(rows)}).to_parquet(
+        tmp_path / "scenarios.parquet"
+    )
+    with pytest.raises(InputError, match="hpcc lots with and without"):
+        path_first_windows(str(tmp_path))
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@ generic flowSim on the same parking-lot topology; each for the Python loop and t
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -242,12 +244,53 @@ def test_standing_queues_compiled_loop_matches_python(engine):
         origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
     )  # fmt: skip
     wire_bits = [bits(int(s)) for s in size]
-    for window in (18_000, 0):  # no window: a full link holds K
-        queues = lot_queues(lot, WireFormat(), scn, _queued_rdma(window))
+    hpcc = dataclasses.replace(_queued_rdma(), cc="hpcc")
+    for rdma, first in ((_queued_rdma(), False), (_queued_rdma(0), False), (hpcc, True)):
+        # no window: a full link holds K; HPCC: first windows only
+        queues = lot_queues(lot, WireFormat(), scn, rdma, first_windows=first)
         kw = {"nic_cap_bps": 10 * G, "queues": queues}
         c = path_drain_times(a, b, wire_bits, start, capacity, native=True, **kw)
         py = path_drain_times(a, b, wire_bits, start, capacity, native=False, **kw)
         assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("n_links", [2, 6])
+def test_first_windows_match_generic_flowsim_on_the_lot_topology(n_links):
+    """HPCC's first windows (only flows in their first round trip keep their excess queued):
+    path flowSim waits each arriving flow as the generic flowSim with
+    ``StandingQueues(first_rtt=True)`` does on the lot's topology; without ``first_windows``
+    HPCC's lots queue nothing (as m3-v3 was trained)."""
+    from m4ray.m3.lot import lot_queues
+    from m4ray.m3.paths import PathScenario
+    from m4ray.sim.flowsim import StandingQueues, standing_levels
+
+    rng = np.random.default_rng(40 + n_links)
+    a, b, size, start = _random_lot(rng, n_links, 150)
+    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
+    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
+    wire, rdma = WireFormat(), dataclasses.replace(_queued_rdma(), cc="hpcc")
+    scn = PathScenario(
+        links=tuple(range(n_links)), capacity_bps=np.asarray(capacity),
+        latency_s=np.full(n_links, 1e-6), a=a, b=b, size_bytes=size, start_s=start,
+        origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
+    )  # fmt: skip
+    wire_bits = [bits(int(s)) for s in size]
+    kw = {"nic_cap_bps": 10 * G}
+    plain = path_drain_times(a, b, wire_bits, start, capacity, **kw)
+    none = lot_queues(lot, wire, scn, rdma)
+    assert none[3] and not any(none[2])  # first round trips, but nothing may queue
+    assert path_drain_times(a, b, wire_bits, start, capacity, queues=none, **kw) == pytest.approx(
+        plain, rel=1e-12
+    )
+    queues = lot_queues(lot, wire, scn, rdma, first_windows=True)
+    ours = path_drain_times(a, b, wire_bits, start, capacity, queues=queues, **kw)
+    assert (ours >= plain - 1e-15).all() and (ours > plain + 1e-7).sum() > 5
+    every = lot_queues(lot, wire, scn, _queued_rdma())  # the same window, DCTCP's K always
+    assert (ours < path_drain_times(a, b, wire_bits, start, capacity, queues=every, **kw)).any()
+    levels, first = standing_levels(rdma, [10 * G, 40 * G], lambda: 0.0)
+    standing = StandingQueues(window_bytes=rdma.window_bytes, k_bytes=levels, first_rtt=first)
+    theirs = generic_drains(lot, wire, a, b, size, start, queues=standing)
+    assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-15)
 
 
 def test_lot_queues_take_each_cc_level():
@@ -265,11 +308,17 @@ def test_lot_queues_take_each_cc_level():
         a=one, b=one + 2, size_bytes=np.array([1000]), start_s=np.zeros(1), origin=one,
         foreground=np.array([True]),
     )  # fmt: skip
-    rtt, _, caps = lot_queues(lot, WireFormat(), scn, RdmaConfig(ecn_k_bytes=[[10 * G, 9e3]]))
-    assert caps == [0.0, 9e3]
+    rtt, _, caps, first = lot_queues(
+        lot, WireFormat(), scn, RdmaConfig(ecn_k_bytes=[[10 * G, 9e3]])
+    )
+    assert caps == [0.0, 9e3] and not first
     assert lot_queues(lot, WireFormat(), scn, RdmaConfig(cc="hpcc"))[2] == [0.0, 0.0]
+    _, _, caps, first = lot_queues(
+        lot, WireFormat(), scn, RdmaConfig(cc="hpcc"), first_windows=True
+    )
+    assert first and caps[0] == 0.0 and caps[1] > 0  # the first windows may fill its buffer
     timely = RdmaConfig(cc="timely", cc_params={"t_low_s": 20e-6})
-    _, _, caps = lot_queues(lot, WireFormat(), scn, timely)
+    _, _, caps, _ = lot_queues(lot, WireFormat(), scn, timely)
     path = class_paths(lot, scn.a, scn.b)[0][0]
     assert rtt[0] == round_trip(path, WireFormat(), timely.ack_bytes)
     assert caps[1] == pytest.approx(10 * G * (20e-6 - rtt[0]) / 8, rel=1e-12)
