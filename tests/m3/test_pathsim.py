@@ -198,25 +198,32 @@ def _queued_rdma(window_bytes: int = 18_000):
     )
 
 
+def _queued_lot(seed: int, n_links: int, n_flows: int):
+    """A random lot on an edge-fabric-edge path: its flows' columns, capacities, lot network and
+    path scenario (what ``lot_queues`` reads)."""
+    from m4ray.m3.paths import PathScenario
+
+    a, b, size, start = _random_lot(np.random.default_rng(seed), n_links, n_flows)
+    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
+    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
+    scn = PathScenario(
+        links=tuple(range(n_links)), capacity_bps=np.asarray(capacity),
+        latency_s=np.full(n_links, 1e-6), a=a, b=b, size_bytes=size, start_s=start,
+        origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
+    )  # fmt: skip
+    return (a, b, size, start), capacity, lot, scn
+
+
 @pytest.mark.parametrize("n_links", [2, 4, 6])
 def test_standing_queues_match_generic_flowsim_on_the_lot_topology(n_links):
     """With standing queues, path flowSim (per class) waits each arriving flow as the generic
     flowSim (per flow, ``FlowSimConfig.queues``) does on the lot's topology, where the source
     host's uplink and the mid-path hosts' access links are hosts' uplinks (no queue)."""
     from m4ray.m3.lot import lot_queues
-    from m4ray.m3.paths import PathScenario
     from m4ray.sim.flowsim import StandingQueues
 
-    rng = np.random.default_rng(20 + n_links)
-    a, b, size, start = _random_lot(rng, n_links, 150)
-    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
-    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
+    (a, b, size, start), capacity, lot, scn = _queued_lot(20 + n_links, n_links, 150)
     wire, rdma = WireFormat(), _queued_rdma()
-    scn = PathScenario(
-        links=tuple(range(n_links)), capacity_bps=np.asarray(capacity),
-        latency_s=np.full(n_links, 1e-6), a=a, b=b, size_bytes=size, start_s=start,
-        origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
-    )  # fmt: skip
     queues = lot_queues(lot, wire, scn, rdma)
     wire_bits = [bits(int(s)) for s in size]
     ours = path_drain_times(a, b, wire_bits, start, capacity, nic_cap_bps=10 * G, queues=queues)
@@ -231,18 +238,9 @@ def test_standing_queues_compiled_loop_matches_python(engine):
     if engine == "python":
         pytest.skip("compares the two loops once")
     from m4ray.m3.lot import lot_queues
-    from m4ray.m3.paths import PathScenario
 
     n_links = 6
-    rng = np.random.default_rng(7)
-    a, b, size, start = _random_lot(rng, n_links, 3000)
-    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
-    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
-    scn = PathScenario(
-        links=tuple(range(n_links)), capacity_bps=np.asarray(capacity),
-        latency_s=np.full(n_links, 1e-6), a=a, b=b, size_bytes=size, start_s=start,
-        origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
-    )  # fmt: skip
+    (a, b, size, start), capacity, lot, scn = _queued_lot(7, n_links, 3000)
     wire_bits = [bits(int(s)) for s in size]
     hpcc = dataclasses.replace(_queued_rdma(), cc="hpcc")
     for rdma, first in ((_queued_rdma(), False), (_queued_rdma(0), False), (hpcc, True)):
@@ -261,19 +259,10 @@ def test_first_windows_match_generic_flowsim_on_the_lot_topology(n_links):
     ``StandingQueues(first_rtt=True)`` does on the lot's topology; without ``first_windows``
     HPCC's lots queue nothing (as m3-v3 was trained)."""
     from m4ray.m3.lot import lot_queues
-    from m4ray.m3.paths import PathScenario
     from m4ray.sim.flowsim import StandingQueues, standing_levels
 
-    rng = np.random.default_rng(40 + n_links)
-    a, b, size, start = _random_lot(rng, n_links, 150)
-    capacity = [10 * G] + [40 * G] * (n_links - 2) + [10 * G]
-    lot = LotNetwork(capacity_bps=tuple(capacity), latency_s=(1e-6,) * n_links, nic_cap_bps=10 * G)
+    (a, b, size, start), capacity, lot, scn = _queued_lot(40 + n_links, n_links, 150)
     wire, rdma = WireFormat(), dataclasses.replace(_queued_rdma(), cc="hpcc")
-    scn = PathScenario(
-        links=tuple(range(n_links)), capacity_bps=np.asarray(capacity),
-        latency_s=np.full(n_links, 1e-6), a=a, b=b, size_bytes=size, start_s=start,
-        origin=np.arange(len(a)), foreground=(a == 0) & (b == n_links),
-    )  # fmt: skip
     wire_bits = [bits(int(s)) for s in size]
     kw = {"nic_cap_bps": 10 * G}
     plain = path_drain_times(a, b, wire_bits, start, capacity, **kw)
