@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as pads
 import torch
 
@@ -106,14 +108,23 @@ class Lots:
 
 
 def load_lots(dataset: str | Path) -> Lots:
-    """Every ``lot_samples`` row of a datagen_m3 dataset, ordered by scenario id."""
+    """Every ``lot_samples`` row of a datagen_m3 dataset's scenarios (those its
+    ``scenarios.parquet`` lists as ok: a partition of another run left in the folder, as a
+    copied or resumed dataset may hold, is not read), ordered by scenario id."""
     path = Path(dataset) / "lot_samples"
     if not path.exists():
         raise InputError(
             "no lot_samples table: make one with `python -m m4ray.sweeps +experiment=datagen_m3`",
             file=dataset,
         )
-    table = pads.dataset(path, partitioning="hive").to_table().to_pandas()
+    ids = pads.partitioning(pa.schema([("scenario_id", pa.string())]), flavor="hive")
+    part = pads.dataset(path, partitioning=ids)
+    listed = Path(dataset) / "scenarios.parquet"
+    if listed.exists():
+        runs = pd.read_parquet(listed, columns=["scenario_id", "status"])
+        ok = pa.array(runs.scenario_id[runs.status == "ok"].astype(str).tolist())
+        part = part.filter(pads.field("scenario_id").isin(ok))
+    table = part.to_table().to_pandas()
     table = table.sort_values("scenario_id", kind="stable").reset_index(drop=True)
     n = len(table)
     lmax = int(table.n_links.max())
