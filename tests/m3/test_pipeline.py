@@ -198,6 +198,19 @@ def test_datagen_m3_writes_versioned_lot_samples(m3_run):
     assert (scenarios.status == "ok").all()
 
 
+def test_load_lots_reads_only_the_listed_scenarios(m3_run, tmp_path):
+    """A partition left in the folder by another run (a copied or resumed dataset) is not
+    read: only the scenarios ``scenarios.parquet`` lists as ok."""
+    out, _, _ = m3_run
+    copy = tmp_path / "dataset"
+    shutil.copytree(out / "datagen_m3" / "dataset", copy)
+    scenarios = pq.read_table(copy / "scenarios.parquet").to_pandas()
+    dropped = scenarios.scenario_id.iloc[0]
+    scenarios.iloc[1:].to_parquet(copy / "scenarios.parquet")  # its partitions stay
+    lots = load_lots(copy)
+    assert len(lots) == 5 and dropped not in set(lots.scenario_id)
+
+
 def test_train_m3_exports_a_checkpoint_that_round_trips(m3_run):
     out, _, train = m3_run
     assert "1 worker(s) on CPU (gloo)" in train.stdout and "flowsim" in train.stdout
