@@ -6,10 +6,11 @@ concurrent requests into one forward pass. ``POST /predict`` returns every path'
 foreground percentiles; when every path also carries its foreground counts per output bucket and
 its draw count, the response also holds the network-wide estimate (p50/p90/p99 overall and per
 bucket, :func:`m4ray.m3.aggregate.aggregate`). ``GET /health`` names the checkpoint, the CCs it
-was trained on and whether its path flowSim runs with standing queues (``path_flowsim_queues``:
-the client's tokens must be computed so); a request for another CC gets 400 (as do tokens of the
-wrong shape), nothing else changes. Run with ``python -m m4ray.sweeps +experiment=serve
-serve.m3_checkpoint=<dir>`` (route ``/m3``) or ``serve run m4ray.serve.m3:app``.
+was trained on and whether its path flowSim runs with standing queues (``path_flowsim_queues``,
+and ``path_flowsim_first_windows``: HPCC's first windows queued; the client's tokens must be
+computed so, :func:`m4ray.m3.estimate.checkpoint_queues`); a request for another CC gets 400 (as
+do tokens of the wrong shape), nothing else changes. Run with ``python -m m4ray.sweeps
++experiment=serve serve.m3_checkpoint=<dir>`` (route ``/m3``) or ``serve run m4ray.serve.m3:app``.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the route types of the pickled

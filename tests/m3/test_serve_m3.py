@@ -107,3 +107,4 @@ def test_bad_requests_get_400(served, features):
     health = httpx.get(f"{url}/health", timeout=30).json()
     assert health["supported_cc"] == ["dctcp"] and health["batches"] >= 1
     assert health["path_flowsim_queues"] is False  # this checkpoint records none
+    assert health["path_flowsim_first_windows"] is False
