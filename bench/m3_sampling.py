@@ -57,10 +57,10 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
     from hydra import compose, initialize_config_dir
 
     from m4ray.config import CONF_DIR
-    from m4ray.m3.aggregate import aggregate, bootstrap, bucket_shares, empirical
+    from m4ray.m3.aggregate import aggregate, bootstrap, bucket_counts, empirical
     from m4ray.m3.estimate import checkpoint_queues, estimate, load_model, reference_run
     from m4ray.m3.paths import RoutedFlows
-    from m4ray.models.m3_features import OUT_EDGES, targets
+    from m4ray.models.m3_features import targets
     from m4ray.runtime.cluster import start_ray
     from m4ray.sim.routing import Routing
     from m4ray.sweeps.__main__ import resolve
@@ -75,7 +75,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
     flows = cfg.workload.flows(routing, sweep.seed)
     routed = RoutedFlows(flows, routing)
     size = routed.size_bytes
-    share = bucket_shares(size)
+    share = bucket_counts(size)
     ray = start_ray(sweep.ray)
     cache = Path(sweep.paths.run_dir).resolve() / "cache"
     truth, fixed = None, {}
@@ -114,7 +114,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
             for path, n in routed.sample(n_paths, seed):  # the same draw as the estimate's
                 fg = routed.members(path)
                 pct.append(targets(ns3[fg], size[fg])[0])
-                counts.append(np.bincount(np.digitize(size[fg], OUT_EDGES), minlength=4))
+                counts.append(bucket_counts(size[fg]))
                 draws.append(n)
             sample = (np.stack(pct), np.stack(counts), np.array(draws), share)
             errors["ns-3 on the paths"].append(p99s(aggregate(*sample)) / truth - 1)

@@ -146,7 +146,9 @@ def bootstrap(
     order = np.argsort(values, kind="stable")
     values, path, bucket = values[order], path[order], bucket[order]
     in_bucket = {
-        name: np.flatnonzero(bucket == b) for b, name in enumerate(BUCKET_NAMES) if used[:, b].any()
+        name: (b, np.flatnonzero(bucket == b))
+        for b, name in enumerate(BUCKET_NAMES)
+        if used[:, b].any()
     }
     rng = np.random.default_rng(seed)
     total = round(float(draws.sum()))
@@ -163,8 +165,7 @@ def bootstrap(
         rshare = per_bucket if share is None else share
         point = weight[path, bucket] / np.maximum(per_bucket[bucket], 1e-300)
         point = point * (rshare / rshare.sum())[bucket]
-        for name, at in in_bucket.items():
-            b = BUCKET_NAMES.index(name)
+        for name, (b, at) in in_bucket.items():
             out[name][r] = quantiles(values[at], point[at]) if per_bucket[b] > 0 else np.nan
         out["overall"][r] = quantiles(values, point)
     return out
@@ -188,6 +189,7 @@ def empirical(slowdown: np.ndarray, size_bytes: np.ndarray) -> Estimate:
     return Estimate(overall=overall, buckets=buckets, bucket_weight=bucket_weight)
 
 
-def bucket_shares(size_bytes: np.ndarray) -> np.ndarray:
-    """``(4,)``: the flows per output bucket (the network's own shares, for :func:`aggregate`)."""
-    return np.bincount(np.digitize(size_bytes, OUT_EDGES), minlength=N_BUCKETS_OUT).astype(float)
+def bucket_counts(size_bytes: np.ndarray) -> np.ndarray:
+    """``(4,)``: the flows per output bucket (a path's foreground counts; over every flow, the
+    network's own shares for :func:`aggregate`)."""
+    return np.bincount(np.digitize(size_bytes, OUT_EDGES), minlength=N_BUCKETS_OUT)

@@ -28,7 +28,7 @@ import pandas as pd
 from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import added_field, fingerprint
-from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, bootstrap, bucket_shares
+from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, bootstrap, bucket_counts
 from m4ray.m3.lot import LotNetwork, PathQueues, fg_bdp_bytes, flowsim_fct
 from m4ray.m3.paths import PathScenario, RoutedFlows
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
@@ -213,7 +213,7 @@ def path_sample(  # noqa: PLR0917 (the path and what it is simulated with)
     fg = scn.foreground
     tok, empty = tokens(slowdown, scn.size_bytes, scn.a, scn.b, fg, config)
     pct, _ = targets(slowdown[fg], scn.size_bytes[fg])
-    counts = np.bincount(np.digitize(scn.size_bytes[fg], [1000, 10000, 50000]), minlength=4)
+    counts = bucket_counts(scn.size_bytes[fg])
     return PathSample(
         scenario=scn, slowdown=slowdown, tokens=tok, empty=empty, baseline=pct, counts=counts
     )
@@ -279,7 +279,7 @@ def estimate(
         pred = model(t[:, 0], e[:, 0], t[:, 1:], e[:, 1:], lengths, torch.from_numpy(baseline))
     counts = np.stack([r[2] for r in rows])
     draws = np.array([r[4] for r in rows])
-    share = bucket_shares(routed.size_bytes)  # every flow is routed: the shares are known
+    share = bucket_counts(routed.size_bytes)  # every flow is routed: the shares are known
     return {
         "m3": aggregate(pred.numpy(), counts, draws, share),
         "path_flowsim": aggregate(baseline, counts, draws, share),

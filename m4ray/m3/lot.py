@@ -168,7 +168,7 @@ def lot_queues(
     (:func:`~m4ray.sim.flowsim.standing_levels`, TIMELY's from the lot's largest round trip;
     link 0 leaves the source host: none), and whether only flows in their first round trip
     queue. A CC whose queue is only its first windows (HPCC) queues them with
-    ``first_windows``, as network-wide flowSim does; without it, nothing (as m3-v3 was
+    ``first_windows``, as network-wide flowSim does; without it, nothing (caps 0: as m3-v3 was
     trained: its checkpoint says which, ``model.json`` ``path_flowsim_first_windows``)."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)
     class_rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])
@@ -176,8 +176,8 @@ def lot_queues(
         rdma, sorted(set(lot.capacity_bps)), lambda: float(class_rtt.max())
     )
     rtt = class_rtt[cls]
-    if first_rtt and not first_windows:
-        caps = np.zeros(len(lot.capacity_bps))
+    if first_rtt and not first_windows:  # nothing queues: no young flows to count either
+        caps, first_rtt = np.zeros(len(lot.capacity_bps)), False
     else:
         caps = queue_caps(levels, lot.capacity_bps)
     caps[0] = 0.0

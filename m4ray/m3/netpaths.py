@@ -246,7 +246,8 @@ class NetworkFamily:
 
 
 def _first_rtt_only(network: M3Network) -> bool:
-    """Whether the network's CC queues only its flows' first windows (standing_levels)."""
+    """Whether the network's CC queues only its flows' first windows (standing_levels; the flag
+    is the CC's, so any link rate asks it)."""
     from m4ray.sim.flowsim import standing_levels
 
     rdma = network.ns3(1e9, 1e9).rdma

@@ -117,16 +117,16 @@ def load_lots(dataset: str | Path) -> Lots:
             "no lot_samples table: make one with `python -m m4ray.sweeps +experiment=datagen_m3`",
             file=dataset,
         )
-    ids = pads.partitioning(pa.schema([("scenario_id", pa.string())]), flavor="hive")
-    part = pads.dataset(path, partitioning=ids)
+    by_id = pads.partitioning(pa.schema([("scenario_id", pa.string())]), flavor="hive")
+    part = pads.dataset(path, partitioning=by_id)
     listed = Path(dataset) / "scenarios.parquet"
     if listed.exists():
         runs = pd.read_parquet(listed, columns=["scenario_id", "status"])
         ok = pa.array(runs.scenario_id[runs.status == "ok"].astype(str).tolist())
         part = part.filter(pads.field("scenario_id").isin(ok))
     table = part.to_table()
-    # column by column from Arrow's buffers, each dropped once read: no pandas copy of the
-    # token lists (which held ~3.5x the tokens' size at its peak: 11 GB for 250 networks)
+    # column by column from Arrow's buffers, the token lists dropped once read: no pandas copy
+    # of them (which held ~3.5x the tokens' size at its peak: 11 GB for 250 networks)
     ids = table.column("scenario_id").to_numpy(zero_copy_only=False).astype(object)
     order = np.argsort(ids.astype(str), kind="stable")
     n_links = table.column("n_links").to_numpy()[order].astype(np.int64)
@@ -151,15 +151,10 @@ def load_lots(dataset: str | Path) -> Lots:
     )
 
 
-def _flat(column) -> np.ndarray:
-    """A list column's values, row after row (one chunk)."""
-    return column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
-
-
 def _rows(column, order: np.ndarray, dtype) -> np.ndarray:
     """A list column of equal-length rows as a 2-d array, rows in ``order``."""
-    flat = _flat(column).astype(dtype, copy=False)
-    return flat.reshape(len(column), -1)[order]
+    flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return flat.astype(dtype, copy=False).reshape(len(column), -1)[order]
 
 
 def _padded(column, order, n_links, lmax, width, *, dtype, fill) -> np.ndarray:

@@ -66,40 +66,36 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
 def path_queues(dataset: str) -> bool:
     """Whether the dataset's lots ran path flowSim with standing queues (their ``params``'
     ``path_queues``): the estimate must then run it so too. A mix is an error."""
-    params = pd.read_parquet(Path(dataset) / "scenarios.parquet", columns=["params", "status"])
-    flags = {
-        bool(json.loads(p).get("path_queues", False))
-        for p, ok in zip(params.params, params.status, strict=True)
-        if ok == "ok"
-    }
-    if len(flags) > 1:
-        raise InputError(
-            "lots with and without path flowSim's standing queues in one dataset",
-            file=dataset,
-            field="queues",
-        )
-    return flags == {True}
+    return _dataset_flag(dataset, "path_queues", "path flowSim's standing queues", "queues")
 
 
 def path_first_windows(dataset: str) -> bool:
     """Whether the dataset's lots under a CC that queues only its first windows (HPCC) ran path
     flowSim with those (their ``params``' ``path_first_windows``,
     :class:`~m4ray.m3.lot.PathQueues`); a CC whose lots differ is an error."""
+    return _dataset_flag(
+        dataset, "path_first_windows", "path flowSim's first windows", "first_windows", by_cc=True
+    )
+
+
+def _dataset_flag(dataset: str, key: str, what: str, field: str, *, by_cc: bool = False) -> bool:
+    """``params[key]`` of the dataset's ok scenarios, the same within the dataset (``by_cc``:
+    within each congestion control): whether it is set; lots that differ are an error naming
+    ``what`` (and the CCs)."""
     params = pd.read_parquet(Path(dataset) / "scenarios.parquet", columns=["params", "status"])
-    by_cc: dict[str, set[bool]] = {}
+    flags: dict[str, set[bool]] = {}
     for p, ok in zip(params.params, params.status, strict=True):
         if ok == "ok":
             values = json.loads(p)
-            flag = bool(values.get("path_first_windows", False))
-            by_cc.setdefault(values.get("cc", "dctcp"), set()).add(flag)
-    mixed = sorted(cc for cc, flags in by_cc.items() if len(flags) > 1)
+            group = values.get("cc", "dctcp") if by_cc else ""
+            flags.setdefault(group, set()).add(bool(values.get(key, False)))
+    mixed = sorted(group for group, seen in flags.items() if len(seen) > 1)
     if mixed:
+        which = f"{', '.join(mixed)} " if by_cc else ""
         raise InputError(
-            f"{', '.join(mixed)} lots with and without path flowSim's first windows in one dataset",
-            file=dataset,
-            field="first_windows",
+            f"{which}lots with and without {what} in one dataset", file=dataset, field=field
         )
-    return any(True in flags for flags in by_cc.values())
+    return any(True in seen for seen in flags.values())
 
 
 __all__ = ["SECTIONS", "path_first_windows", "path_queues", "run"]
