@@ -56,6 +56,11 @@ M3_TABLES: dict[str, pa.Schema] = {
         [
             pa.field("n_links", pa.int32(), metadata={"doc": "path links L"}),
             pa.field("n_foreground", pa.int64(), metadata={"doc": "foreground flows"}),
+            pa.field(
+                "draws",
+                pa.int64(),
+                metadata={"doc": "times the path was drawn (network paths; a lot: 1)"},
+            ),
             pa.field("tokens", pa.list_(pa.float32()), metadata={"doc": "(L+1) x TOKEN_DIM"}),
             pa.field("empty", pa.list_(pa.bool_()), metadata={"doc": "(L+1) x 10 empty buckets"}),
             pa.field("target", pa.list_(pa.float32()), metadata={"doc": "4 x 100 ns-3 pcts"}),
@@ -241,6 +246,7 @@ class LotScenario:
         sample = {
             "n_links": [self.n_links],
             "n_foreground": [int(fg.sum())],
+            "draws": [1],
             "tokens": [tok.reshape(-1)],
             "empty": [empty.reshape(-1)],
             "target": [target.reshape(-1)],

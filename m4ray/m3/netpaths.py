@@ -115,7 +115,7 @@ class NetworkPathsScenario:
         network = self.network.net_config()
         samples: dict[str, list] = {name: [] for name in M3_TABLES["lot_samples"].names}
         fg_rows: dict[str, list] = {name: [] for name in M3_TABLES["lot_flows"].names}
-        for path, _ in routed.sample(self.n_paths, self.seed):
+        for path, draws in routed.sample(self.n_paths, self.seed):
             sample = path_sample(routed, path, 1, self.wire, network, queues)
             scn, fg = sample.scenario, sample.scenario.foreground
             origin = scn.origin[fg]
@@ -123,6 +123,7 @@ class NetworkPathsScenario:
             for name, value in (
                 ("n_links", scn.n_links),
                 ("n_foreground", int(fg.sum())),
+                ("draws", draws),
                 ("tokens", sample.tokens.reshape(-1)),
                 ("empty", sample.empty.reshape(-1)),
                 ("target", target.reshape(-1)),
@@ -245,6 +246,27 @@ class NetworkFamily:
         )
 
 
+def recovered_draws(params: dict[str, Any], seed: int, flow_ids: list[np.ndarray]) -> np.ndarray:
+    """Each sampled path's draw count for a network written before ``lot_samples`` had them:
+    the estimate's draws repeated (:func:`~m4ray.m3.paths.draw_flows` over the network's
+    ``n_flows_target`` flows) and counted on each path's recorded foreground (``flow_ids``, one
+    array per sample, in sample order). Raises if the draws do not all land on the recorded
+    paths (then they are not this network's)."""
+    from m4ray.m3.paths import draw_flows
+
+    owner = np.full(max((int(f.max()) for f in flow_ids if len(f)), default=-1) + 1, -1)
+    for k, ids in enumerate(flow_ids):
+        owner[ids] = k
+    picks = draw_flows(int(params["n_flows_target"]), int(params["n_paths"]), seed)
+    hit = owner[picks[picks < len(owner)]]
+    draws = np.bincount(hit[hit >= 0], minlength=len(flow_ids))
+    if len(hit) != len(picks) or (hit < 0).any() or (draws < 1).any():
+        raise InputError(
+            "the network's draws do not land on its recorded paths", field="lot_samples.draws"
+        )
+    return draws
+
+
 def _first_rtt_only(network: M3Network) -> bool:
     """Whether the network's CC queues only its flows' first windows (standing_levels; the flag
     is the CC's, so any link rate asks it)."""
@@ -254,4 +276,4 @@ def _first_rtt_only(network: M3Network) -> bool:
     return standing_levels(rdma, [1e9], lambda: 0.0)[1]
 
 
-__all__ = ["NetworkFamily", "NetworkPathsScenario"]
+__all__ = ["NetworkFamily", "NetworkPathsScenario", "recovered_draws"]

@@ -81,6 +81,12 @@ def _route_keys(table: np.ndarray, n_links: int) -> np.ndarray:
     return np.ascontiguousarray(table).view(row).reshape(-1)
 
 
+def draw_flows(n_flows: int, n_paths: int, seed: int) -> np.ndarray:
+    """The flows :meth:`RoutedFlows.sample` draws (uniform over the network's flows, so each
+    draw takes a path ∝ its foreground flows)."""
+    return np.random.default_rng(seed).integers(n_flows, size=n_paths)
+
+
 class RoutedFlows:
     """A network-wide flow set with every flow's route, indexed by path and by link.
 
@@ -172,7 +178,7 @@ class RoutedFlows:
         counts (which sum to ``n_paths``), in order of first draw."""
         if n_paths < 1:
             raise InputError(f"must be >= 1, got {n_paths}", field="n_paths")
-        picks = np.random.default_rng(seed).integers(self.n_flows, size=n_paths)
+        picks = draw_flows(self.n_flows, n_paths, seed)
         return list(Counter(self._route(k) for k in self.path_of[picks].tolist()).items())
 
     def scenario(self, path: tuple[int, ...], draws: int = 1) -> PathScenario:

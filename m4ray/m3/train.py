@@ -13,6 +13,7 @@ directory format :mod:`m4ray.models.checkpoint`'s.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pyarrow.dataset as pads
 import torch
 
 from m4ray.errors import InputError
+from m4ray.m3.aggregate import bucket_counts
 from m4ray.models.checkpoint import M3  # (where m3 cards say to find it)
 from m4ray.models.m3 import M3Model, M3ModelConfig, loss_fn, mixture_loss
 from m4ray.models.m3_features import N_BUCKETS_IN, N_BUCKETS_OUT, N_PCT, TOKEN_DIM
@@ -31,6 +33,7 @@ from m4ray.train.loop import RunSettings
 
 PCTS = (50, 90, 99)
 LOSSES = ("paths", "mixture")
+MIXTURE_WEIGHTS = ("estimate", "flows")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,6 +53,10 @@ class M3TrainConfig(RunSettings):
     # of its paths' percentiles against the same mixture of their ns-3 ones (m3.mixture_loss),
     # scenarios split whole into train / val / test
     loss: str = "paths"
+    # the mixture loss's weight of a path in a bucket: "estimate", as the estimate mixes paths
+    # (draws x its foreground flows in the bucket / its foreground flows: aggregate's weights);
+    # "flows", its foreground flows in every bucket (m3-v2 to m3-v4)
+    mixture_weight: str = "flows"
     init_checkpoint: str | None = None  # start from this m3 checkpoint's weights (same model)
 
     def __post_init__(self) -> None:
@@ -58,6 +65,11 @@ class M3TrainConfig(RunSettings):
         RunSettings.__post_init__(self)
         if not 0 <= self.val_fraction + self.test_fraction < 1:
             raise InputError("val + test fractions must be in [0, 1)", field="train.val_fraction")
+        if self.mixture_weight not in MIXTURE_WEIGHTS:
+            raise InputError(
+                f"unknown mixture weight {self.mixture_weight!r} ({', '.join(MIXTURE_WEIGHTS)})",
+                field="train.mixture_weight",
+            )
         if self.loss not in LOSSES:
             raise InputError(
                 f"unknown loss {self.loss!r} ({', '.join(LOSSES)})", field="train.loss"
@@ -80,10 +92,13 @@ class M3TrainConfig(RunSettings):
 @dataclass(kw_only=True, slots=True)
 class Lots:
     """Samples as arrays: tokens ``(N, Lmax+1, TOKEN_DIM)`` (right-padded), empty flags, lengths
-    (links), targets ``(N, 4, 100)``, masks ``(N, 4)`` and flowSim's foreground percentiles."""
+    (links), targets ``(N, 4, 100)``, masks ``(N, 4)`` and flowSim's foreground percentiles;
+    ``weight`` ``(N, 4)``: each path's weight in each output bucket as the estimate mixes them
+    (:func:`m4ray.m3.aggregate.aggregate`: draws x foreground flows there / foreground flows)."""
 
     scenario_id: np.ndarray
     n_foreground: np.ndarray
+    weight: np.ndarray
     tokens: np.ndarray
     empty: np.ndarray
     n_links: np.ndarray
@@ -139,9 +154,12 @@ def load_lots(dataset: str | Path) -> Lots:
         table.column("empty"), order, n_links, lmax, N_BUCKETS_IN, dtype=bool, fill=True
     )
     shape = (n, N_BUCKETS_OUT, N_PCT)
+    n_fg = table.column("n_foreground").to_numpy()[order]
+    draws = table.column("draws").to_numpy()[order] if "draws" in table.column_names else None
     return Lots(
         scenario_id=ids[order],
-        n_foreground=table.column("n_foreground").to_numpy()[order].astype(np.float32),
+        n_foreground=n_fg.astype(np.float32),
+        weight=bucket_weights(dataset, ids[order], n_fg, draws),
         tokens=tokens,
         empty=empty,
         n_links=n_links,
@@ -149,6 +167,51 @@ def load_lots(dataset: str | Path) -> Lots:
         mask=_rows(table.column("mask"), order, bool).reshape(n, N_BUCKETS_OUT),
         flowsim=_rows(table.column("flowsim_target"), order, np.float32).reshape(shape),
     )
+
+
+def bucket_weights(
+    dataset: str | Path, ids: np.ndarray, n_fg: np.ndarray, draws: np.ndarray | None
+) -> np.ndarray:
+    """``(N, 4)`` each sample's weight per output bucket as the estimate mixes paths: its
+    draws x its foreground flows in the bucket (``lot_flows``, sample after sample within a
+    scenario) / its foreground flows. ``ids`` are the samples' scenarios, grouped, each
+    scenario's samples in stored order; a dataset written before ``lot_samples`` had draws
+    has them recovered (:func:`m4ray.m3.netpaths.recovered_draws`; a lot: 1)."""
+    from m4ray.m3.netpaths import recovered_draws
+
+    by_id = pads.partitioning(pa.schema([("scenario_id", pa.string())]), flavor="hive")
+    flows = pads.dataset(Path(dataset) / "lot_flows", partitioning=by_id)
+    wanted = pa.array(sorted(set(ids.astype(str).tolist())))
+    flows = (
+        flows.to_table(
+            columns=["scenario_id", "flow_id", "size_bytes"],
+            filter=pads.field("foreground") & pads.field("scenario_id").isin(wanted),
+        )
+        .to_pandas()
+        .groupby("scenario_id", sort=False)
+    )
+    params = {}
+    if draws is None:
+        runs = pd.read_parquet(
+            Path(dataset) / "scenarios.parquet", columns=["scenario_id", "seed", "params"]
+        )
+        params = {r.scenario_id: (json.loads(r.params), int(r.seed)) for r in runs.itertuples()}
+    weight = np.zeros((len(ids), N_BUCKETS_OUT), dtype=np.float32)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    for lo, hi in zip(starts, np.r_[starts[1:], len(ids)], strict=True):
+        part = flows.get_group(str(ids[lo]))
+        cut = np.cumsum(n_fg[lo:hi])[:-1]
+        sizes = np.split(part.size_bytes.to_numpy(), cut)
+        counts = np.stack([bucket_counts(x) for x in sizes])
+        if draws is not None:
+            n = draws[lo:hi]
+        elif params[str(ids[lo])][0].get("traffic") == "network":
+            p, seed = params[str(ids[lo])]
+            n = recovered_draws(p, seed, np.split(part.flow_id.to_numpy(), cut))
+        else:
+            n = np.ones(hi - lo)
+        weight[lo:hi] = n[:, None] * counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    return weight
 
 
 def _rows(column, order: np.ndarray, dtype) -> np.ndarray:
@@ -266,7 +329,8 @@ class M3Task:
         mask = torch.from_numpy(lots.mask).to(self.device)
         pred = module(*lots.tensors(self.device))
         if self.cfg.loss == "mixture":
-            weight = torch.from_numpy(lots.n_foreground).to(self.device)
+            by = lots.weight if self.cfg.mixture_weight == "estimate" else lots.n_foreground
+            weight = torch.from_numpy(by).to(self.device)
             return mixture_loss(pred, target, mask, weight)
         return loss_fn(pred, target, mask)
 
@@ -318,6 +382,14 @@ def error_text(table: dict[str, dict[str, float]], n_lots: int) -> str:
     return "\n".join(lines)
 
 
+def _mixture_text(cfg: M3TrainConfig) -> str:
+    weight = {
+        "estimate": "draws x flows in the bucket / flows, as the estimate mixes them",
+        "flows": "its foreground flows in every bucket",
+    }[cfg.mixture_weight]
+    return f"(the mixture of a network's paths, one network a batch; a path's weight: {weight})"
+
+
 def model_card(meta: dict[str, Any], table: dict, cfg: M3TrainConfig) -> str:
     m = cfg.model
     rows = "\n".join(
@@ -348,7 +420,7 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
     }
 - training: {meta["epochs"]} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr}, weight decay
   {cfg.weight_decay}; {meta["hardware"]}; {meta["train_wall_s"]} s wall; loss `{cfg.loss}`
-  {"(the mixture of a network's paths, one network a batch)" if cfg.loss == "mixture" else ""}
+  {_mixture_text(cfg) if cfg.loss == "mixture" else ""}
   {f"from `{cfg.init_checkpoint}`" if cfg.init_checkpoint else ""}
 - command: `{meta["command"]}`; code: git `{meta["git_commit"]}`
 

@@ -191,17 +191,19 @@ def mixture_loss(
 ) -> torch.Tensor:
     """One network's paths as the estimate mixes them: per output bucket, the mean |log ratio|
     of the predicted mixture's quantiles (:data:`MIXTURE_LEVELS`) to the same mixture of the
-    paths' ns-3 percentiles, paths weighted by ``weight`` (their foreground flows, as the
-    estimate draws them). Unlike :func:`loss_fn` it does not pull each path toward the
-    conditional median (which shrinks the tail the mixture is made of)."""
+    paths' ns-3 percentiles, paths weighted by ``weight``: ``(P, 4)`` per bucket (as the
+    estimate mixes them), or ``(P,)`` the same in every bucket. Unlike :func:`loss_fn` it does
+    not pull each path toward the conditional median (which shrinks the tail the mixture is made
+    of)."""
     levels = torch.tensor(MIXTURE_LEVELS, dtype=pred.dtype, device=pred.device)
     total, n = pred.new_zeros(()), 0
     for b in range(pred.shape[1]):
         used = mask[:, b]
         if not bool(used.any()):
             continue
-        ours = mixture_quantiles(pred[used, b], weight[used], levels).clamp_min(1e-3)
-        theirs = mixture_quantiles(target[used, b], weight[used], levels)
+        w = (weight[:, b] if weight.ndim == 2 else weight)[used]
+        ours = mixture_quantiles(pred[used, b], w, levels).clamp_min(1e-3)
+        theirs = mixture_quantiles(target[used, b], w, levels)
         total = total + (ours.log() - theirs.log()).abs().mean()
         n += 1
     return total / max(n, 1)

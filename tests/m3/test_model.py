@@ -118,3 +118,24 @@ def test_mixture_loss_compares_the_mixtures_not_each_path():
         np.array(MIXTURE_LEVELS)
     )
     np.testing.assert_allclose(ours, theirs)
+
+
+def test_mixture_loss_weighs_paths_per_bucket():
+    """A ``(P, 4)`` weight weighs each path in each bucket on its own: equal columns give the
+    ``(P,)`` loss; a path weighted out of a bucket no longer counts there."""
+    from m4ray.models.m3 import mixture_loss
+
+    rng = np.random.default_rng(1)
+    target = torch.from_numpy(np.sort(rng.uniform(1, 5, (5, 4, 100)), axis=-1))
+    mask = torch.ones(5, 4, dtype=torch.bool)
+    weight = torch.from_numpy(rng.uniform(1, 4, 5))
+    pred = target * torch.from_numpy(rng.uniform(0.7, 1.3, (5, 4, 1)))
+    flat = mixture_loss(pred, target, mask, weight)
+    assert float(mixture_loss(pred, target, mask, weight[:, None].expand(5, 4))) == float(flat)
+    # path 0 wrong by 2x in bucket 0 only, then weighted out of it
+    wrong = target.clone()
+    wrong[0, 0] *= 2
+    per_bucket = weight[:, None].repeat(1, 4)
+    assert float(mixture_loss(wrong, target, mask, per_bucket)) > 0.01
+    per_bucket[0, 0] = 0.0
+    assert float(mixture_loss(wrong, target, mask, per_bucket)) < 1e-6

@@ -13,17 +13,24 @@ from m4ray.m3.netpaths import NetworkFamily
 from m4ray.models.m3_features import targets
 
 
-def test_network_paths_record_the_estimates_inputs_and_the_networks_targets():
+@pytest.fixture(scope="module")
+def network():
+    """One small network's samples (a real ns-3 run)."""
+    family = NetworkFamily(n_flows=[1500, 1500], sizes={"lognormal": {"sigma": 1.5}}, n_paths=60)
+    scenario = family.sample("net", 0, 7, 300.0)
+    return family, scenario, scenario.record()
+
+
+def test_network_paths_record_the_estimates_inputs_and_the_networks_targets(network):
     """Each sampled path is one ``lot_samples`` row: path flowSim's baseline of its foreground
     (with standing queues) and, as target, the percentiles of what network-wide ns-3 gave those
     same flows (``lot_flows``, path after path); draws are the estimate's (∝ foreground)."""
-    family = NetworkFamily(n_flows=[1500, 1500], sizes={"lognormal": {"sigma": 1.5}}, n_paths=60)
-    scenario = family.sample("net", 0, 7, 300.0)
+    family, scenario, tables = network
     assert scenario.params()["path_queues"] is True
     assert scenario.scenario_id == family.sample("net", 0, 7, 60.0).scenario_id  # guard aside
-    tables = scenario.record()
     samples, flows = tables["lot_samples"].to_pandas(), tables["lot_flows"].to_pandas()
     assert 10 < len(samples) <= 60 and set(samples.n_links) <= {2, 4, 6}
+    assert samples.draws.sum() == 60 and (samples.draws >= 1).all()
     assert samples.n_foreground.sum() == len(flows) and flows.foreground.all()
     assert len(set(flows.flow_id)) == len(flows)  # each network flow on one route
     ends = np.cumsum(samples.n_foreground.to_numpy())
@@ -35,6 +42,45 @@ def test_network_paths_record_the_estimates_inputs_and_the_networks_targets():
         base, _ = targets(part.flowsim_slowdown.to_numpy(), part.size_bytes.to_numpy())
         np.testing.assert_array_equal(np.asarray(row.flowsim_target).reshape(4, 100), base)
     assert (flows.flowsim_slowdown >= 1 - 1e-9).all() and (flows.slowdown > 0.5).all()
+
+
+def test_mixture_weights_are_the_estimates_and_old_datasets_recover_their_draws(network, tmp_path):
+    """``load_lots`` weighs each path in each bucket as the estimate mixes paths (draws x its
+    flows there / its flows); a dataset written before ``lot_samples`` had draws gets the same
+    weights from the repeated draws, and draws that are not the network's are refused."""
+    import pyarrow.parquet as pq
+
+    from m4ray.m3.aggregate import bucket_counts
+    from m4ray.m3.netpaths import recovered_draws
+    from m4ray.m3.train import load_lots
+
+    _, scenario, tables = network
+
+    def dataset(name, samples):
+        root = tmp_path / name
+        for table, rows in (("lot_samples", samples), ("lot_flows", tables["lot_flows"])):
+            part = root / table / f"scenario_id={scenario.scenario_id}"
+            part.mkdir(parents=True)
+            pq.write_table(rows, part / "part-0.parquet")
+        pd.DataFrame(
+            {"scenario_id": [scenario.scenario_id], "status": ["ok"], "seed": [scenario.seed],
+             "params": [json.dumps(scenario.params())]}
+        ).to_parquet(root / "scenarios.parquet")  # fmt: skip
+        return root
+
+    samples, flows = tables["lot_samples"], tables["lot_flows"].to_pandas()
+    lots = load_lots(dataset("new", samples))
+    draws = samples.column("draws").to_numpy()
+    np.testing.assert_allclose(lots.weight.sum(axis=1), draws, rtol=1e-6)
+    np.testing.assert_array_equal(lots.weight > 0, lots.mask)
+    first = flows.iloc[: samples.column("n_foreground")[0].as_py()]
+    counts = bucket_counts(first.size_bytes.to_numpy())
+    np.testing.assert_allclose(lots.weight[0], draws[0] * counts / counts.sum(), rtol=1e-6)
+    old = load_lots(dataset("old", samples.drop_columns(["draws"])))
+    np.testing.assert_array_equal(old.weight, lots.weight)
+    ids = np.split(flows.flow_id.to_numpy(), np.cumsum(samples.column("n_foreground"))[:-1])
+    with pytest.raises(InputError, match="draws"):
+        recovered_draws(scenario.params(), scenario.seed + 1, ids)
 
 
 def test_network_paths_under_another_cc_run_its_ns3_and_its_queue_level():

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from m4ray.datagen.traffic import SizeDistribution
+from m4ray.errors import InputError
 from m4ray.m3.datagen import LotScenario, LotTraffic
-from m4ray.m3.train import M3, load_lots, predict
+from m4ray.m3.train import M3, M3TrainConfig, load_lots, predict
 from m4ray.models import checkpoint
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.ns3.transports import RdmaConfig
@@ -238,10 +239,14 @@ def test_train_m3_fits_the_mixture_from_a_checkpoint(m3_run):
     export = out / "train_m3" / "export"
     proc = sweep(out, "+experiment=train_m3", "train.epochs=1", "train.num_workers=1",
                  "train.loss=mixture", f"train.init_checkpoint={export}", "name=mix",
+                 "train.mixture_weight=estimate",
                  "train.val_fraction=0.2", "train.test_fraction=0.2", *TINY_MODEL)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     card = (out / "mix" / "export" / "model_card.md").read_text()
-    assert "loss `mixture`" in card and str(export) in card
+    assert "loss `mixture`" in card and str(export) in card and "as the estimate mixes" in card
+    with pytest.raises(InputError) as err:
+        M3TrainConfig(loss="mixture", mixture_weight="paths")
+    assert err.value.field == "train.mixture_weight"
     bad = sweep(out, "+experiment=train_m3", "train.epochs=1", "train.num_workers=1",
                 f"train.init_checkpoint={export}", "name=bad", "train.model.dim=32",
                 "train.model.heads=2", "train.model.ffn=32", "train.model.mlp=32")  # fmt: skip
