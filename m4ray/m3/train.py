@@ -58,6 +58,9 @@ class M3TrainConfig(RunSettings):
     # "flows", its foreground flows in every bucket (m3-v2 to m3-v4)
     mixture_weight: str = "flows"
     init_checkpoint: str | None = None  # start from this m3 checkpoint's weights (same model)
+    # a model soup: one member per seed (its own split and order) from init_checkpoint, and the
+    # mean of their weights exported (sweeps.train_m3.soup); empty: one model, seed's
+    soup: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -69,6 +72,12 @@ class M3TrainConfig(RunSettings):
             raise InputError(
                 f"unknown mixture weight {self.mixture_weight!r} ({', '.join(MIXTURE_WEIGHTS)})",
                 field="train.mixture_weight",
+            )
+        self.soup = [int(x) for x in self.soup]
+        if self.soup and (len(set(self.soup)) != len(self.soup) or not self.init_checkpoint):
+            raise InputError(
+                "a soup needs distinct seeds and an init_checkpoint its members start from",
+                field="train.soup",
             )
         if self.loss not in LOSSES:
             raise InputError(
@@ -155,7 +164,9 @@ def load_lots(dataset: str | Path) -> Lots:
     )
     shape = (n, N_BUCKETS_OUT, N_PCT)
     n_fg = table.column("n_foreground").to_numpy()[order]
-    draws = table.column("draws").to_numpy()[order] if "draws" in table.column_names else None
+    draws = None  # per sample; NaN where a partition written before draws lacks them
+    if "draws" in table.column_names:
+        draws = table.column("draws").to_numpy(zero_copy_only=False).astype(float)[order]
     return Lots(
         scenario_id=ids[order],
         n_foreground=n_fg.astype(np.float32),
@@ -191,7 +202,7 @@ def bucket_weights(
         .groupby("scenario_id", sort=False)
     )
     params = {}
-    if draws is None:
+    if draws is None or np.isnan(draws).any():
         runs = pd.read_parquet(
             Path(dataset) / "scenarios.parquet", columns=["scenario_id", "seed", "params"]
         )
@@ -203,7 +214,7 @@ def bucket_weights(
         cut = np.cumsum(n_fg[lo:hi])[:-1]
         sizes = np.split(part.size_bytes.to_numpy(), cut)
         counts = np.stack([bucket_counts(x) for x in sizes])
-        if draws is not None:
+        if draws is not None and not np.isnan(draws[lo:hi]).any():
             n = draws[lo:hi]
         elif params[str(ids[lo])][0].get("traffic") == "network":
             p, seed = params[str(ids[lo])]
@@ -390,6 +401,16 @@ def _mixture_text(cfg: M3TrainConfig) -> str:
     return f"(the mixture of a network's paths, one network a batch; a path's weight: {weight})"
 
 
+def _soup_text(meta: dict[str, Any]) -> str:
+    if "soup" not in meta:
+        return ""
+    seeds = ", ".join(map(str, meta["soup"]))
+    return f"""
+- a model soup: the mean of the weights of {len(meta["soup"])} members (seeds {seeds}), each
+  trained on its own split (the split above is seed {meta["soup"][0]}'s); the table below is on
+  the {meta["lots"]["held_out"]} samples no member trained on"""
+
+
 def model_card(meta: dict[str, Any], table: dict, cfg: M3TrainConfig) -> str:
     m = cfg.model
     rows = "\n".join(
@@ -406,7 +427,7 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
 
 - dataset version: `{meta["dataset_version"]}` (datagen_m3: parking lots; datagen_m3_net: paths
   of whole networks), train/val/test samples: {lots["train"]}/{lots["val"]}/{lots["test"]} (split
-  by scenario)
+  by scenario){_soup_text(meta)}
 - congestion control it was trained on: {", ".join(meta["supported_cc"])} (m4ray's ns-3
   RDMA); other CCs are refused at estimation time
 - path flowSim (tokens and the corrected baseline): {

@@ -3,13 +3,16 @@ exported with its card (``m4ray.train.job``: the training run all model kinds sh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from m4ray.errors import InputError
+from m4ray.fingerprint import fingerprint
 from m4ray.m3.train import (
     M3,
     M3TrainConfig,
@@ -40,27 +43,83 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         initial_weights(cfg)  # so does a checkpoint of another model
     what = f"train_m3: {n_lots} lots, dataset {version}"
     # the workers load it each: not held here meanwhile (90,000 paths are ~3.5 GB a copy)
-    trained = train(
-        sweep, raw_config, cfg, train_loop, M3Model, version=version, run_dir=run_dir, what=what
-    )
-    splits = split(load_lots(cfg.dataset), cfg)
-    table = percentile_errors(predict(trained.model, splits["test"]), splits["test"])
+    if not cfg.soup:
+        trained = train(
+            sweep, raw_config, cfg, train_loop, M3Model, version=version, run_dir=run_dir, what=what
+        )
+        members = [cfg]
+    else:
+        trained, members = soup(sweep, raw_config, cfg, version=version, run_dir=run_dir, what=what)
+    lots = load_lots(cfg.dataset)
+    held = held_out(lots, members)
+    table = percentile_errors(predict(trained.model, held), held)
     metrics = {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()}
     meta = trained.meta(
         version,
         cfg,
         metrics,
-        lots={k: len(v) for k, v in splits.items()},
+        lots={k: len(v) for k, v in split(lots, members[0]).items()} | {"held_out": len(held)},
         supported_cc=dataset_ccs(cfg.dataset),
         path_flowsim_queues=path_queues(cfg.dataset),
         path_flowsim_first_windows=path_first_windows(cfg.dataset),
+        **({"soup": list(cfg.soup)} if cfg.soup else {}),
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")
     publish(trained, export_dir, meta, model_card(meta, table, cfg), kind=M3)
     print()
-    print(error_text(table, len(splits["test"])))
+    print(error_text(table, len(held)))
     print(f"\ntrained {meta['epochs']} epochs in {trained.wall_s:.1f} s; checkpoint {export_dir}")
     return run_dir
+
+
+def soup(sweep, raw_config: dict, cfg: M3TrainConfig, *, version: str, run_dir: Path, what: str):
+    """``train.soup``: one member per seed (its own split and order, trained in
+    ``run_dir/member-<seed>``, so a re-run resumes each), and the model whose weights are their
+    mean (a model soup: the members start from one checkpoint, ``init_checkpoint``). Returns the
+    soup as a :class:`~m4ray.train.job.Trained` under its own MLflow run, and the members'
+    configurations."""
+    from m4ray.train.job import mlflow_run, tracking_uri
+
+    members, runs = [], []
+    for seed in cfg.soup:
+        member = dataclasses.replace(cfg, seed=seed, soup=[], export_dir=None)
+        raw = {**raw_config, "train": {**raw_config.get("train", {}), "seed": seed, "soup": []}}
+        runs.append(
+            train(sweep, raw, member, train_loop, M3Model, version=version,
+                  run_dir=run_dir / f"member-{seed}", what=f"{what}; soup member seed {seed}")
+        )  # fmt: skip
+        members.append(member)
+    model = M3Model(cfg.model)
+    model.load_state_dict(mean_state([r.model.state_dict() for r in runs]))
+    uri = tracking_uri(cfg, run_dir)
+    name = f"{sweep.name}-soup-{fingerprint([raw_config.get('train'), version], 8)}"
+    run_id = mlflow_run(uri, cfg.experiment, name, raw_config, version)
+    trained = dataclasses.replace(
+        runs[0], model=model.eval(), run_id=run_id, uri=uri, wall_s=sum(r.wall_s for r in runs)
+    )
+    return trained, members
+
+
+def mean_state(states: list[dict]) -> dict:
+    """The element-wise mean of models' weights (same architecture); integer buffers are the
+    first model's."""
+    import torch
+
+    return {
+        k: torch.stack([st[k] for st in states]).mean(0) if v.is_floating_point() else v
+        for k, v in states[0].items()
+    }
+
+
+def held_out(lots, members: list[M3TrainConfig]):
+    """The samples no member trained on (one model: its test split)."""
+    if len(members) == 1:
+        return split(lots, members[0])["test"]
+    trained = np.zeros(len(lots), dtype=bool)
+    for member in members:
+        ids = set(split(lots, member)["train"].scenario_id.tolist())
+        trained |= np.isin(lots.scenario_id, list(ids))
+    return lots.take(np.flatnonzero(~trained))
 
 
 def path_queues(dataset: str) -> bool:
@@ -98,4 +157,4 @@ def _dataset_flag(dataset: str, key: str, what: str, field: str, *, by_cc: bool 
     return any(True in seen for seen in flags.values())
 
 
-__all__ = ["SECTIONS", "path_first_windows", "path_queues", "run"]
+__all__ = ["SECTIONS", "held_out", "mean_state", "path_first_windows", "path_queues", "run", "soup"]

@@ -139,3 +139,17 @@ def test_mixture_loss_weighs_paths_per_bucket():
     assert float(mixture_loss(wrong, target, mask, per_bucket)) > 0.01
     per_bucket[0, 0] = 0.0
     assert float(mixture_loss(wrong, target, mask, per_bucket)) < 1e-6
+
+
+def test_a_soup_is_the_mean_of_its_members_weights():
+    from m4ray.models.m3 import M3Model, M3ModelConfig
+    from m4ray.sweeps.train_m3 import mean_state
+
+    cfg = M3ModelConfig(dim=16, layers=1, heads=2, ffn=16, mlp=16)
+    torch.manual_seed(0)
+    a, b = M3Model(cfg).state_dict(), M3Model(cfg).state_dict()
+    soup = M3Model(cfg)
+    soup.load_state_dict(mean_state([a, b]))
+    for name, value in soup.state_dict().items():
+        torch.testing.assert_close(value, (a[name] + b[name]) / 2)
+    assert not torch.equal(a["embed.weight"], b["embed.weight"])

@@ -56,15 +56,18 @@ def test_mixture_weights_are_the_estimates_and_old_datasets_recover_their_draws(
 
     _, scenario, tables = network
 
-    def dataset(name, samples):
+    def dataset(name, *parts):
+        """One scenario per ``lot_samples`` table given: the same network under ids 0, 1, ..."""
         root = tmp_path / name
-        for table, rows in (("lot_samples", samples), ("lot_flows", tables["lot_flows"])):
-            part = root / table / f"scenario_id={scenario.scenario_id}"
-            part.mkdir(parents=True)
-            pq.write_table(rows, part / "part-0.parquet")
+        ids = [f"{scenario.scenario_id}{k}" for k in range(len(parts))]
+        for sid, samples in zip(ids, parts, strict=True):
+            for table, rows in (("lot_samples", samples), ("lot_flows", tables["lot_flows"])):
+                part = root / table / f"scenario_id={sid}"
+                part.mkdir(parents=True)
+                pq.write_table(rows, part / "part-0.parquet")
         pd.DataFrame(
-            {"scenario_id": [scenario.scenario_id], "status": ["ok"], "seed": [scenario.seed],
-             "params": [json.dumps(scenario.params())]}
+            {"scenario_id": ids, "status": "ok", "seed": scenario.seed,
+             "params": json.dumps(scenario.params())}
         ).to_parquet(root / "scenarios.parquet")  # fmt: skip
         return root
 
@@ -78,6 +81,9 @@ def test_mixture_weights_are_the_estimates_and_old_datasets_recover_their_draws(
     np.testing.assert_allclose(lots.weight[0], draws[0] * counts / counts.sum(), rtol=1e-6)
     old = load_lots(dataset("old", samples.drop_columns(["draws"])))
     np.testing.assert_array_equal(old.weight, lots.weight)
+    # a dataset extended after draws were recorded: partitions with and without them
+    mixed = load_lots(dataset("mixed", samples, samples.drop_columns(["draws"])))
+    np.testing.assert_array_equal(mixed.weight, np.concatenate([lots.weight, lots.weight]))
     ids = np.split(flows.flow_id.to_numpy(), np.cumsum(samples.column("n_foreground"))[:-1])
     with pytest.raises(InputError, match="draws"):
         recovered_draws(scenario.params(), scenario.seed + 1, ids)

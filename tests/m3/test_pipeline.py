@@ -239,11 +239,19 @@ def test_train_m3_fits_the_mixture_from_a_checkpoint(m3_run):
     export = out / "train_m3" / "export"
     proc = sweep(out, "+experiment=train_m3", "train.epochs=1", "train.num_workers=1",
                  "train.loss=mixture", f"train.init_checkpoint={export}", "name=mix",
-                 "train.mixture_weight=estimate",
+                 "train.mixture_weight=estimate", "train.soup=[0,1]",
                  "train.val_fraction=0.2", "train.test_fraction=0.2", *TINY_MODEL)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     card = (out / "mix" / "export" / "model_card.md").read_text()
     assert "loss `mixture`" in card and str(export) in card and "as the estimate mixes" in card
+    # a soup of two members, each trained in its own folder on its own split
+    _, info = checkpoint.load(out / "mix" / "export", kind=M3)
+    assert info["soup"] == [0, 1] and "a model soup" in card
+    assert {p.name for p in (out / "mix").glob("member-*")} == {"member-0", "member-1"}
+    assert 0 <= info["lots"]["held_out"] <= info["lots"]["test"] + info["lots"]["val"]
+    with pytest.raises(InputError) as err:
+        M3TrainConfig(soup=[0, 1])  # no checkpoint for the members to start from
+    assert err.value.field == "train.soup"
     with pytest.raises(InputError) as err:
         M3TrainConfig(loss="mixture", mixture_weight="paths")
     assert err.value.field == "train.mixture_weight"
