@@ -418,6 +418,15 @@ def model_card(meta: dict[str, Any], table: dict, cfg: M3TrainConfig) -> str:
         for who, row in table.items()
     )
     lots = meta["lots"]
+    held_text = f"""| model | {" | ".join(table["m3"])} |
+|---|{"---|" * len(table["m3"])}
+{rows}
+"""
+    if lots.get("held_out", 1) == 0:
+        held_text = (
+            "None: every network was in some member's training split. The soup's held-out\n"
+            "numbers are the benches' (`bench/m3_card.py`: networks and workloads no member saw).\n"
+        )
     return f"""# m3 checkpoint
 
 m3 (SIGCOMM'24): a causal transformer (dim {m.dim}, {m.layers} layers, {m.heads} heads, SwiGLU
@@ -447,10 +456,7 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
 
 ## Held-out samples: foreground percentile error |est/ns-3 − 1| (mean over sample × size bucket)
 
-| model | {" | ".join(table["m3"])} |
-|---|{"---|" * len(table["m3"])}
-{rows}
-"""
+{held_text}"""
 
 
 __all__ = [
