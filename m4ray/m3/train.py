@@ -405,10 +405,11 @@ def _soup_text(meta: dict[str, Any]) -> str:
     if "soup" not in meta:
         return ""
     seeds = ", ".join(map(str, meta["soup"]))
+    held = meta["lots"]["held_out"]
+    on = f"; the table below is on the {held} samples no member trained on" if held else ""
     return f"""
 - a model soup: the mean of the weights of {len(meta["soup"])} members (seeds {seeds}), each
-  trained on its own split (the split above is seed {meta["soup"][0]}'s); the table below is on
-  the {meta["lots"]["held_out"]} samples no member trained on"""
+  trained on its own split (the split above is seed {meta["soup"][0]}'s){on}"""
 
 
 def model_card(meta: dict[str, Any], table: dict, cfg: M3TrainConfig) -> str:

@@ -53,7 +53,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     lots = load_lots(cfg.dataset)
     held = held_out(lots, members)
     table = percentile_errors(predict(trained.model, held), held)
-    metrics = {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()}
+    metrics = {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items() if len(held)}
     meta = trained.meta(
         version,
         cfg,
