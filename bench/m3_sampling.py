@@ -16,7 +16,8 @@ root seed), and for each draw three estimates through the same mixture
 * **ns-3 on the paths**: each sampled path's own flows' slowdowns in the network-wide ns-3 run.
   The best any per-path model can do with these paths: its error is the sampling alone;
 * **path flowSim** (uncorrected) and **m3** (the checkpoint's correction), as the experiment
-  computes them.
+  computes them; with ``--also``, other checkpoints' corrections on the same draws (one fit's
+  answer moves with its training split by up to ~40 points in a bucket: compare several).
 
 Per size bucket: the mean error over the draws (what stays when draws average out: the model's
 bias), its rms (what one run shows), and, for ns-3 on the paths, how often the bootstrap's 90 %
@@ -52,6 +53,10 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
     parser.add_argument("--paths", type=int, nargs="+", default=[500, 2000])
     parser.add_argument("--draws", type=int, default=8)
     parser.add_argument("--replicates", type=int, default=200, help="bootstrap replicates")
+    parser.add_argument(
+        "--also", nargs="+", default=[], metavar="CKPT",
+        help="more m3 checkpoints, scored on the same draws (a row each: fits side by side)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     from hydra import compose, initialize_config_dir
@@ -87,29 +92,40 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
         else:
             fixed[name] = p99s(empirical(slowdown, size)) / truth - 1
     queues = checkpoint_queues(cfg, topo, info)
+    others = {}  # --also: label -> (model, its path flowSim's queues)
+    for ckpt in args.also:
+        other, other_info = load_model(ckpt, cfg.network.cc)
+        others[f"m3 {Path(ckpt).name}"] = (other, checkpoint_queues(cfg, topo, other_info))
     rows = []
     for n_paths in args.paths:
         errors: dict[str, list[np.ndarray]] = {
             "ns-3 on the paths": [],
             "path flowSim": [],
             "m3": [],
+            **{label: [] for label in others},
         }
         covered, walls = [], []
         for k in range(args.draws):
             seed = int(np.random.SeedSequence([sweep.seed, 3, k]).generate_state(1)[0])
             began = time.perf_counter()
-            est = estimate(
-                routed,
-                dataclasses.replace(cfg, n_paths=n_paths),
-                seed=seed,
-                ray=ray,
-                model=model,
-                wire=sweep.wire,
-                queues=queues,
-            )
+
+            def run(model, queues, n_paths=n_paths, seed=seed):
+                return estimate(
+                    routed,
+                    dataclasses.replace(cfg, n_paths=n_paths),
+                    seed=seed,
+                    ray=ray,
+                    model=model,
+                    wire=sweep.wire,
+                    queues=queues,
+                )
+
+            est = run(model, queues)
             walls.append(time.perf_counter() - began)
             errors["m3"].append(p99s(est["m3"]) / truth - 1)
             errors["path flowSim"].append(p99s(est["path_flowsim"]) / truth - 1)
+            for label, (other, other_queues) in others.items():
+                errors[label].append(p99s(run(other, other_queues)["m3"]) / truth - 1)
             pct, counts, draws = [], [], []
             for path, n in routed.sample(n_paths, seed):  # the same draw as the estimate's
                 fg = routed.members(path)
