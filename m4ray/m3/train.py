@@ -84,6 +84,10 @@ class M3TrainConfig(RunSettings):
                 f"unknown loss {self.loss!r} ({', '.join(LOSSES)})", field="train.loss"
             )
 
+    def weighs_as_estimate(self) -> bool:
+        """Whether the loss weighs paths as the estimate does (it reads :attr:`Lots.weight`)."""
+        return self.loss == "mixture" and self.mixture_weight == "estimate"
+
     def task(self, device) -> M3Task:
         return M3Task(self, device)
 
@@ -103,11 +107,12 @@ class Lots:
     """Samples as arrays: tokens ``(N, Lmax+1, TOKEN_DIM)`` (right-padded), empty flags, lengths
     (links), targets ``(N, 4, 100)``, masks ``(N, 4)`` and flowSim's foreground percentiles;
     ``weight`` ``(N, 4)``: each path's weight in each output bucket as the estimate mixes them
-    (:func:`m4ray.m3.aggregate.aggregate`: draws x foreground flows there / foreground flows)."""
+    (:func:`m4ray.m3.aggregate.aggregate`: draws x foreground flows there / foreground flows;
+    None unless :func:`load_lots` was asked for it)."""
 
     scenario_id: np.ndarray
     n_foreground: np.ndarray
-    weight: np.ndarray
+    weight: np.ndarray | None
     tokens: np.ndarray
     empty: np.ndarray
     n_links: np.ndarray
@@ -116,7 +121,8 @@ class Lots:
     flowsim: np.ndarray
 
     def take(self, index) -> Lots:
-        return Lots(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return Lots(**{k: None if v is None else v[index] for k, v in fields.items()})
 
     def __len__(self) -> int:
         return len(self.n_links)
@@ -131,18 +137,19 @@ class Lots:
         return tok[:, 0], empty[:, 0], tok[:, 1 : n + 1], empty[:, 1 : n + 1], lengths, baseline
 
 
-def load_lots(dataset: str | Path) -> Lots:
+def load_lots(dataset: str | Path, *, weights: bool = False) -> Lots:
     """Every ``lot_samples`` row of a datagen_m3 dataset's scenarios (those its
     ``scenarios.parquet`` lists as ok: a partition of another run left in the folder, as a
-    copied or resumed dataset may hold, is not read), ordered by scenario id."""
+    copied or resumed dataset may hold, is not read), ordered by scenario id; ``weights``: with
+    each sample's weights as the estimate mixes paths (:func:`bucket_weights`, which reads
+    ``lot_flows``), else ``weight`` is None."""
     path = Path(dataset) / "lot_samples"
     if not path.exists():
         raise InputError(
             "no lot_samples table: make one with `python -m m4ray.sweeps +experiment=datagen_m3`",
             file=dataset,
         )
-    by_id = pads.partitioning(pa.schema([("scenario_id", pa.string())]), flavor="hive")
-    part = pads.dataset(path, partitioning=by_id)
+    part = _partitioned(dataset, "lot_samples")
     listed = Path(dataset) / "scenarios.parquet"
     if listed.exists():
         runs = pd.read_parquet(listed, columns=["scenario_id", "status"])
@@ -164,13 +171,16 @@ def load_lots(dataset: str | Path) -> Lots:
     )
     shape = (n, N_BUCKETS_OUT, N_PCT)
     n_fg = table.column("n_foreground").to_numpy()[order]
-    draws = None  # per sample; NaN where a partition written before draws lacks them
-    if "draws" in table.column_names:
-        draws = table.column("draws").to_numpy(zero_copy_only=False).astype(float)[order]
+    weight = None
+    if weights:
+        draws = None  # per sample; NaN where a partition written before draws lacks them
+        if "draws" in table.column_names:
+            draws = table.column("draws").to_numpy(zero_copy_only=False).astype(float)[order]
+        weight = bucket_weights(dataset, ids[order], n_fg, draws)
     return Lots(
         scenario_id=ids[order],
         n_foreground=n_fg.astype(np.float32),
-        weight=bucket_weights(dataset, ids[order], n_fg, draws),
+        weight=weight,
         tokens=tokens,
         empty=empty,
         n_links=n_links,
@@ -190,8 +200,7 @@ def bucket_weights(
     has them recovered (:func:`m4ray.m3.netpaths.recovered_draws`; a lot: 1)."""
     from m4ray.m3.netpaths import recovered_draws
 
-    by_id = pads.partitioning(pa.schema([("scenario_id", pa.string())]), flavor="hive")
-    flows = pads.dataset(Path(dataset) / "lot_flows", partitioning=by_id)
+    flows = _partitioned(dataset, "lot_flows")
     wanted = pa.array(sorted(set(ids.astype(str).tolist())))
     flows = (
         flows.to_table(
@@ -221,8 +230,14 @@ def bucket_weights(
             n = recovered_draws(p, seed, np.split(part.flow_id.to_numpy(), cut))
         else:
             n = np.ones(hi - lo)
-        weight[lo:hi] = n[:, None] * counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+        weight[lo:hi] = n[:, None] * counts / np.maximum(n_fg[lo:hi, None], 1)
     return weight
+
+
+def _partitioned(dataset: str | Path, table: str):
+    """A dataset table's Hive partitions (``scenario_id=<id>``) as one Arrow dataset."""
+    by_id = pads.partitioning(pa.schema([("scenario_id", pa.string())]), flavor="hive")
+    return pads.dataset(Path(dataset) / table, partitioning=by_id)
 
 
 def _rows(column, order: np.ndarray, dtype) -> np.ndarray:
@@ -308,7 +323,7 @@ class M3Task:
 
     def __init__(self, cfg: M3TrainConfig, device) -> None:
         self.cfg, self.device = cfg, device
-        self.splits = split(load_lots(cfg.dataset), cfg)
+        self.splits = split(load_lots(cfg.dataset, weights=cfg.weighs_as_estimate()), cfg)
         self.model = self.module = M3Model(cfg.model)
         if cfg.init_checkpoint:
             self.model.load_state_dict(initial_weights(cfg))

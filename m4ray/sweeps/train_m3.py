@@ -38,7 +38,8 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     version = dataset_version(cfg.dataset)
     cfg = cfg.resolved()
-    n_lots = len(load_lots(cfg.dataset))  # fails here, not in a worker, on a bad dataset
+    # fails here, not in a worker, on a bad dataset (or draws that cannot be recovered)
+    n_lots = len(load_lots(cfg.dataset, weights=cfg.weighs_as_estimate()))
     if cfg.init_checkpoint:
         initial_weights(cfg)  # so does a checkpoint of another model
     what = f"train_m3: {n_lots} lots, dataset {version}"

@@ -72,17 +72,18 @@ def test_mixture_weights_are_the_estimates_and_old_datasets_recover_their_draws(
         return root
 
     samples, flows = tables["lot_samples"], tables["lot_flows"].to_pandas()
-    lots = load_lots(dataset("new", samples))
+    lots = load_lots(dataset("new", samples), weights=True)
     draws = samples.column("draws").to_numpy()
     np.testing.assert_allclose(lots.weight.sum(axis=1), draws, rtol=1e-6)
     np.testing.assert_array_equal(lots.weight > 0, lots.mask)
     first = flows.iloc[: samples.column("n_foreground")[0].as_py()]
     counts = bucket_counts(first.size_bytes.to_numpy())
     np.testing.assert_allclose(lots.weight[0], draws[0] * counts / counts.sum(), rtol=1e-6)
-    old = load_lots(dataset("old", samples.drop_columns(["draws"])))
+    assert load_lots(tmp_path / "new").weight is None  # read only when asked for
+    old = load_lots(dataset("old", samples.drop_columns(["draws"])), weights=True)
     np.testing.assert_array_equal(old.weight, lots.weight)
     # a dataset extended after draws were recorded: partitions with and without them
-    mixed = load_lots(dataset("mixed", samples, samples.drop_columns(["draws"])))
+    mixed = load_lots(dataset("mixed", samples, samples.drop_columns(["draws"])), weights=True)
     np.testing.assert_array_equal(mixed.weight, np.concatenate([lots.weight, lots.weight]))
     ids = np.split(flows.flow_id.to_numpy(), np.cumsum(samples.column("n_foreground"))[:-1])
     with pytest.raises(InputError, match="draws"):
