@@ -84,6 +84,30 @@ def test_datagen_v2_weights_every_family_and_holds_out_the_evaluation_topologies
     )
 
 
+def test_datagen_m3_v6_keeps_v4s_networks_and_adds_small_flow_mixes():
+    """v6 adds the measured mixes without moving v4's counts (seeds are per family, so v4's
+    networks are v6's first 210); the mix family is network_paths' ranges with other sizes,
+    and web search (m3's evaluation) is in neither."""
+    import dataclasses
+
+    import numpy as np
+
+    v4 = resolve(sweep_cfg("+experiment=datagen_m3_v4", "datagen.scenarios=210")).datagen
+    v6 = resolve(sweep_cfg("+experiment=datagen_m3_v6", "datagen.scenarios=270")).datagen
+    assert v6.counts() == {**v4.counts(), "mix": 30, "mixcc": 30}
+    base, mix = v4.families["net"], v6.families["mix"]
+    for f in dataclasses.fields(base):
+        if f.name != "sizes":
+            assert getattr(mix, f.name) == getattr(base, f.name), f.name
+    assert v6.families["mixcc"].cc.ccs == ["dcqcn", "hpcc", "timely"]
+    assert v6.families["mixcc"].first_windows
+    assert sorted(mix.sizes) == ["ali_storage", "fb_hadoop", "google_rpc"]
+    # heavy in small flows beside large ones, at the eval's 20 KB mean too
+    rng = np.random.default_rng(0)
+    x = mix.sizes["fb_hadoop"].sample(rng, 20_000.0, 100_000, 50)
+    assert np.mean(x < 1000) > 0.5 and x[x > 200_000].sum() > 0.3 * x.sum()
+
+
 @pytest.mark.parametrize("backend", GROUPS["backend"])
 def test_every_backend_composes_in_trace_mode(backend):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
