@@ -153,3 +153,36 @@ def test_bad_network_ranges_name_the_field(settings, field):
     with pytest.raises(InputError) as err:
         NetworkFamily(**settings)
     assert err.value.field == field
+
+
+def test_bench_m3_networks_mixes_a_bucket_as_the_estimate_does():
+    """bench/m3_networks.py's per-network p99: a bucket's paths pooled with the estimate's weights
+    (a path without flows there, or weight 0, takes no part), the same p99 as aggregate()."""
+    import importlib.util
+    from pathlib import Path
+
+    from m4ray.m3.aggregate import aggregate
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "m3_networks.py"
+    spec = importlib.util.spec_from_file_location("m3_networks", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rng = np.random.default_rng(3)
+    values = np.sort(rng.uniform(1, 5, (6, 4, 100)), axis=2)
+    counts = rng.integers(0, 4, (6, 4)).astype(float)
+    counts[:, 0] = [0, 1, 2, 0, 5, 1]
+    draws = np.array([1, 2, 1, 3, 1, 1], dtype=float)
+    weight = draws[:, None] * counts / counts.sum(axis=1, keepdims=True)
+    got = bench.bucket_p99(values, weight, counts > 0)
+    est = aggregate(values, counts, draws)
+    for b, name in enumerate(("<1KB", "1-10KB", "10-50KB", ">=50KB")):
+        if name in est.buckets:
+            assert got[b] == pytest.approx(float(est.buckets[name].quantile(0.99)), rel=1e-12)
+        else:
+            assert np.isnan(got[b])
+    # a path that is not there changes nothing
+    more = np.concatenate([values, values[:1] * 10])
+    zero = np.concatenate([weight, np.zeros((1, 4))])
+    assert np.allclose(
+        bench.bucket_p99(more, zero, np.concatenate([counts, counts[:1]]) > 0), got, equal_nan=True
+    )
