@@ -100,8 +100,9 @@ def test_ring_all_reduce_over_shaped_links_and_a_degraded_link(ray_local):
         assert len(result.flows.flow_id) == 4 * 6
         assert set(result.flows.size_bytes) == {size // 4}
         assert all(f > s for s, f in zip(result.flows.start_s, result.flows.finish_s, strict=True))
-    # stated tolerance: TCP/IP headers (~5 %) and per-step wake-ups on 2 cores
-    assert analytic * 0.95 < times[None] < analytic * 1.4
+    # stated tolerance: TCP/IP headers (~5 %) and per-step wake-ups on 2 cores (1.43x seen once
+    # in a full make test run, 2026-11-28; a shaping or ring-order bug is >= 2x or below 0.95x)
+    assert analytic * 0.95 < times[None] < analytic * 1.6
     # half the rate on one GPU's link: every ring step waits for it, about twice as long (real
     # TCP over tc on 2 busy cores measured 2.3-2.9x: the upper bound only rules out nonsense)
     assert 1.5 < times[2] / times[None] < 3.2
