@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="*", help="m3 checkpoint directories")
     parser.add_argument(
         "--by", nargs="+", default=["family", "cc", "oversubscription", "load"],
-        help="one table per key: family, cc, oversubscription, k, load, size, pfc",
+        help="one table per key: family, cc, oversubscription, k, load, pfc, size (its kind: "
+        "the measured mixes are all empirical)",
     )  # fmt: skip
     args = parser.parse_args()
 

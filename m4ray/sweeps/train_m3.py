@@ -38,8 +38,10 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     version = dataset_version(cfg.dataset)
     cfg = cfg.resolved()
-    # fails here, not in a worker, on a bad dataset (or draws that cannot be recovered)
-    n_lots = len(load_lots(cfg.dataset, weights=cfg.weighs_as_estimate()))
+    # fails here, not in a worker, on a bad dataset (or draws that cannot be recovered); kept
+    # for the held-out table after training
+    lots = load_lots(cfg.dataset, weights=cfg.weighs_as_estimate())
+    n_lots = len(lots)
     if cfg.init_checkpoint:
         initial_weights(cfg)  # so does a checkpoint of another model
     what = f"train_m3: {n_lots} lots, dataset {version}"
@@ -51,10 +53,11 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         members = [cfg]
     else:
         trained, members = soup(sweep, raw_config, cfg, version=version, run_dir=run_dir, what=what)
-    lots = load_lots(cfg.dataset)
     held = held_out(lots, members)
     table = percentile_errors(predict(trained.model, held), held)
-    metrics = {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items() if len(held)}
+    # a soup whose members saw every network has no held-out numbers (NaN is no metric)
+    metrics = {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()}
+    metrics = metrics if len(held) else {}
     meta = trained.meta(
         version,
         cfg,
