@@ -40,8 +40,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
     args = parser.parse_args()
 
     from m4ray.m3.aggregate import empirical
-    from m4ray.m3.estimate import M3Config, M3Network, estimate, load_model
-    from m4ray.m3.lot import PathQueues
+    from m4ray.m3.estimate import M3Config, M3Network, estimate, load_model, trained_queues
     from m4ray.m3.paths import RoutedFlows
     from m4ray.runtime.cluster import RayConfig, start_ray
     from m4ray.sim.routing import Routing, WireFormat
@@ -67,9 +66,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
         if rdma.window_bytes is None:  # the run's window: the network's largest BDP
             rdma = dataclasses.replace(rdma, window_bytes=rdma.window(routing))
         model, info = load_model(args.checkpoint, cc)
-        queues = None
-        if info.get("path_flowsim_queues"):
-            queues = PathQueues(rdma, bool(info.get("path_flowsim_first_windows")))
+        queues = trained_queues(rdma, info)
         net = M3Network(
             buffer_bytes=rdma.buffer_bytes,
             window_bytes=rdma.window_bytes,

@@ -108,6 +108,36 @@ def test_datagen_m3_v6_keeps_v4s_networks_and_adds_small_flow_mixes():
     assert np.mean(x < 1000) > 0.5 and x[x > 200_000].sum() > 0.3 * x.sum()
 
 
+def test_datagen_m3_v7_is_v6s_networks_with_bursts_and_reuses_their_ns3_records(tmp_path):
+    """v7 draws v6's 270 networks (same families, counts and seeds) with path flowSim's first
+    windows over the level: new ids, each with its v6 network among its twins (so v6's records
+    give ns-3's answers); reuse_truth must name datasets with recorded flows."""
+    from m4ray.datagen.job import expand
+    from m4ray.errors import InputError
+
+    v6 = resolve(sweep_cfg("+experiment=datagen_m3_v6", "datagen.scenarios=270")).datagen
+    v7 = resolve(sweep_cfg("+experiment=datagen_m3_v7", "datagen.scenarios=270")).datagen
+    assert v7.counts() == v6.counts() and v7.reuse_truth == []
+    old, new = expand(v6, 0), expand(v7, 0)
+    assert [s.bursts for s in new] == [True] * 270 and not any(s.bursts for s in old)
+    for a, b in zip(old, new, strict=True):
+        assert (a.family, a.index, a.seed) == (b.family, b.index, b.seed)
+        assert a.scenario_id != b.scenario_id and a.scenario_id in b.truth_twins()
+    (tmp_path / "lot_flows").mkdir()
+    reusing = resolve(
+        sweep_cfg(
+            "+experiment=datagen_m3_v7", "datagen.scenarios=3", f"datagen.reuse_truth=[{tmp_path}]"
+        )
+    ).datagen
+    assert all(s.reuse == (str(tmp_path),) for s in expand(reusing, 0))
+    bad = resolve(
+        sweep_cfg("+experiment=datagen_m3_v7", "datagen.scenarios=3", "datagen.reuse_truth=[/none]")
+    ).datagen
+    with pytest.raises(InputError, match="not a dataset with recorded flows") as err:
+        expand(bad, 0)
+    assert err.value.field == "datagen.reuse_truth"
+
+
 @pytest.mark.parametrize("backend", GROUPS["backend"])
 def test_every_backend_composes_in_trace_mode(backend):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

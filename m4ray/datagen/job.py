@@ -47,6 +47,9 @@ class DatagenConfig:
     wall_limit_s: float = 600.0
     # busy periods over ACK-coupled links (DatagenScenario.ack_periods), for RDMA scenarios
     ack_periods: bool = False
+    # earlier datasets whose ns-3 answers a scenario may reuse where only what is computed from
+    # them changed (m3's path flowSim mode: NetworkPathsScenario.reuse)
+    reuse_truth: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.scenarios < 1:
@@ -97,6 +100,20 @@ def expand(cfg: DatagenConfig, root_seed: int) -> list[DatagenScenario]:
                         field="datagen.ack_periods",
                     )
                 scenario = dataclasses.replace(scenario, ack_periods=True)
+            if cfg.reuse_truth:
+                if not hasattr(scenario, "reuse"):
+                    raise InputError(
+                        f"family {name}'s scenarios cannot reuse another dataset's ns-3 runs",
+                        field="datagen.reuse_truth",
+                    )
+                missing = [d for d in cfg.reuse_truth if not Path(d, "lot_flows").is_dir()]
+                if missing:
+                    raise InputError(
+                        f"not a dataset with recorded flows: {', '.join(missing)}",
+                        field="datagen.reuse_truth",
+                    )
+                reuse = tuple(str(Path(d).resolve()) for d in cfg.reuse_truth)
+                scenario = dataclasses.replace(scenario, reuse=reuse)
             scenarios.append(scenario)
     return scenarios
 

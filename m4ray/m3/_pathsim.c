@@ -121,6 +121,33 @@ static void queue_sums(int k, const int *ca, const int *cb, const int64_t *count
     }
 }
 
+/* First windows over the level (pathsim._Queues._burst_wait): per path link the data rate, the
+ * excess of the flows past their first round trip (qexcess; none with first) and of those in it
+ * (qyoung), every active flow's in flight at most the bits it has left, by class in class order
+ * and within a class in heap order. */
+static void burst_sums(int k, const int *ca, const int *cb, const int64_t *counts,
+                       const heap *heaps, const double *service, const double *rate,
+                       const double *crtt, const double *start_s, double now, double window,
+                       int first, int L, double *qload, double *qexcess, double *qyoung) {
+    for (int l = 0; l < L; l++) qload[l] = 0.0, qexcess[l] = 0.0, qyoung[l] = 0.0;
+    for (int c = 0; c < k; c++) {
+        if (!counts[c]) continue;
+        double base = rate[c] * crtt[c] / 8.0, e_old = 0.0, e_young = 0.0;
+        for (int64_t j = 0; j < heaps[c].n; j++) {
+            double left = (heaps[c].v[j].key - service[c]) / 8.0;
+            double e = (window < left ? window : left) - base;
+            if (e < 0.0) e = 0.0;
+            if (now - start_s[heaps[c].v[j].flow] < crtt[c]) e_young += e;
+            else if (!first) e_old += e;
+        }
+        for (int l = ca[c]; l < cb[c]; l++) {
+            qload[l] += (double)counts[c] * rate[c];
+            qexcess[l] += e_old;
+            qyoung[l] += e_young;
+        }
+    }
+}
+
 /* First round trips: the active flows of class c that arrived less than its round trip ago
  * (list[off[c]..]: the class's flows in arrival order; arrived[c] so far; oldest[c] the first
  * that may still be young, moved on as time passes). */
@@ -139,24 +166,26 @@ static int64_t young_flows(int c, double now, const double *start_s, const doubl
  * ca/cb: each class's first link and last link + 1; order: flow indices by start time (stable);
  * finish: out, the time each flow's last bit drained. With standing queues (rtt not NULL: each
  * flow's round trip; window: the senders' window on the wire, bytes; qcap: each path link's
- * most queued bytes; first: only flows in their first round trip keep their excess), a flow
- * arriving also waits for the queues of the full links it crosses, added to its finish. */
+ * most queued bytes; first: only flows in their first round trip keep their excess; buffer > 0:
+ * first windows over the level, up to it, burst_sums), a flow arriving also waits for the queues
+ * of the full links it crosses, added to its finish. */
 int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const double *start_s,
                       const int64_t *order, int k, const int *ca, const int *cb, int L,
                       const double *capacity, double nic_cap, const double *rtt, double window,
-                      const double *qcap, int first, double *finish) {
+                      const double *qcap, int first, double buffer, double *finish) {
     int rc = 2;
     double cap = nic_cap > 0 ? nic_cap : INFINITY;
-    double *crtt = NULL, *qload = NULL, *qexcess = NULL, *wait = NULL;
+    double *crtt = NULL, *qload = NULL, *qexcess = NULL, *qyoung = NULL, *wait = NULL;
     int64_t *young = NULL, *yoff = NULL, *ylist = NULL, *arrived = NULL, *oldest = NULL;
     int q_fresh = 0;
     if (rtt) {
         crtt = calloc(k ? k : 1, sizeof *crtt);
         qload = calloc(L ? L : 1, sizeof *qload);
         qexcess = calloc(L ? L : 1, sizeof *qexcess);
+        qyoung = calloc(L ? L : 1, sizeof *qyoung);
         wait = calloc(n ? n : 1, sizeof *wait);
-        if (!crtt || !qload || !qexcess || !wait) {
-            free(crtt), free(qload), free(qexcess), free(wait);
+        if (!crtt || !qload || !qexcess || !qyoung || !wait) {
+            free(crtt), free(qload), free(qexcess), free(qyoung), free(wait);
             return 2;
         }
         for (int64_t i = n - 1; i >= 0; i--) crtt[cls[i]] = rtt[i];
@@ -171,7 +200,7 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
     if (!counts || !size || !service || !rate || !heaps || !open_ || !remaining || !load ||
         !bottleneck)
         goto out;
-    if (rtt && first) {
+    if (rtt && first && !(buffer > 0)) {
         young = calloc(k ? k : 1, sizeof *young);
         yoff = calloc(k + 1, sizeof *yoff);
         ylist = calloc(n ? n : 1, sizeof *ylist);
@@ -241,7 +270,10 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
                                     remaining, load, bottleneck);
                         dirty = 0, q_fresh = 0;
                     }
-                    if (young) { /* first round trips: young flows age with time */
+                    if (buffer > 0) {
+                        burst_sums(k, ca, cb, counts, heaps, service, rate, crtt, start_s, now,
+                                   window, first, L, qload, qexcess, qyoung);
+                    } else if (young) { /* first round trips: young flows age with time */
                         for (int j = 0; j < k; j++)
                             young[j] = counts[j] ? young_flows(j, now, start_s, crtt, yoff, ylist,
                                                                arrived, oldest, finish)
@@ -255,6 +287,11 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
                     for (int l = ca[c]; l < cb[c]; l++) {
                         if (qload[l] < capacity[l] * (1.0 - QUEUE_FULL)) continue;
                         double q = qexcess[l] < qcap[l] ? qexcess[l] : qcap[l];
+                        if (buffer > 0) {
+                            if (qcap[l] <= 0) continue;
+                            q += qyoung[l];
+                            if (q > buffer) q = buffer;
+                        }
                         w += q * 8.0 / capacity[l];
                     }
                     wait[i] = w;
@@ -272,7 +309,7 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
         for (int64_t i = 0; i < n; i++) finish[i] = finish[i] + wait[i];
     rc = 0;
 out:
-    free(crtt), free(qload), free(qexcess), free(wait);
+    free(crtt), free(qload), free(qexcess), free(qyoung), free(wait);
     free(young), free(yoff), free(ylist), free(arrived), free(oldest);
     if (heaps)
         for (int c = 0; c < k; c++) free(heaps[c].v);

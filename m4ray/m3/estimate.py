@@ -295,11 +295,23 @@ def network_ns3(cfg: M3Config, topo):
 def checkpoint_queues(cfg: M3Config, topo, info: dict) -> PathQueues | None:
     """Path flowSim's standing queues on the network as the checkpoint was trained with them
     (``model.json`` ``path_flowsim_queues``, and ``path_flowsim_first_windows``: HPCC's first
-    windows queue; :func:`path_sample` then runs it so), else None."""
+    windows queue; ``path_flowsim_bursts``: first windows over the level; :func:`path_sample`
+    then runs it so), else None."""
     if not info.get("path_flowsim_queues"):
         return None
-    rdma = network_ns3(cfg, topo).rdma
-    return PathQueues(rdma, first_windows=bool(info.get("path_flowsim_first_windows")))
+    return trained_queues(network_ns3(cfg, topo).rdma, info)
+
+
+def trained_queues(rdma, info: dict) -> PathQueues | None:
+    """Path flowSim's queues on a network (``RdmaConfig``) as a checkpoint (``model.json``:
+    ``info``) was trained with them, else None."""
+    if not info.get("path_flowsim_queues"):
+        return None
+    return PathQueues(
+        rdma,
+        first_windows=bool(info.get("path_flowsim_first_windows")),
+        bursts=bool(info.get("path_flowsim_bursts")),
+    )
 
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:

@@ -153,14 +153,23 @@ class PathQueues:
 
     rdma: object
     first_windows: bool = False
+    bursts: bool = False  # first windows over the level, up to the buffer (lot_queues)
 
     def of(self, lot: LotNetwork, wire: WireFormat, scenario: PathScenario) -> tuple:
-        return lot_queues(lot, wire, scenario, self.rdma, first_windows=self.first_windows)
+        return lot_queues(
+            lot, wire, scenario, self.rdma, first_windows=self.first_windows, bursts=self.bursts
+        )
 
 
 def lot_queues(
-    lot: LotNetwork, wire: WireFormat, scenario: PathScenario, rdma, *, first_windows: bool = False
-) -> tuple[np.ndarray, float, list[float], bool]:
+    lot: LotNetwork,
+    wire: WireFormat,
+    scenario: PathScenario,
+    rdma,
+    *,
+    first_windows: bool = False,
+    bursts: bool = False,
+) -> tuple[np.ndarray, float, list[float], bool, float]:
     """Path flowSim's standing queues on a lot (:class:`~m4ray.sim.flowsim.StandingQueues`'
     model) for an RDMA network (``RdmaConfig``): each flow's round trip over its lot route, the
     senders' window on the wire (no window: unbounded, a full link then holds its level), each
@@ -169,7 +178,10 @@ def lot_queues(
     link 0 leaves the source host: none), and whether only flows in their first round trip
     queue. A CC whose queue is only its first windows (HPCC) queues them with
     ``first_windows``, as network-wide flowSim does; without it, nothing (caps 0: as m3-v3 was
-    trained: its checkpoint says which, ``model.json`` ``path_flowsim_first_windows``)."""
+    trained: its checkpoint says which, ``model.json`` ``path_flowsim_first_windows``). With
+    ``bursts`` the switch buffer last (0 without): flows in their first round trip queue their
+    excess on top of the level, up to it (:attr:`~m4ray.sim.flowsim.StandingQueues.buffer_bytes`;
+    ``model.json`` ``path_flowsim_bursts``)."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)
     class_rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])
     levels, first_rtt = standing_levels(
@@ -181,7 +193,8 @@ def lot_queues(
     else:
         caps = queue_caps(levels, lot.capacity_bps)
     caps[0] = 0.0
-    return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist(), bool(first_rtt)
+    buffer = float(rdma.buffer_bytes) if bursts and caps.any() else 0.0
+    return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist(), bool(first_rtt), buffer
 
 
 def flowsim_fct(

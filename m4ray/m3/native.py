@@ -32,7 +32,7 @@ def library() -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int
     fn.argtypes = [
         ctypes.c_int64, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, ctypes.c_int, ptr,
-        ctypes.c_double, ptr, ctypes.c_double, ptr, ctypes.c_int, ptr,
+        ctypes.c_double, ptr, ctypes.c_double, ptr, ctypes.c_int, ctypes.c_double, ptr,
     ]  # fmt: skip
     return lib
 
@@ -64,19 +64,20 @@ def path_finish(  # noqa: PLR0917 (the C function's signature)
         np.array([c[1] for c in classes], dtype=np.int32),
         np.asarray(capacity, dtype=np.float64),
     ]  # kept alive here while C reads them
-    rtt, window, qcap, first = None, 0.0, None, False
+    rtt, window, qcap, first, buffer = None, 0.0, None, False, 0.0
     if queues is not None:
         rtt = np.ascontiguousarray(queues[0], dtype=np.float64)
         window = float(queues[1])
         qcap = np.ascontiguousarray(queues[2], dtype=np.float64)
         first = bool(queues[3])
+        buffer = float(queues[4]) if len(queues) > 4 else 0.0
         arrays += [rtt, qcap]
     cls_, bits_, start_, order_, ca, cb, cap = (x.ctypes.data for x in arrays[:7])
     rc = lib.m4ray_path_finish(
         n, cls_, bits_, start_, order_, len(classes), ca, cb, len(capacity), cap,
         float(nic_cap_bps) if nic_cap_bps else 0.0,
         None if rtt is None else rtt.ctypes.data, window,
-        None if qcap is None else qcap.ctypes.data, int(first), finish.ctypes.data,
+        None if qcap is None else qcap.ctypes.data, int(first), buffer, finish.ctypes.data,
     )  # fmt: skip
     if rc == 1:
         raise SimulationError("flows with zero rate: a path link has no capacity")

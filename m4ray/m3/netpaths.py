@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -56,10 +57,15 @@ class NetworkPathsScenario:
     # with queues: HPCC's first windows queue in path flowSim (m4ray.m3.lot.PathQueues); set
     # only where the network's CC queues nothing else (NetworkFamily.sample)
     first_windows: bool = added_field(False, "path flowSim's first windows (issue 32)")
+    # with queues: first windows over the level in path flowSim (PathQueues.bursts)
+    bursts: bool = added_field(False, "path flowSim's first windows over the level (issue 32)")
+    # datasets whose record of this network under another path flowSim mode record() reuses
+    # (ns-3's answers do not depend on it); not part of the scenario's identity
+    reuse: tuple[str, ...] = added_field((), "where ns-3's answers may come from (issue 32)")
 
     @property
     def scenario_id(self) -> str:
-        return fingerprint(dataclasses.replace(self, wall_limit_s=0.0))
+        return fingerprint(dataclasses.replace(self, wall_limit_s=0.0, reuse=()))
 
     def _rates(self) -> tuple[float, float]:
         t = self.topology
@@ -93,12 +99,30 @@ class NetworkPathsScenario:
             }
             | ({"path_queues": True} if self.queues else {})
             | ({"path_first_windows": True} if self.queues and self.first_windows else {})
+            | ({"path_bursts": True} if self.queues and self.bursts else {})
             | cc_param(n.cc)
         )
 
+    def truth_twins(self) -> list[str]:
+        """The ids of this network with path flowSim run otherwise (queues on, first windows and
+        bursts either way): the same ns-3 run, the same paths, so the same targets."""
+        twins = {
+            fingerprint(
+                dataclasses.replace(
+                    self, wall_limit_s=0.0, reuse=(), queues=True, first_windows=fw, bursts=bursts
+                )
+            )
+            for fw in (False, True)
+            for bursts in (False, True)
+        }
+        return sorted(twins - {self.scenario_id})
+
     def record(self) -> dict[str, pa.Table]:
         """ns-3 on the whole network, then each sampled path's estimate inputs
-        (:func:`~m4ray.m3.estimate.path_sample`, as the estimate makes them) and targets."""
+        (:func:`~m4ray.m3.estimate.path_sample`, as the estimate makes them) and targets.
+        ``reuse``: datasets whose record of a twin of this network (:meth:`truth_twins`) gives
+        the sampled flows' ns-3 answers instead of running ns-3 again (path flowSim's mode
+        changed, not the network); checked path for path."""
         from m4ray.m3.paths import RoutedFlows
         from m4ray.sim.trace import run_trace  # ns-3 loads inside the worker only
 
@@ -106,12 +130,18 @@ class NetworkPathsScenario:
         routing = Routing(topo, seed=self.seed, wire=self.wire)
         flows = self.workload.flows(routing, self.seed)
         ns3 = dataclasses.replace(self.network.ns3(*self._rates()), wall_limit_s=self.wall_limit_s)
-        table = run_trace(topo, flows, ns3, routing)
-        slowdown = table.column("slowdown").to_numpy()
-        ideal_all = table.column("ideal_fct_s").to_numpy()
-        fct_all = table.column("fct_s").to_numpy()
+        reused = self._reused_truth(self.reuse, len(flows))
+        if reused is None:
+            table = run_trace(topo, flows, ns3, routing)
+            slowdown = table.column("slowdown").to_numpy()
+            ideal_all = table.column("ideal_fct_s").to_numpy()
+            fct_all = table.column("fct_s").to_numpy()
+        else:
+            source, twin, (slowdown, ideal_all, fct_all) = reused
         routed = RoutedFlows(flows, routing)
-        queues = PathQueues(ns3.rdma, self.first_windows) if self.queues else None
+        queues = (
+            PathQueues(ns3.rdma, self.first_windows, bursts=self.bursts) if self.queues else None
+        )
         network = self.network.net_config()
         samples: dict[str, list] = {name: [] for name in M3_TABLES["lot_samples"].names}
         fg_rows: dict[str, list] = {name: [] for name in M3_TABLES["lot_flows"].names}
@@ -146,10 +176,38 @@ class NetworkPathsScenario:
             ):
                 fg_rows[name].append(value)
         flows_table = {name: np.concatenate(parts) for name, parts in fg_rows.items()}
+        if reused is not None:
+            _check_twin(source, twin, fg_rows["flow_id"], fg_rows["size_bytes"])
         return {
             "lot_flows": pa.table(flows_table, schema=M3_TABLES["lot_flows"]),
             "lot_samples": pa.table(samples, schema=M3_TABLES["lot_samples"]),
         }
+
+    def _reused_truth(self, reuse, n_flows: int):
+        """(dataset, twin id, (slowdown, ideal FCT, FCT) per flow: NaN but the twin's sampled
+        flows)) from the first of ``reuse`` that holds a twin of this network, else None."""
+        import pyarrow.parquet as pq
+
+        for source in reuse:
+            for twin in self.truth_twins():
+                path = Path(source) / "lot_flows" / f"scenario_id={twin}" / "part-0.parquet"
+                if not path.exists():
+                    continue
+                rows = pq.read_table(path, columns=["flow_id", "slowdown", "ideal_fct_s", "fct_s"])
+                ids = rows.column("flow_id").to_numpy()
+                if len(ids) and (ids.min() < 0 or ids.max() >= n_flows):
+                    raise InputError(
+                        f"flow ids outside this network's {n_flows} flows",
+                        file=str(path),
+                        field="flow_id",
+                    )
+                columns = []
+                for name in ("slowdown", "ideal_fct_s", "fct_s"):
+                    full = np.full(n_flows, np.nan)
+                    full[ids] = rows.column(name).to_numpy()
+                    columns.append(full)
+                return str(path), twin, tuple(columns)
+        return None
 
     # the datagen job's scenario protocol, as the parking lots have it
     run_id = LotScenario.run_id
@@ -183,6 +241,7 @@ class NetworkFamily:
     n_paths: int = 500
     queues: bool = True
     first_windows: bool = False  # HPCC's first windows queue in path flowSim (PathQueues)
+    bursts: bool = False  # first windows over the level in path flowSim (PathQueues)
     wire: WireFormat = field(default_factory=WireFormat)
     cc: CcRanges = field(default_factory=CcRanges)
 
@@ -243,6 +302,7 @@ class NetworkFamily:
             # only where it changes path flowSim (a CC that queues only its first windows):
             # the other networks keep their ids, and a dataset its runs
             first_windows=self.first_windows and self.queues and _first_rtt_only(network),
+            bursts=self.bursts and self.queues,
         )
 
 
@@ -265,6 +325,25 @@ def recovered_draws(params: dict[str, Any], seed: int, flow_ids: list[np.ndarray
             "the network's draws do not land on its recorded paths", field="lot_samples.draws"
         )
     return draws
+
+
+def _check_twin(source: str, twin: str, flow_ids: list, sizes: list) -> None:
+    """A reused record must hold exactly the flows this network's sampled paths carry, in
+    order (the same network, seed and draws); anything else is refused by name."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(source, columns=["flow_id", "size_bytes"])
+    ids, size = np.concatenate(flow_ids), np.concatenate(sizes)
+    if not (
+        np.array_equal(rows.column("flow_id").to_numpy(), ids)
+        and np.array_equal(rows.column("size_bytes").to_numpy(), size)
+    ):
+        raise InputError(
+            f"the record of network {twin} holds other flows than this network's sampled "
+            "paths: not the same network",
+            file=source,
+            field="flow_id",
+        )
 
 
 def _first_rtt_only(network: M3Network) -> bool:

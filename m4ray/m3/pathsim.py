@@ -116,9 +116,12 @@ def path_drain_times(
     ``a``/``b``: first path link and last link + 1 of each flow; ``bits``: wire bits; ``start_s``:
     arrival times; ``capacity_bps``: the path's links in order. ``queues``: standing queues, as
     (each flow's round trip s, the senders' window on the wire in bytes, each path link's most
-    queued bytes[, first]): a flow also waits for the queues of the full links it crosses; with
-    ``first`` true only flows in their first round trip keep their excess in flight (HPCC's
-    first windows, :attr:`~m4ray.sim.flowsim.StandingQueues.first_rtt`). ``native``:
+    queued bytes[, first[, buffer]]): a flow also waits for the queues of the full links it
+    crosses; with ``first`` true only flows in their first round trip keep their excess in
+    flight (HPCC's first windows, :attr:`~m4ray.sim.flowsim.StandingQueues.first_rtt`); with a
+    ``buffer`` (bytes, > 0) flows in their first round trip queue their excess on top of the
+    level, up to it, every flow's in flight at most the bits it has left
+    (:attr:`~m4ray.sim.flowsim.StandingQueues.buffer_bytes`). ``native``:
     run the compiled loop (:mod:`m4ray.m3.native`, same answers to rounding; ``None``: where it
     builds) or this module's.
     """
@@ -131,11 +134,15 @@ def path_drain_times(
     if native is None:
         native = native_library() is not None
     if queues is not None:
-        rtt, window, qcap, *first = queues
+        rtt, window, qcap, *rest = queues
         rtt = np.asarray(rtt, dtype=np.float64)
         if len(rtt) != len(a) or len(qcap) != len(capacity):
             raise InputError("one round trip per flow and one cap per path link", field="queues")
-        queues = (rtt, float(window), [float(q) for q in qcap], bool(first and first[0]))
+        first = bool(rest and rest[0])
+        buffer = float(rest[1]) if len(rest) > 1 and rest[1] else 0.0
+        if buffer < 0:
+            raise InputError(f"must be >= 0 (0: off), got {buffer}", field="queues.buffer")
+        queues = (rtt, float(window), [float(q) for q in qcap], first, buffer)
     run = native_finish if native else _finish
     finish = run(
         flow_class, bits, start_s, order, classes, capacity, nic_cap_bps=nic_cap_bps, queues=queues
@@ -181,7 +188,7 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
     capacity: list[float],
     *,
     nic_cap_bps: float | None,
-    queues: tuple[np.ndarray, float, list[float], bool] | None = None,
+    queues: tuple[np.ndarray, float, list[float], bool, float] | None = None,
 ) -> np.ndarray:
     """The event loop in Python: the time each flow's last bit drained (plus, with ``queues``,
     what it waited for standing queues at its arrival)."""
@@ -231,7 +238,9 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
                     if dirty:
                         rates = class_rates(classes, counts, capacity, nic_cap_bps)
                         dirty = False
-                    wait[i] = standing.wait(c, classes, counts, rates, now=now, finish=finish)
+                    wait[i] = standing.wait(
+                        c, classes, counts, rates, now=now, finish=finish, active=(heaps, service)
+                    )
                     standing.arrived(c, i)
                 heapq.heappush(heaps[c], (service[c] + bits[i], i))
                 counts[c] += 1
@@ -248,12 +257,15 @@ class _Queues:
     and the bytes the flows crossing it keep in flight beyond their bandwidth-delay product,
     summed by class in class order once per rate computation (with ``first``: only the flows
     in their first round trip keep theirs, so the sums age with time and are made at every
-    arrival); a flow arriving waits for the queues of the full links it crosses."""
+    arrival); a flow arriving waits for the queues of the full links it crosses. With a
+    ``buffer`` the young flows' excess (each flow's in flight at most its bits left) queues on
+    top of the others', which stand at most at the level, up to the buffer; made at every
+    arrival."""
 
     def __init__(
         self, flow_class: np.ndarray, k: int, queues: tuple, capacity: list[float], start_s
     ) -> None:
-        rtt, self.window, self.qcap, self.first = queues
+        rtt, self.window, self.qcap, self.first, self.buffer = queues
         self.capacity = capacity
         self.class_rtt = [0.0] * k
         for i in range(len(flow_class) - 1, -1, -1):  # each class's first flow's
@@ -264,7 +276,7 @@ class _Queues:
         self.recent: list[collections.deque] = [collections.deque() for _ in range(k)]
 
     def arrived(self, c: int, i: int) -> None:
-        if self.first:
+        if self.first and not self.buffer:
             self.recent[c].append(i)
 
     def _young(self, j: int, now: float, finish: np.ndarray) -> int:
@@ -274,7 +286,11 @@ class _Queues:
             recent.popleft()
         return sum(1 for i in recent if math.isnan(finish[i]))
 
-    def wait(self, c: int, classes, counts, rates: list[float], *, now: float, finish) -> float:
+    def wait(
+        self, c: int, classes, counts, rates: list[float], *, now: float, finish, active
+    ) -> float:
+        if self.buffer:
+            return self._burst_wait(c, classes, counts, rates, now=now, active=active)
         if self.first or rates is not self.rates:  # new rates (or time): sum again
             self.rates = rates
             load, excess = [0.0] * len(self.capacity), [0.0] * len(self.capacity)
@@ -293,4 +309,34 @@ class _Queues:
             if load[link] < self.capacity[link] * (1.0 - QUEUE_FULL):
                 continue
             total += min(excess[link], self.qcap[link]) * 8.0 / self.capacity[link]
+        return total
+
+    def _burst_wait(self, c: int, classes, counts, rates, *, now: float, active) -> float:
+        """The wait with first windows over the level (``buffer``): every active flow's excess
+        over its bandwidth-delay product, its in flight at most the bits it has left; the old
+        flows' stands at most at the level (none with ``first``), the young flows' on top."""
+        heaps, service = active
+        n_links = len(self.capacity)
+        load, old, young = [0.0] * n_links, [0.0] * n_links, [0.0] * n_links
+        for j, (a, b) in enumerate(classes):
+            if not counts[j]:
+                continue
+            base = rates[j] * self.class_rtt[j] / 8.0
+            e_old = e_young = 0.0
+            for key, i in heaps[j]:
+                e = max(min(self.window, (key - service[j]) / 8.0) - base, 0.0)
+                if now - self.start[i] < self.class_rtt[j]:
+                    e_young += e
+                elif not self.first:
+                    e_old += e
+            for link in range(a, b):
+                load[link] += counts[j] * rates[j]
+                old[link] += e_old
+                young[link] += e_young
+        total = 0.0
+        for link in range(*classes[c]):
+            if self.qcap[link] <= 0 or load[link] < self.capacity[link] * (1.0 - QUEUE_FULL):
+                continue
+            q = min(min(old[link], self.qcap[link]) + young[link], self.buffer)
+            total += q * 8.0 / self.capacity[link]
         return total

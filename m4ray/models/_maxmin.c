@@ -274,8 +274,9 @@ typedef struct {
     mmws *ws;
     /* standing queues (m4ray_fluidsim_queued; FlowSim's StandingQueues): each flow's round
      * trip and start, the window on the wire, each link's queue cap, and per-link sums at a
-     * rate computation; q_first: only flows in their first round trip keep an excess */
-    double *rtt, *t_start, *q_cap, *q_load, *q_excess, q_window;
+     * rate computation; q_first: only flows in their first round trip keep an excess;
+     * q_buffer > 0: first windows over the level, up to it (q_young: their per-link sums) */
+    double *rtt, *t_start, *q_cap, *q_load, *q_excess, *q_young, q_window, q_buffer;
     int queued, q_fresh, q_first;
 } fluidsim;
 
@@ -299,6 +300,7 @@ void m4ray_fluidsim_free(fluidsim *s) {
     free(s->q_cap);
     free(s->q_load);
     free(s->q_excess);
+    free(s->q_young);
     mm_free(s->ws);
     free(s);
 }
@@ -434,16 +436,40 @@ int m4ray_fluidsim_next(fluidsim *s, double now, double *t_done, int64_t *n_fini
 
 /* Standing queues on (FlowSim's StandingQueues): window = the senders' window on the wire
  * (bytes), q_cap[l] = the most link l queues (its CC's standing level, bytes); first: only
- * flows in their first round trip keep an excess (HPCC). 0 or 2. */
-int m4ray_fluidsim_queued(fluidsim *s, double window, const double *q_cap, int first) {
+ * flows in their first round trip keep an excess (HPCC); buffer > 0: flows in their first
+ * round trip queue their excess on top of the level, up to it (StandingQueues.buffer_bytes).
+ * 0 or 2. */
+int m4ray_fluidsim_queued(fluidsim *s, double window, const double *q_cap, int first,
+                          double buffer) {
     int64_t n = s->n_links + 1;
     s->q_cap = malloc(n * sizeof(double));
     s->q_load = malloc(n * sizeof(double));
     s->q_excess = malloc(n * sizeof(double));
-    if (!s->q_cap || !s->q_load || !s->q_excess) return 2;
+    s->q_young = malloc(n * sizeof(double));
+    if (!s->q_cap || !s->q_load || !s->q_excess || !s->q_young) return 2;
     for (int64_t l = 0; l < s->n_links; ++l) s->q_cap[l] = q_cap[l];
     s->q_window = window, s->queued = 1, s->q_fresh = 0, s->q_first = first;
+    s->q_buffer = buffer > 0 ? buffer : 0.0;
     return 0;
+}
+
+/* FlowSim._burst_sums: per link the data rate, the excess of the flows past their first round
+ * trip (none with q_first) and of those in it, each flow's in flight at most its bits left. */
+static void fs_burst_sums(fluidsim *s, double now) {
+    for (int64_t l = 0; l < s->n_links; ++l)
+        s->q_load[l] = 0.0, s->q_excess[l] = 0.0, s->q_young[l] = 0.0;
+    for (int64_t i = 0; i < s->n; ++i) {
+        double left = s->remaining[i] / 8.0;
+        double excess = (s->q_window < left ? s->q_window : left) - s->rates[i] * s->rtt[i] / 8.0;
+        if (excess < 0.0) excess = 0.0;
+        int young = now - s->t_start[i] < s->rtt[i];
+        double *sums = young ? s->q_young : s->q_excess;
+        if (!young && s->q_first) excess = 0.0;
+        for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) {
+            s->q_load[s->idx[e]] += s->rates[i];
+            sums[s->idx[e]] += excess;
+        }
+    }
 }
 
 /* The queueing delay a flow arriving at time now meets on links[0..n) (FlowSim._queue_delay,
@@ -462,7 +488,9 @@ int m4ray_fluidsim_queue_delay(fluidsim *s, int64_t n, const int64_t *links, dou
         if (rc) return rc;
         s->dirty = 0;
     }
-    if (!s->q_fresh) {
+    if (s->q_buffer > 0) {
+        fs_burst_sums(s, now); /* ages with time and drains with the flows: every arrival */
+    } else if (!s->q_fresh) {
         for (int64_t l = 0; l < s->n_links; ++l) s->q_load[l] = 0.0, s->q_excess[l] = 0.0;
         for (int64_t i = 0; i < s->n; ++i) {
             double excess = s->q_window - s->rates[i] * s->rtt[i] / 8.0;
@@ -480,6 +508,11 @@ int m4ray_fluidsim_queue_delay(fluidsim *s, int64_t n, const int64_t *links, dou
         int64_t l = links[k];
         if (s->q_load[l] < shared[l] * (1.0 - QUEUE_FULL)) continue;
         double q = s->q_excess[l] < s->q_cap[l] ? s->q_excess[l] : s->q_cap[l];
+        if (s->q_buffer > 0) {
+            if (s->q_cap[l] <= 0) continue; /* a host's uplink: its NIC paces its flows */
+            q += s->q_young[l];
+            if (q > s->q_buffer) q = s->q_buffer;
+        }
         total += q * 8.0 / s->capacity[l];
     }
     *queue_s = total;

@@ -7,7 +7,8 @@ foreground percentiles; when every path also carries its foreground counts per o
 its draw count, the response also holds the network-wide estimate (p50/p90/p99 overall and per
 bucket, :func:`m4ray.m3.aggregate.aggregate`). ``GET /health`` names the checkpoint, the CCs it
 was trained on and whether its path flowSim runs with standing queues (``path_flowsim_queues``,
-and ``path_flowsim_first_windows``: HPCC's first windows queued; the client's tokens must be
+``path_flowsim_first_windows``: HPCC's first windows queued, and ``path_flowsim_bursts``: first
+windows over the level; the client's tokens must be
 computed so, :func:`m4ray.m3.estimate.checkpoint_queues`); a request for another CC gets 400 (as
 do tokens of the wrong shape), nothing else changes. Run with ``python -m m4ray.sweeps
 +experiment=serve serve.m3_checkpoint=<dir>`` (route ``/m3``) or ``serve run m4ray.serve.m3:app``.
@@ -138,6 +139,7 @@ class M3Service:
             # (m4ray.m3.lot.lot_queues) or without, as the checkpoint was trained
             "path_flowsim_queues": bool(self.info.get("path_flowsim_queues", False)),
             "path_flowsim_first_windows": bool(self.info.get("path_flowsim_first_windows", False)),
+            "path_flowsim_bursts": bool(self.info.get("path_flowsim_bursts", False)),
             "batches": self.batches,
         }
 

@@ -76,7 +76,7 @@ def library() -> ctypes.CDLL | None:
         "m4ray_loop_launch": (i64, [vp, i64, vp, vp, vp, vp, vp, vp, vp]),
         "m4ray_loop_run": (cint, [vp, f64, vp, vp, vp]),
         "m4ray_fluidsim_set_capacity": (None, [vp, i64, f64]),
-        "m4ray_fluidsim_queued": (cint, [vp, f64, vp, cint]),
+        "m4ray_fluidsim_queued": (cint, [vp, f64, vp, cint, f64]),
         "m4ray_fluidsim_queue_delay": (cint, [vp, i64, vp, f64, vp]),
         "m4ray_fluidsim_set_queue_cap": (None, [vp, i64, f64]),
         "m4ray_fluidsim_set_rtt": (None, [vp, f64, f64]),
@@ -196,11 +196,16 @@ class NativeLoop:
         if rtt is not None:
             self.lib.m4ray_fluidsim_set_rtt(self.fluid, rtt, now)
 
-    def queued(self, window_wire_bytes: float, caps: np.ndarray, first_rtt: bool) -> None:
+    def queued(
+        self, window_wire_bytes: float, caps: np.ndarray, first_rtt: bool, buffer_bytes: float = 0
+    ) -> None:
         """Standing queues on (``flowsim.StandingQueues``): the window on the wire, each
-        link's most queued bytes, and whether only flows in their first round trip queue."""
+        link's most queued bytes, whether only flows in their first round trip queue, and the
+        buffer their first windows fill over the level (0: off)."""
         caps = np.ascontiguousarray(caps, dtype=np.float64)
-        rc = self.lib.m4ray_fluidsim_queued(self.fluid, window_wire_bytes, _ptr(caps), first_rtt)
+        rc = self.lib.m4ray_fluidsim_queued(
+            self.fluid, window_wire_bytes, _ptr(caps), first_rtt, float(buffer_bytes)
+        )
         _check(-rc)
 
     def set_queue_cap(self, link: int, bytes_: float) -> None:

@@ -31,7 +31,10 @@ queues nothing there). A flow arriving waits for the queues of the full links on
 against the HPCC simulator's own DCTCP run (``bench/m4_example.py``) and our ns-3 on m3's
 default workload (``+experiment=m3 'm3.compare=[ns3,flowsim,flowsim_queues]'``); counting
 each flow's excess only at its bottleneck, or leaving the hosts' uplinks in, missed one of the
-two by 23-89 % (README).
+two by 23-89 % (README). With ``StandingQueues.buffer_bytes`` the first windows of flows in
+their first round trip queue on top of that level, up to the switch buffer (a new flow's
+window leaves at line rate before any mark or INT returns), each flow keeping in flight at
+most what it has left.
 
 Units: seconds, bits, bits/s.
 """
@@ -74,11 +77,17 @@ class StandingQueues:
     holds a full link's queue at (:func:`standing_levels`). Hosts' uplinks queue nothing.
     ``first_rtt``: only a flow in its first round trip keeps its excess queued (HPCC: its
     first window leaves at line rate before any feedback; after a round trip its INT feedback
-    holds links below η, where nothing stands)."""
+    holds links below η, where nothing stands). ``buffer_bytes`` > 0 (0: off): first windows
+    over the level. A flow's first window leaves at line rate before any feedback returns, so
+    a full link briefly holds more than its CC's level: the excess of the flows in their first
+    round trip queues on top of the others' (which stand at most at the level; none with
+    ``first_rtt``), up to this switch buffer, and every flow keeps in flight at most the bytes
+    it has left (a 500-byte flow adds 500 bytes, not a window)."""
 
     window_bytes: int
     k_bytes: list[list[float]]
     first_rtt: bool = added_field(False, "HPCC's first windows (issue 32)")
+    buffer_bytes: int = added_field(0, "first windows over the level (issue 32)")
 
     def __post_init__(self) -> None:
         if self.window_bytes < 0:
@@ -90,11 +99,16 @@ class StandingQueues:
                 "expected [[rate_bps, bytes], ...] with rates > 0 and bytes >= 0",
                 field="queues.k_bytes",
             )
+        if self.buffer_bytes < 0:
+            raise InputError(
+                f"must be >= 0 (0: off), got {self.buffer_bytes}", field="queues.buffer_bytes"
+            )
 
     @classmethod
-    def of(cls, network, routing: Routing) -> StandingQueues:
+    def of(cls, network, routing: Routing, *, bursts: bool = False) -> StandingQueues:
         """The queues of an ns-3 network config (``Ns3Config``): its RDMA window and the level
-        its congestion control holds a full switch port at (:func:`standing_levels`)."""
+        its congestion control holds a full switch port at (:func:`standing_levels`); with
+        ``bursts`` first windows over the level, up to its switch buffer."""
         from m4ray.sim.ns3.transports import max_base_rtt_s
 
         if network.transport != "rdma":
@@ -107,7 +121,12 @@ class StandingQueues:
         levels, first_rtt = standing_levels(
             rdma, rates, lambda: max_base_rtt_s(routing, rdma.ack_bytes)
         )
-        return cls(window_bytes=rdma.window(routing), k_bytes=levels, first_rtt=first_rtt)
+        return cls(
+            window_bytes=rdma.window(routing),
+            k_bytes=levels,
+            first_rtt=first_rtt,
+            buffer_bytes=rdma.buffer_bytes if bursts else 0,
+        )
 
     def caps(self, capacity_bps: np.ndarray) -> np.ndarray:
         """Each link's most queued bytes, by its rate (a switch's port)."""
@@ -275,7 +294,9 @@ class FlowSim(QueueClock):
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
             self.events = self._core.queue
             if queues is not None:
-                self._core.queued(self._q_window, self._q_cap, queues.first_rtt)
+                self._core.queued(
+                    self._q_window, self._q_cap, queues.first_rtt, queues.buffer_bytes
+                )
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -428,6 +449,8 @@ class FlowSim(QueueClock):
         self._refresh()  # earlier arrivals in, rates up to date
         if not len(self._ids):
             return 0.0
+        if self.queues.buffer_bytes:
+            return self._burst_delay(links)
         sums = self._q_sums  # per link at these rates; first round trips age: never reused
         if sums is None or self.queues.first_rtt:
             n_links = len(self._capacity)
@@ -444,6 +467,26 @@ class FlowSim(QueueClock):
             if load[link] < self._shared[link] * (1.0 - QUEUE_FULL):
                 continue
             total += min(excess[link], self._q_cap[link]) * 8.0 / self._capacity[link]
+        return total
+
+    def _burst_delay(self, links: np.ndarray) -> float:
+        """:meth:`_queue_delay` with first windows over the level
+        (:attr:`StandingQueues.buffer_bytes`; ``fs_burst_sums`` in ``_maxmin.c`` is its twin)."""
+        n_links = len(self._capacity)
+        inflight = np.minimum(self._q_window, self._remaining / 8.0)
+        excess = np.maximum(inflight - self._rates * self._rtt / 8.0, 0.0)
+        young = self._now - self._start < self._rtt
+        old = np.where(young | self.queues.first_rtt, 0.0, excess)
+        load = np.bincount(self._idx, np.repeat(self._rates, self._lens), n_links)
+        old = np.bincount(self._idx, np.repeat(old, self._lens), n_links)
+        new = np.bincount(self._idx, np.repeat(np.where(young, excess, 0.0), self._lens), n_links)
+        buffer = float(self.queues.buffer_bytes)
+        total = 0.0
+        for link in links.tolist():
+            if self._q_cap[link] <= 0 or load[link] < self._shared[link] * (1.0 - QUEUE_FULL):
+                continue
+            q = min(min(old[link], self._q_cap[link]) + new[link], buffer)
+            total += q * 8.0 / self._capacity[link]
         return total
 
     def _advance(self, dt: float) -> None:

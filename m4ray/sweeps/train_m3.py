@@ -66,6 +66,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         supported_cc=dataset_ccs(cfg.dataset),
         path_flowsim_queues=path_queues(cfg.dataset),
         path_flowsim_first_windows=path_first_windows(cfg.dataset),
+        **({"path_flowsim_bursts": True} if path_bursts(cfg.dataset) else {}),
         **({"soup": list(cfg.soup)} if cfg.soup else {}),
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")
@@ -141,6 +142,12 @@ def path_first_windows(dataset: str) -> bool:
     )
 
 
+def path_bursts(dataset: str) -> bool:
+    """Whether the dataset's lots ran path flowSim with first windows over the level (their
+    ``params``' ``path_bursts``, :class:`~m4ray.m3.lot.PathQueues`); a mix is an error."""
+    return _dataset_flag(dataset, "path_bursts", "path flowSim's first-window bursts", "bursts")
+
+
 def _dataset_flag(dataset: str, key: str, what: str, field: str, *, by_cc: bool = False) -> bool:
     """``params[key]`` of the dataset's ok scenarios, the same within the dataset (``by_cc``:
     within each congestion control): whether it is set; lots that differ are an error naming
@@ -161,4 +168,13 @@ def _dataset_flag(dataset: str, key: str, what: str, field: str, *, by_cc: bool 
     return any(True in seen for seen in flags.values())
 
 
-__all__ = ["SECTIONS", "held_out", "mean_state", "path_first_windows", "path_queues", "run", "soup"]
+__all__ = [
+    "SECTIONS",
+    "held_out",
+    "mean_state",
+    "path_bursts",
+    "path_first_windows",
+    "path_queues",
+    "run",
+    "soup",
+]

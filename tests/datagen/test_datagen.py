@@ -121,6 +121,7 @@ def test_same_seed_same_dataset_and_resume(first, tmp_path):
         ("datagen.families.m4_fabric.max_load=[0.5,1.5]", "field 'max_load'"),
         ("+datagen.families.m4_fabric.sizes.zipf.kind=zipf", "unknown size distribution 'zipf'"),
         ("+datagen.weights.nope=1", "weights for unknown families"),
+        ("+datagen.reuse_truth=[/nonexistent]", "cannot reuse another dataset's ns-3 runs"),
     ],
 )
 def test_bad_config_fails_before_any_scenario(tmp_path, override, message):

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from m4ray.errors import InputError
@@ -186,3 +187,49 @@ def test_bench_m3_networks_mixes_a_bucket_as_the_estimate_does():
     assert np.allclose(
         bench.bucket_p99(more, zero, np.concatenate([counts, counts[:1]]) > 0), got, equal_nan=True
     )
+
+
+def test_a_new_path_flowsim_mode_reuses_the_networks_ns3_record(network, tmp_path, monkeypatch):
+    """The same network with path flowSim's first windows over the level (``bursts``) is a new
+    scenario (new id, ``path_bursts``), but ns-3's answers are the same run's: with the first
+    record at hand (``reuse``) it runs no ns-3, keeps every target and ns-3 column, and changes
+    only path flowSim's; a record that holds other flows is refused by file and field."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    import m4ray.sim.trace
+
+    _, scenario, tables = network
+    bursts = dataclasses.replace(scenario, bursts=True)
+    assert bursts.scenario_id != scenario.scenario_id and bursts.params()["path_bursts"] is True
+    assert scenario.scenario_id in bursts.truth_twins()
+    # where the datasets live is not part of the network
+    assert dataclasses.replace(bursts, reuse=(str(tmp_path),)).scenario_id == bursts.scenario_id
+    for name, table in tables.items():
+        part = tmp_path / name / f"scenario_id={scenario.scenario_id}" / "part-0.parquet"
+        part.parent.mkdir(parents=True)
+        pq.write_table(table, part)
+
+    def no_ns3(*args, **kwargs):
+        raise AssertionError("ns-3 ran although its record was reused")
+
+    monkeypatch.setattr(m4ray.sim.trace, "run_trace", no_ns3)
+    again = dataclasses.replace(bursts, reuse=("/nonexistent", str(tmp_path))).record()
+    old, new = tables["lot_flows"].to_pandas(), again["lot_flows"].to_pandas()
+    for column in ("flow_id", "size_bytes", "slowdown", "fct_s", "ideal_fct_s", "start_s"):
+        np.testing.assert_array_equal(new[column], old[column])
+    old_s, new_s = tables["lot_samples"].to_pandas(), again["lot_samples"].to_pandas()
+    for column in ("target", "mask", "draws", "n_foreground"):
+        np.testing.assert_array_equal(np.stack(new_s[column]), np.stack(old_s[column]))
+    assert (new.flowsim_slowdown != old.flowsim_slowdown).any()  # path flowSim ran anew
+    # a record of other flows (one size changed) is not this network's
+    flows = old.copy()
+    flows.loc[3, "size_bytes"] += 1
+    part = tmp_path / "lot_flows" / f"scenario_id={scenario.scenario_id}" / "part-0.parquet"
+    pq.write_table(pa.Table.from_pandas(flows, schema=tables["lot_flows"].schema), part)
+    with pytest.raises(InputError, match="not the same network") as err:
+        dataclasses.replace(bursts, reuse=(str(tmp_path),)).record()
+    assert err.value.field == "flow_id" and str(part) in str(err.value)
+    with pytest.raises(AssertionError, match="ns-3 ran"):  # nothing to reuse: ns-3 runs
+        dataclasses.replace(bursts, reuse=(str(tmp_path / "none"),)).record()

@@ -244,12 +244,49 @@ def test_standing_queues_compiled_loop_matches_python(engine):
     wire_bits = [bits(int(s)) for s in size]
     hpcc = dataclasses.replace(_queued_rdma(), cc="hpcc")
     for rdma, first in ((_queued_rdma(), False), (_queued_rdma(0), False), (hpcc, True)):
-        # no window: a full link holds K; HPCC: first windows only
-        queues = lot_queues(lot, WireFormat(), scn, rdma, first_windows=first)
-        kw = {"nic_cap_bps": 10 * G, "queues": queues}
-        c = path_drain_times(a, b, wire_bits, start, capacity, native=True, **kw)
-        py = path_drain_times(a, b, wire_bits, start, capacity, native=False, **kw)
-        assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
+        # no window: a full link holds K; HPCC: first windows only; each with bursts
+        for bursts in (False, True):
+            queues = lot_queues(lot, WireFormat(), scn, rdma, first_windows=first, bursts=bursts)
+            assert (queues[4] > 0) == bursts
+            kw = {"nic_cap_bps": 10 * G, "queues": queues}
+            c = path_drain_times(a, b, wire_bits, start, capacity, native=True, **kw)
+            py = path_drain_times(a, b, wire_bits, start, capacity, native=False, **kw)
+            assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(("n_links", "cc"), [(2, "dctcp"), (6, "dctcp"), (6, "hpcc")])
+def test_bursts_match_generic_flowsim_on_the_lot_topology(n_links, cc):
+    """First windows over the level (``bursts``): path flowSim (per class, each flow's bits
+    left from its class's service) waits each arriving flow as the generic flowSim with
+    ``StandingQueues(buffer_bytes=...)`` (per flow) does on the lot's topology; it differs from
+    the standing model (young flows add on top of K, old flows keep at most what they have
+    left), and a small buffer caps it."""
+    from m4ray.m3.lot import lot_queues
+    from m4ray.sim.flowsim import StandingQueues, standing_levels
+
+    (a, b, size, start), capacity, lot, scn = _queued_lot(60 + n_links, n_links, 150)
+    wire, rdma = WireFormat(), dataclasses.replace(_queued_rdma(), cc=cc)
+    wire_bits = [bits(int(s)) for s in size]
+    kw = {"nic_cap_bps": 10 * G}
+    first = cc == "hpcc"
+    standing = lot_queues(lot, wire, scn, rdma, first_windows=first)
+    queues = lot_queues(lot, wire, scn, rdma, first_windows=first, bursts=True)
+    assert queues[4] == rdma.buffer_bytes
+    ours = path_drain_times(a, b, wire_bits, start, capacity, queues=queues, **kw)
+    level = path_drain_times(a, b, wire_bits, start, capacity, queues=standing, **kw)
+    assert np.abs(ours - level).max() > 1e-7  # not the standing model
+    levels, first_rtt = standing_levels(rdma, [10 * G, 40 * G], lambda: 0.0)
+    model = StandingQueues(
+        window_bytes=rdma.window_bytes,
+        k_bytes=levels,
+        first_rtt=first_rtt,
+        buffer_bytes=rdma.buffer_bytes,
+    )
+    theirs = generic_drains(lot, wire, a, b, size, start, queues=model)
+    assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-15)
+    small = (*queues[:4], 13_000.0)  # a buffer just over K caps the young flows' share
+    capped = path_drain_times(a, b, wire_bits, start, capacity, queues=small, **kw)
+    assert (capped <= ours + 1e-15).all() and (capped < ours - 1e-9).any()
 
 
 @pytest.mark.parametrize("n_links", [2, 6])
@@ -297,17 +334,17 @@ def test_lot_queues_take_each_cc_level():
         a=one, b=one + 2, size_bytes=np.array([1000]), start_s=np.zeros(1), origin=one,
         foreground=np.array([True]),
     )  # fmt: skip
-    rtt, _, caps, first = lot_queues(
+    rtt, _, caps, first, _ = lot_queues(
         lot, WireFormat(), scn, RdmaConfig(ecn_k_bytes=[[10 * G, 9e3]])
     )
     assert caps == [0.0, 9e3] and not first
     assert lot_queues(lot, WireFormat(), scn, RdmaConfig(cc="hpcc"))[2] == [0.0, 0.0]
-    _, _, caps, first = lot_queues(
+    _, _, caps, first, _ = lot_queues(
         lot, WireFormat(), scn, RdmaConfig(cc="hpcc"), first_windows=True
     )
     assert first and caps[0] == 0.0 and caps[1] > 0  # the first windows may fill its buffer
     timely = RdmaConfig(cc="timely", cc_params={"t_low_s": 20e-6})
-    _, _, caps, _ = lot_queues(lot, WireFormat(), scn, timely)
+    _, _, caps, *_ = lot_queues(lot, WireFormat(), scn, timely)
     path = class_paths(lot, scn.a, scn.b)[0][0]
     assert rtt[0] == round_trip(path, WireFormat(), timely.ack_bytes)
     assert caps[1] == pytest.approx(10 * G * (20e-6 - rtt[0]) / 8, rel=1e-12)

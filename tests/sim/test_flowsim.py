@@ -298,6 +298,11 @@ def test_compiled_max_min_equals_the_numpy_reference():
         {"queues": {"window_bytes": 9_000, "k_bytes": [[10e9, 30_000]]}, "ack_load": True},
         {"queues": {"window_bytes": 0, "k_bytes": [[10e9, 30_000]]}},
         {"queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 4e5]], "first_rtt": True}},
+        {"queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 12_000]], "buffer_bytes": 60_000}},
+        {
+            "queues": {"window_bytes": 0, "k_bytes": [[10e9, 8_000]], "buffer_bytes": 30_000},
+            "ack_load": True,
+        },
     ],
     ids=[
         "classic",
@@ -308,6 +313,8 @@ def test_compiled_max_min_equals_the_numpy_reference():
         "queues+acks",
         "queues, no window",
         "first round trips",
+        "first windows over the level",
+        "bursts, no window, acks",
     ],
 )
 def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
@@ -459,3 +466,38 @@ def test_first_round_trip_queues_and_no_window_queues():
     np.testing.assert_allclose(
         queued.to_numpy() - classic, [0.0, 50_000 * 8 / 10e9], rtol=1e-9, atol=1e-15
     )
+
+
+def test_first_windows_queue_over_the_level_up_to_the_buffer():
+    """``buffer_bytes`` (first windows over the level): a long flow past its first round trip
+    holds the link at K; a flow in its first round trip adds its excess on top, its in flight at
+    most what it has left (a 20,000-byte flow: its 20 packets, not a 100 KB window), up to the
+    buffer. Without it the level caps everything (the standing model)."""
+    from m4ray.sim.flowsim import round_trip
+
+    topo = parking_lot([10], 1e-6)
+    routing = Routing(topo)
+    rtt = round_trip(routing.path(0, 1, 0), routing.wire, 64)
+    k, window = 30_000, 100_000
+    young_at, probe_at = 100e-6, 100e-6 + rtt / 4
+    flows = [
+        Flow(0, 0, 1, 10_000_000, 0.0),
+        Flow(1, 0, 1, 20_000, young_at),  # in its first round trip when the probe arrives
+        Flow(2, 0, 1, 500, probe_at),
+    ]
+    classic = queued_trace({}, flows).to_numpy()
+    standing = {"window_bytes": window, "k_bytes": [[10e9, k]]}
+    level = queued_trace({"queues": standing}, flows).to_numpy() - classic
+    np.testing.assert_allclose(level[1:], [k * 8 / 10e9] * 2, rtol=1e-9)
+    bursts = queued_trace({"queues": {**standing, "buffer_bytes": 4_000_000}}, flows).to_numpy()
+    # the young flow: 20 packets on the wire (1,000 payload + 48 each), less what it sent at
+    # its half of the link in rtt / 4, less its bandwidth-delay product
+    wire_left = 20 * 1_048 - 5e9 * (rtt / 4) / 8
+    young = wire_left - 5e9 * rtt / 8
+    assert 10_000 < young < 20_960
+    np.testing.assert_allclose(
+        (bursts - classic)[2], (k + young) * 8 / 10e9, rtol=1e-6
+    )  # the probe waits K and the young flow's excess
+    capped = {**standing, "buffer_bytes": k + 100}
+    capped = queued_trace({"queues": capped}, flows).to_numpy() - classic
+    np.testing.assert_allclose(capped[2], (k + 100) * 8 / 10e9, rtol=1e-9)
