@@ -18,9 +18,10 @@ against packet-level results we did not produce and against our ns-3.
   (10 Gbit/s hosts, 40 Gbit/s fabric), web-search sizes scaled to a 20 KB mean, log-normal
   arrivals at 50 % peak link load. ns-3 runs are cached by content under ``--out``.
 
-For each: the reference's p99 slowdown per bucket, then flowSim's and flowSim with standing
-queues' p99 error against it (also drawn, ``<out>/p99_errors.png``); and the per-flow median
-|slowdown error| (queues do not help there: they charge mean-field waits some flows never had).
+For each: the reference's p99 slowdown per bucket, then the p99 error against it of flowSim,
+flowSim with standing queues and flowSim with first windows over them (``flowsim_bursts``)
+(also drawn, ``<out>/p99_errors.png``); and the per-flow median |slowdown error| (queues do
+not help there: they charge mean-field waits some flows never had).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from ns3_cc import (  # noqa: E402
     read_config,
 )
 
-BACKENDS = ("flowsim", "flowsim_queues")
+BACKENDS = ("flowsim", "flowsim_queues", "flowsim_bursts")
 
 
 def p99s(slowdown: np.ndarray, size: np.ndarray) -> dict[str, float]:
@@ -117,7 +118,12 @@ def field(folder: Path, rows: list, notes: list, errors: dict) -> list[str]:
         levels = ", ".join(f"{r / 1e9:g}G {b / 1e3:.0f} KB" for r, b in queues.k_bytes)
         notes.append(f"field {label}: window {queues.window_bytes} B, queue levels {levels}; "
                      f"{done.sum()} of {len(flows)} flows finished in the reference")  # fmt: skip
-        ours = {"flowsim": classic, "flowsim_queues": fcts(label, FlowSimConfig(queues=queues))}
+        bursts = StandingQueues.of(ns3, routing, bursts=True)
+        ours = {
+            "flowsim": classic,
+            "flowsim_queues": fcts(label, FlowSimConfig(queues=queues)),
+            "flowsim_bursts": fcts(f"{label} bursts", FlowSimConfig(queues=bursts)),
+        }
         slow = {
             name: np.maximum(fct + back, ideal)[done] / ideal[done] for name, fct in ours.items()
         }
@@ -151,7 +157,11 @@ def shards(folder: Path, notes: list) -> None:
         ns3 = network(cfg, cc, buffer_bytes=buffer, window=window, fork=True)
         want = np.quantile(theirs / ideal, [0.9, 0.99])
         cells = [f"{shard.name.split('_')[0]} ({param[4]})", f"{want[0]:.2f} / {want[1]:.2f}"]
-        for backend in (FlowSimConfig(), FlowSimConfig(queues=StandingQueues.of(ns3, routing))):
+        for backend in (
+            FlowSimConfig(),
+            FlowSimConfig(queues=StandingQueues.of(ns3, routing)),
+            FlowSimConfig(queues=StandingQueues.of(ns3, routing, bursts=True)),
+        ):
             table = run_trace(topo, flows, backend, routing).to_pandas().set_index("flow_id")
             fct = table.fct_s.loc[[f.id for f in flows]].to_numpy()
             got = np.quantile(np.maximum(fct, ideal) / ideal, [0.9, 0.99])
@@ -159,7 +169,7 @@ def shards(folder: Path, notes: list) -> None:
         rows.append(cells)
     notes.append("m3's 2-hop shards (300 flows each), p90 / p99 slowdown:")
     with io.StringIO() as out, contextlib.redirect_stdout(out):
-        print_table(["shard (CC)", "reference", "flowsim", "flowsim_queues"], rows)
+        print_table(["shard (CC)", "reference", *BACKENDS], rows)
         notes.append(out.getvalue())
 
 
@@ -223,7 +233,8 @@ def main() -> None:
 
 
 def plot(errors: dict, buckets: list[str], path: Path) -> Path:
-    """Each scenario's p99 error per size bucket, flowSim beside flowSim with queues."""
+    """Each scenario's p99 error per size bucket, flowSim beside flowSim with queues (standing
+    and with first windows over the level)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,7 +246,8 @@ def plot(errors: dict, buckets: list[str], path: Path) -> Path:
     for ax, (where, by_backend) in zip(axes, errors.items(), strict=True):
         for k, (name, err) in enumerate(by_backend.items()):
             values = [100 * err.get(b, np.nan) for b in buckets]
-            ax.bar(x + (k - 0.5) * 0.38, values, width=0.38, label=name)
+            width = 0.8 / len(by_backend)
+            ax.bar(x + (k - (len(by_backend) - 1) / 2) * width, values, width=width, label=name)
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_ylabel("%", rotation=0)
         ax.set_title(where, fontsize=9, loc="left")

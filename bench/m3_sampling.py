@@ -22,7 +22,7 @@ root seed), and for each draw three estimates through the same mixture
 Per size bucket: the mean error over the draws (what stays when draws average out: the model's
 bias), its rms (what one run shows), and, for ns-3 on the paths, how often the bootstrap's 90 %
 range (``p99_lo``-``p99_hi`` of the experiment's table) held ns-3's p99. Network-wide flowSim
-(classic and with queues) samples nothing: one error each.
+(classic, with standing queues and with first windows over them) samples nothing: one error each.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:  # noqa: PLR0915 (one bench, read top to bottom)
     ray = start_ray(sweep.ray)
     cache = Path(sweep.paths.run_dir).resolve() / "cache"
     truth, fixed = None, {}
-    for name in ("ns3", "flowsim", "flowsim_queues"):
+    for name in ("ns3", "flowsim", "flowsim_queues", "flowsim_bursts"):
         print(f"network-wide {name} ({len(flows):,} flows; cached in {cache})", flush=True)
         slowdown, _ = reference_run(name, topo, flows, routing, cfg=cfg, cache=cache, ray=ray)
         if name == "ns3":

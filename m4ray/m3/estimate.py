@@ -7,7 +7,8 @@ flowSim into feature tokens in Ray tasks; the checkpoint corrects every path's f
 percentiles in one batch; the mixture gives overall and per-size-bucket p50/p90/p99
 (``reference/flowsim_m3.md`` B.2-B.8). ``compare=[ns3, flowsim]`` runs the same flows through
 network-wide ns-3 and flowSim for reference (``flowsim_queues``: flowSim with the network's
-standing queues, :class:`~m4ray.sim.flowsim.StandingQueues`), each cached by content under
+standing queues, :class:`~m4ray.sim.flowsim.StandingQueues`; ``flowsim_bursts``: with first windows
+over the level too), each cached by content under
 ``<run_dir>/cache``, so a re-run does not redo them. Writes ``estimate.parquet``,
 ``plots/slowdown_cdf.png`` and ``manifest.json``, and prints the table.
 
@@ -35,7 +36,7 @@ from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
 from m4ray.sim.routing import Routing, WireFormat
 
-COMPARE = ("ns3", "flowsim", "flowsim_queues")
+COMPARE = ("ns3", "flowsim", "flowsim_queues", "flowsim_bursts")
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -315,8 +316,8 @@ def trained_queues(rdma, info: dict) -> PathQueues | None:
 
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
-    """Network-wide ``ns3``, ``flowsim`` or ``flowsim_queues`` slowdowns and wall time, cached
-    by content."""
+    """Network-wide ``ns3``, ``flowsim``, ``flowsim_queues`` or ``flowsim_bursts`` (standing
+    queues with first windows over the level) slowdowns and wall time, cached by content."""
     from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
 
     network = network_ns3(cfg, topo)
@@ -324,6 +325,7 @@ def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path
         "ns3": network,
         "flowsim": FlowSimConfig(),
         "flowsim_queues": FlowSimConfig(queues=StandingQueues.of(network, routing)),
+        "flowsim_bursts": FlowSimConfig(queues=StandingQueues.of(network, routing, bursts=True)),
     }[name]
     if name == "ns3":
         backend = dataclasses.replace(backend, wall_limit_s=cfg.ns3_wall_limit_s)

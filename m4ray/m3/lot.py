@@ -179,9 +179,10 @@ def lot_queues(
     queue. A CC whose queue is only its first windows (HPCC) queues them with
     ``first_windows``, as network-wide flowSim does; without it, nothing (caps 0: as m3-v3 was
     trained: its checkpoint says which, ``model.json`` ``path_flowsim_first_windows``). With
-    ``bursts`` the switch buffer last (0 without): flows in their first round trip queue their
-    excess on top of the level, up to it (:attr:`~m4ray.sim.flowsim.StandingQueues.buffer_bytes`;
-    ``model.json`` ``path_flowsim_bursts``)."""
+    ``bursts`` the switch buffer last (0 without, and under a CC whose queue is only its first
+    windows): flows in their first round trip queue their excess on top of the level, up to
+    it (:attr:`~m4ray.sim.flowsim.StandingQueues.buffer_bytes`; ``model.json``
+    ``path_flowsim_bursts``)."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)
     class_rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])
     levels, first_rtt = standing_levels(
@@ -193,7 +194,8 @@ def lot_queues(
     else:
         caps = queue_caps(levels, lot.capacity_bps)
     caps[0] = 0.0
-    buffer = float(rdma.buffer_bytes) if bursts and caps.any() else 0.0
+    # HPCC's queue is its first windows already: kept as they are (StandingQueues.of)
+    buffer = float(rdma.buffer_bytes) if bursts and caps.any() and not first_rtt else 0.0
     return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist(), bool(first_rtt), buffer
 
 

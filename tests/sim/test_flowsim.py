@@ -501,3 +501,18 @@ def test_first_windows_queue_over_the_level_up_to_the_buffer():
     capped = {**standing, "buffer_bytes": k + 100}
     capped = queued_trace({"queues": capped}, flows).to_numpy() - classic
     np.testing.assert_allclose(capped[2], (k + 100) * 8 / 10e9, rtol=1e-9)
+
+
+def test_bursts_of_a_network_fill_its_buffer_where_its_cc_holds_a_level():
+    """``StandingQueues.of(..., bursts=True)``: the network's switch buffer under DCTCP (and any
+    CC holding a level); HPCC, whose queue is only its first windows, keeps them as they are."""
+    from m4ray.sim.flowsim import StandingQueues
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    routing = Routing(parking_lot([10], 1e-6))
+    dctcp = Ns3Config(rdma=RdmaConfig(buffer_bytes=700_000, window_bytes=18_000))
+    assert StandingQueues.of(dctcp, routing, bursts=True).buffer_bytes == 700_000
+    assert StandingQueues.of(dctcp, routing).buffer_bytes == 0
+    hpcc = Ns3Config(rdma=RdmaConfig(cc="hpcc"))
+    assert StandingQueues.of(hpcc, routing, bursts=True) == StandingQueues.of(hpcc, routing)
