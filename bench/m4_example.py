@@ -140,6 +140,7 @@ def main() -> None:
         "flowSim+window": FlowSimConfig.windowed(ns3, routing),
         "flowSim+window+ACKs": FlowSimConfig.windowed(ns3, routing, acks=True),
         "flowSim+queues": FlowSimConfig(queues=StandingQueues.of(ns3, routing)),
+        "flowSim+bursts": FlowSimConfig(queues=StandingQueues.of(ns3, routing, bursts=True)),
     }
     if args.tcp:
         import dataclasses
