@@ -123,6 +123,13 @@ def test_datagen_m3_v7_is_v6s_networks_with_bursts_and_reuses_their_ns3_records(
     for a, b in zip(old, new, strict=True):
         assert (a.family, a.index, a.seed) == (b.family, b.index, b.seed)
         assert a.scenario_id != b.scenario_id and a.scenario_id in b.truth_twins()
+    # v8: v4's 210 networks (m3-v5's) with bursts, which are v7's with v7's ids
+    v8 = resolve(sweep_cfg("+experiment=datagen_m3_v8", "datagen.scenarios=210")).datagen
+    assert {k: n for k, n in v8.counts().items() if n} == {
+        "net": 100, "net8": 50, "netcc": 40, "net8cc": 20
+    }  # fmt: skip
+    ids = {s.scenario_id for s in new}
+    assert all(s.scenario_id in ids for s in expand(v8, 0))
     (tmp_path / "lot_flows").mkdir()
     reusing = resolve(
         sweep_cfg(
