@@ -169,7 +169,7 @@ def main() -> None:
         est = estimate(routed, cfg, **kw)
         walls = {"m3": time.perf_counter() - began}
         cache = Path(args.out) / "cache"
-        for ref in ("flowsim", "flowsim_queues", "ns3"):
+        for ref in ("flowsim", "flowsim_queues", "flowsim_bursts", "ns3"):
             slowdown, walls[ref] = reference_run(
                 ref, topo, flows, routing, cfg=cfg, cache=cache, ray=ray
             )
@@ -183,10 +183,11 @@ def main() -> None:
                                   f"{len(routed.by_path)} paths", est, walls)  # fmt: skip
         summary.append((name, errs, per_bucket, walls))
     print("\n## summary: overall |p99 err| vs m4ray ns-3, and m3's speed-up over ns-3")
-    head = ["m3", "pathFS", "flowSim", "FS+queue", "m3 s", "ns-3 s", "speedup"]
+    head = ["m3", "pathFS", "flowSim", "FS+queue", "FS+burst", "m3 s", "ns-3 s", "speedup"]
     print(f"{'scenario':<36}" + "".join(f"{h:>9}" for h in head))
     for name, errs, _, walls in summary:
-        cells = [f"{errs[m]:>9.1%}" for m in ("m3", "path_flowsim", "flowsim", "flowsim_queues")]
+        fluid = ("m3", "path_flowsim", "flowsim", "flowsim_queues", "flowsim_bursts")
+        cells = [f"{errs[m]:>9.1%}" for m in fluid]
         cells += [f"{walls['m3']:>9.2f}", f"{walls['ns3']:>9.1f}"]
         cells.append(f"{walls['ns3'] / walls['m3']:>8.0f}x")
         print(f"{name:<36}" + "".join(cells))
