@@ -231,5 +231,11 @@ def test_a_new_path_flowsim_mode_reuses_the_networks_ns3_record(network, tmp_pat
     with pytest.raises(InputError, match="not the same network") as err:
         dataclasses.replace(bursts, reuse=(str(tmp_path),)).record()
     assert err.value.field == "flow_id" and str(part) in str(err.value)
+    flows.loc[3, "size_bytes"] -= 1
+    flows.loc[5, "flow_id"] = 10**9  # not a flow of this network
+    pq.write_table(pa.Table.from_pandas(flows, schema=tables["lot_flows"].schema), part)
+    with pytest.raises(InputError, match="flow ids outside") as err:
+        dataclasses.replace(bursts, reuse=(str(tmp_path),)).record()
+    assert err.value.field == "flow_id" and str(part) in str(err.value)
     with pytest.raises(AssertionError, match="ns-3 ran"):  # nothing to reuse: ns-3 runs
         dataclasses.replace(bursts, reuse=(str(tmp_path / "none"),)).record()
