@@ -107,11 +107,7 @@ class NetworkPathsScenario:
         """The ids of this network with path flowSim run otherwise (queues on, first windows and
         bursts either way): the same ns-3 run, the same paths, so the same targets."""
         twins = {
-            fingerprint(
-                dataclasses.replace(
-                    self, wall_limit_s=0.0, reuse=(), queues=True, first_windows=fw, bursts=bursts
-                )
-            )
+            dataclasses.replace(self, queues=True, first_windows=fw, bursts=bursts).scenario_id
             for fw in (False, True)
             for bursts in (False, True)
         }
@@ -130,14 +126,14 @@ class NetworkPathsScenario:
         routing = Routing(topo, seed=self.seed, wire=self.wire)
         flows = self.workload.flows(routing, self.seed)
         ns3 = dataclasses.replace(self.network.ns3(*self._rates()), wall_limit_s=self.wall_limit_s)
-        reused = self._reused_truth(self.reuse, len(flows))
+        reused = self._reused_truth(len(flows))
         if reused is None:
             table = run_trace(topo, flows, ns3, routing)
             slowdown = table.column("slowdown").to_numpy()
             ideal_all = table.column("ideal_fct_s").to_numpy()
             fct_all = table.column("fct_s").to_numpy()
         else:
-            source, twin, (slowdown, ideal_all, fct_all) = reused
+            record, (slowdown, ideal_all, fct_all) = reused
         routed = RoutedFlows(flows, routing)
         queues = (
             PathQueues(ns3.rdma, self.first_windows, bursts=self.bursts) if self.queues else None
@@ -177,36 +173,22 @@ class NetworkPathsScenario:
                 fg_rows[name].append(value)
         flows_table = {name: np.concatenate(parts) for name, parts in fg_rows.items()}
         if reused is not None:
-            _check_twin(source, twin, fg_rows["flow_id"], fg_rows["size_bytes"])
+            record.check(fg_rows["flow_id"], fg_rows["size_bytes"])
         return {
             "lot_flows": pa.table(flows_table, schema=M3_TABLES["lot_flows"]),
             "lot_samples": pa.table(samples, schema=M3_TABLES["lot_samples"]),
         }
 
-    def _reused_truth(self, reuse, n_flows: int):
-        """(dataset, twin id, (slowdown, ideal FCT, FCT) per flow: NaN but the twin's sampled
-        flows)) from the first of ``reuse`` that holds a twin of this network, else None."""
-        import pyarrow.parquet as pq
-
-        for source in reuse:
-            for twin in self.truth_twins():
+    def _reused_truth(self, n_flows: int):
+        """(the twin's record, (slowdown, ideal FCT, FCT) per flow: NaN but the twin's sampled
+        flows) from the first of :attr:`reuse` that holds a twin of this network, else None."""
+        twins = self.truth_twins()
+        for source in self.reuse:
+            for twin in twins:
                 path = Path(source) / "lot_flows" / f"scenario_id={twin}" / "part-0.parquet"
-                if not path.exists():
-                    continue
-                rows = pq.read_table(path, columns=["flow_id", "slowdown", "ideal_fct_s", "fct_s"])
-                ids = rows.column("flow_id").to_numpy()
-                if len(ids) and (ids.min() < 0 or ids.max() >= n_flows):
-                    raise InputError(
-                        f"flow ids outside this network's {n_flows} flows",
-                        file=str(path),
-                        field="flow_id",
-                    )
-                columns = []
-                for name in ("slowdown", "ideal_fct_s", "fct_s"):
-                    full = np.full(n_flows, np.nan)
-                    full[ids] = rows.column(name).to_numpy()
-                    columns.append(full)
-                return str(path), twin, tuple(columns)
+                if path.exists():
+                    record = _TwinRecord.read(path, twin, n_flows)
+                    return record, record.truth(n_flows)
         return None
 
     # the datagen job's scenario protocol, as the parking lots have it
@@ -327,23 +309,50 @@ def recovered_draws(params: dict[str, Any], seed: int, flow_ids: list[np.ndarray
     return draws
 
 
-def _check_twin(source: str, twin: str, flow_ids: list, sizes: list) -> None:
-    """A reused record must hold exactly the flows this network's sampled paths carry, in
-    order (the same network, seed and draws); anything else is refused by name."""
-    import pyarrow.parquet as pq
+@dataclass(frozen=True, slots=True)
+class _TwinRecord:
+    """A twin network's recorded flows (:meth:`NetworkPathsScenario.truth_twins`), read once."""
 
-    rows = pq.read_table(source, columns=["flow_id", "size_bytes"])
-    ids, size = np.concatenate(flow_ids), np.concatenate(sizes)
-    if not (
-        np.array_equal(rows.column("flow_id").to_numpy(), ids)
-        and np.array_equal(rows.column("size_bytes").to_numpy(), size)
-    ):
-        raise InputError(
-            f"the record of network {twin} holds other flows than this network's sampled "
-            "paths: not the same network",
-            file=source,
-            field="flow_id",
-        )
+    path: Path
+    twin: str
+    columns: dict[str, np.ndarray]
+
+    @classmethod
+    def read(cls, path: Path, twin: str, n_flows: int) -> _TwinRecord:
+        import pyarrow.parquet as pq
+
+        names = ["flow_id", "size_bytes", "slowdown", "ideal_fct_s", "fct_s"]
+        table = pq.read_table(path, columns=names)
+        columns = {name: table.column(name).to_numpy() for name in names}
+        ids = columns["flow_id"]
+        if len(ids) and (ids.min() < 0 or ids.max() >= n_flows):
+            raise InputError(
+                f"flow ids outside this network's {n_flows} flows", file=str(path), field="flow_id"
+            )
+        return cls(path=path, twin=twin, columns=columns)
+
+    def truth(self, n_flows: int) -> tuple[np.ndarray, ...]:
+        """Slowdown, ideal FCT and FCT per network flow: NaN but the recorded flows."""
+        out = []
+        for name in ("slowdown", "ideal_fct_s", "fct_s"):
+            full = np.full(n_flows, np.nan)
+            full[self.columns["flow_id"]] = self.columns[name]
+            out.append(full)
+        return tuple(out)
+
+    def check(self, flow_ids: list, sizes: list) -> None:
+        """The record must hold exactly the flows this network's sampled paths carry, in order
+        (the same network, seed and draws); anything else is refused by name."""
+        if not (
+            np.array_equal(self.columns["flow_id"], np.concatenate(flow_ids))
+            and np.array_equal(self.columns["size_bytes"], np.concatenate(sizes))
+        ):
+            raise InputError(
+                f"the record of network {self.twin} holds other flows than this network's "
+                "sampled paths: not the same network",
+                file=str(self.path),
+                field="flow_id",
+            )
 
 
 def _first_rtt_only(network: M3Network) -> bool:
