@@ -296,7 +296,8 @@ def network_ns3(cfg: M3Config, topo):
 def checkpoint_queues(cfg: M3Config, topo, info: dict) -> PathQueues | None:
     """Path flowSim's standing queues on the network as the checkpoint was trained with them
     (``model.json`` ``path_flowsim_queues``, and ``path_flowsim_first_windows``: HPCC's first
-    windows queue; ``path_flowsim_bursts``: first windows over the level; :func:`path_sample`
+    windows queue; ``path_flowsim_bursts``: first windows over the level;
+    ``path_flowsim_route_rtt``: at each flow's route round trip; :func:`path_sample`
     then runs it so), else None."""
     if not info.get("path_flowsim_queues"):
         return None
@@ -312,6 +313,7 @@ def trained_queues(rdma, info: dict) -> PathQueues | None:
         rdma,
         first_windows=bool(info.get("path_flowsim_first_windows")),
         bursts=bool(info.get("path_flowsim_bursts")),
+        route_rtt=bool(info.get("path_flowsim_route_rtt")),
     )
 
 

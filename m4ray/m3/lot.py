@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from m4ray.errors import InputError
 from m4ray.m3.paths import PathScenario
 from m4ray.m3.pathsim import path_drain_times
+from m4ray.models.fairshare import round_trip_s
 from m4ray.sim.flowsim import queue_caps, round_trip, standing_levels, wire_window
 from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Cable, Topology
@@ -154,10 +156,24 @@ class PathQueues:
     rdma: object
     first_windows: bool = False
     bursts: bool = False  # first windows over the level, up to the buffer (lot_queues)
+    route_rtt: bool = False  # with bursts: each flow's round trip over its network route
+
+    def __post_init__(self) -> None:
+        if self.route_rtt and not self.bursts:
+            raise InputError(
+                "route round trips weigh first windows over the level: set bursts too",
+                field="route_rtt",
+            )
 
     def of(self, lot: LotNetwork, wire: WireFormat, scenario: PathScenario) -> tuple:
         return lot_queues(
-            lot, wire, scenario, self.rdma, first_windows=self.first_windows, bursts=self.bursts
+            lot,
+            wire,
+            scenario,
+            self.rdma,
+            first_windows=self.first_windows,
+            bursts=self.bursts,
+            route_rtt=self.route_rtt,
         )
 
 
@@ -169,6 +185,7 @@ def lot_queues(
     *,
     first_windows: bool = False,
     bursts: bool = False,
+    route_rtt: bool = False,
 ) -> tuple[np.ndarray, float, list[float], bool, float]:
     """Path flowSim's standing queues on a lot (:class:`~m4ray.sim.flowsim.StandingQueues`'
     model) for an RDMA network (``RdmaConfig``): each flow's round trip over its lot route, the
@@ -182,13 +199,25 @@ def lot_queues(
     ``bursts`` the switch buffer last (0 without, and under a CC whose queue is only its first
     windows): flows in their first round trip queue their excess on top of the level, up to
     it (:attr:`~m4ray.sim.flowsim.StandingQueues.buffer_bytes`; ``model.json``
-    ``path_flowsim_bursts``)."""
+    ``path_flowsim_bursts``).
+
+    With ``route_rtt`` (and ``bursts``; ``model.json`` ``path_flowsim_route_rtt``) a flow's
+    round trip is its network route's (:attr:`~m4ray.m3.paths.PathScenario.route_latency_s`),
+    as network-wide flowSim has it, not its lot segment's: a background flow's segment is
+    shorter than its route, so its round trip, and the bandwidth-delay product it keeps its
+    window beyond, came out short and its excess large (README, issue 32); TIMELY's level then
+    takes the largest route round trip. A lot without routes (drawn as a lot, not cut from a
+    network) is its flows' whole network: their segments are their routes."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)
     class_rtt = np.array([round_trip(p, wire, rdma.ack_bytes) for p in paths])
+    rtt = route = class_rtt[cls]
+    if route_rtt and bursts and scenario.route_latency_s is not None:
+        route = round_trip_s(
+            wire, scenario.route_latency_s, scenario.route_inverse_bw, rdma.ack_bytes
+        )
     levels, first_rtt = standing_levels(
-        rdma, sorted(set(lot.capacity_bps)), lambda: float(class_rtt.max())
+        rdma, sorted(set(lot.capacity_bps)), lambda: float(route.max())
     )
-    rtt = class_rtt[cls]
     if first_rtt and not first_windows:  # nothing queues: no young flows to count either
         caps, first_rtt = np.zeros(len(lot.capacity_bps)), False
     else:
@@ -196,6 +225,8 @@ def lot_queues(
     caps[0] = 0.0
     # HPCC's queue is its first windows already: kept as they are (StandingQueues.of)
     buffer = float(rdma.buffer_bytes) if bursts and caps.any() and not first_rtt else 0.0
+    if buffer:  # only the bursts' sums take each flow's own round trip
+        rtt = route
     return rtt, wire_window(rdma.window_bytes or 0, wire), caps.tolist(), bool(first_rtt), buffer
 
 

@@ -59,6 +59,8 @@ class NetworkPathsScenario:
     first_windows: bool = added_field(False, "path flowSim's first windows (issue 32)")
     # with queues: first windows over the level in path flowSim (PathQueues.bursts)
     bursts: bool = added_field(False, "path flowSim's first windows over the level (issue 32)")
+    # with bursts: each flow's round trip over its network route in path flowSim
+    route_rtt: bool = added_field(False, "path flowSim's route round trips (issue 32)")
     # datasets whose record of this network under another path flowSim mode record() reuses
     # (ns-3's answers do not depend on it); not part of the scenario's identity
     reuse: tuple[str, ...] = added_field((), "where ns-3's answers may come from (issue 32)")
@@ -100,16 +102,21 @@ class NetworkPathsScenario:
             | ({"path_queues": True} if self.queues else {})
             | ({"path_first_windows": True} if self.queues and self.first_windows else {})
             | ({"path_bursts": True} if self.queues and self.bursts else {})
+            | ({"path_route_rtt": True} if self.queues and self.bursts and self.route_rtt else {})
             | cc_param(n.cc)
         )
 
     def truth_twins(self) -> list[str]:
-        """The ids of this network with path flowSim run otherwise (queues on, first windows and
-        bursts either way): the same ns-3 run, the same paths, so the same targets."""
+        """The ids of this network with path flowSim run otherwise (queues on; first windows,
+        bursts and route round trips either way): the same ns-3 run, the same paths, so the same
+        targets."""
         twins = {
-            dataclasses.replace(self, queues=True, first_windows=fw, bursts=bursts).scenario_id
+            dataclasses.replace(
+                self, queues=True, first_windows=fw, bursts=bursts, route_rtt=route
+            ).scenario_id
             for fw in (False, True)
             for bursts in (False, True)
+            for route in ((False, True) if bursts else (False,))
         }
         return sorted(twins - {self.scenario_id})
 
@@ -136,7 +143,9 @@ class NetworkPathsScenario:
             record, (slowdown, ideal_all, fct_all) = reused
         routed = RoutedFlows(flows, routing)
         queues = (
-            PathQueues(ns3.rdma, self.first_windows, bursts=self.bursts) if self.queues else None
+            PathQueues(ns3.rdma, self.first_windows, bursts=self.bursts, route_rtt=self.route_rtt)
+            if self.queues
+            else None
         )
         network = self.network.net_config()
         samples: dict[str, list] = {name: [] for name in M3_TABLES["lot_samples"].names}
@@ -224,6 +233,7 @@ class NetworkFamily:
     queues: bool = True
     first_windows: bool = False  # HPCC's first windows queue in path flowSim (PathQueues)
     bursts: bool = False  # first windows over the level in path flowSim (PathQueues)
+    route_rtt: bool = False  # with bursts: each flow's route round trip (PathQueues)
     wire: WireFormat = field(default_factory=WireFormat)
     cc: CcRanges = field(default_factory=CcRanges)
 
@@ -285,6 +295,7 @@ class NetworkFamily:
             # the other networks keep their ids, and a dataset its runs
             first_windows=self.first_windows and self.queues and _first_rtt_only(network),
             bursts=self.bursts and self.queues,
+            route_rtt=self.route_rtt and self.bursts and self.queues,
         )
 
 

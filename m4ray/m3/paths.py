@@ -33,7 +33,10 @@ class PathScenario:
 
     ``a``/``b``: the first path link a flow uses and the last + 1 (foreground: ``0, L``);
     ``origin``: index of the flow in the network-wide flow list; ``draws``: how often sampling
-    picked this path.
+    picked this path; ``route_latency_s`` / ``route_inverse_bw``: where the lot was cut from a
+    network, each row's whole network route (one-way latency s, Σ 1/bandwidth s/bit, as
+    :class:`~m4ray.sim.routing.Path` has them; a background flow's segment is shorter), else
+    None (the lot is its flows' whole network).
     """
 
     links: tuple[int, ...]
@@ -46,6 +49,8 @@ class PathScenario:
     origin: np.ndarray
     foreground: np.ndarray
     draws: int = 1
+    route_latency_s: np.ndarray | None = None
+    route_inverse_bw: np.ndarray | None = None
 
     @property
     def n_links(self) -> int:
@@ -119,6 +124,7 @@ class RoutedFlows:
         # unique routes, numbered in order of first appearance
         self.path_of, first = first_appearance(_route_keys(table, len(self.capacity_bps)))
         self._routes = table[first]  # one row per unique route, -1 padded
+        self._route_sums = _route_sums(self._routes, self.latency_s, self.capacity_bps)
         self._paths: list[tuple[int, ...]] | None = None
         self._members = np.argsort(self.path_of, kind="stable")
         self._member_ptr = np.concatenate(
@@ -214,4 +220,21 @@ class RoutedFlows:
             origin=origin,
             foreground=np.arange(len(origin)) < len(fg),
             draws=draws,
+            route_latency_s=self._route_sums[0][self.path_of[origin]],
+            route_inverse_bw=self._route_sums[1][self.path_of[origin]],
         )
+
+
+def _route_sums(
+    routes: np.ndarray, latency_s: np.ndarray, capacity_bps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each route's one-way latency and Σ 1/bandwidth, summed hop by hop in route order as
+    :meth:`Routing.path` sums them (so equal to the bit)."""
+    latency = np.zeros(len(routes))
+    inverse = np.zeros(len(routes))
+    for hop in range(routes.shape[1]):
+        link = routes[:, hop]
+        on = link >= 0
+        latency[on] += latency_s[link[on]]
+        inverse[on] += 1.0 / capacity_bps[link[on]]
+    return latency, inverse

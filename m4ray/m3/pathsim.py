@@ -267,6 +267,7 @@ class _Queues:
     ) -> None:
         rtt, self.window, self.qcap, self.first, self.buffer = queues
         self.capacity = capacity
+        self.rtt = rtt.tolist()  # each flow's own (bursts); the other modes take its class's
         self.class_rtt = [0.0] * k
         for i in range(len(flow_class) - 1, -1, -1):  # each class's first flow's
             self.class_rtt[int(flow_class[i])] = float(rtt[i])
@@ -313,19 +314,20 @@ class _Queues:
 
     def _burst_wait(self, c: int, classes, counts, rates, *, now: float, active) -> float:
         """The wait with first windows over the level (``buffer``): every active flow's excess
-        over its bandwidth-delay product, its in flight at most the bits it has left; the old
-        flows' stands at most at the level (none with ``first``), the young flows' on top."""
+        over its bandwidth-delay product at its own round trip, its in flight at most the bits
+        it has left; the old flows' stands at most at the level (none with ``first``), the
+        young flows' (in their first round trip) on top."""
         heaps, service = active
         n_links = len(self.capacity)
         load, old, young = [0.0] * n_links, [0.0] * n_links, [0.0] * n_links
+        rtt = self.rtt
         for j, (a, b) in enumerate(classes):
             if not counts[j]:
                 continue
-            base = rates[j] * self.class_rtt[j] / 8.0
             e_old = e_young = 0.0
             for key, i in heaps[j]:
-                e = max(min(self.window, (key - service[j]) / 8.0) - base, 0.0)
-                if now - self.start[i] < self.class_rtt[j]:
+                e = max(min(self.window, (key - service[j]) / 8.0) - rates[j] * rtt[i] / 8.0, 0.0)
+                if now - self.start[i] < rtt[i]:
                     e_young += e
                 elif not self.first:
                     e_old += e

@@ -7,11 +7,12 @@ foreground percentiles; when every path also carries its foreground counts per o
 its draw count, the response also holds the network-wide estimate (p50/p90/p99 overall and per
 bucket, :func:`m4ray.m3.aggregate.aggregate`). ``GET /health`` names the checkpoint, the CCs it
 was trained on and whether its path flowSim runs with standing queues (``path_flowsim_queues``,
-``path_flowsim_first_windows``: HPCC's first windows queued, and ``path_flowsim_bursts``: first
-windows over the level; the client's tokens must be
-computed so, :func:`m4ray.m3.estimate.checkpoint_queues`); a request for another CC gets 400 (as
-do tokens of the wrong shape), nothing else changes. Run with ``python -m m4ray.sweeps
-+experiment=serve serve.m3_checkpoint=<dir>`` (route ``/m3``) or ``serve run m4ray.serve.m3:app``.
+``path_flowsim_first_windows``: HPCC's first windows queued, ``path_flowsim_bursts``: first
+windows over the level, and ``path_flowsim_route_rtt``: at each flow's route round trip; the
+client's tokens must be computed so, :func:`m4ray.m3.estimate.checkpoint_queues`); a request for
+another CC gets 400 (as do tokens of the wrong shape), nothing else changes. Run with
+``python -m m4ray.sweeps +experiment=serve serve.m3_checkpoint=<dir>`` (route ``/m3``) or
+``serve run m4ray.serve.m3:app``.
 """
 
 # no `from __future__ import annotations`: FastAPI resolves the route types of the pickled
@@ -140,6 +141,7 @@ class M3Service:
             "path_flowsim_queues": bool(self.info.get("path_flowsim_queues", False)),
             "path_flowsim_first_windows": bool(self.info.get("path_flowsim_first_windows", False)),
             "path_flowsim_bursts": bool(self.info.get("path_flowsim_bursts", False)),
+            "path_flowsim_route_rtt": bool(self.info.get("path_flowsim_route_rtt", False)),
             "batches": self.batches,
         }
 

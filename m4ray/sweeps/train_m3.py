@@ -67,6 +67,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         path_flowsim_queues=path_queues(cfg.dataset),
         path_flowsim_first_windows=path_first_windows(cfg.dataset),
         **({"path_flowsim_bursts": True} if path_bursts(cfg.dataset) else {}),
+        **({"path_flowsim_route_rtt": True} if path_route_rtt(cfg.dataset) else {}),
         **({"soup": list(cfg.soup)} if cfg.soup else {}),
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")
@@ -148,6 +149,13 @@ def path_bursts(dataset: str) -> bool:
     return _dataset_flag(dataset, "path_bursts", "path flowSim's first-window bursts", "bursts")
 
 
+def path_route_rtt(dataset: str) -> bool:
+    """Whether the dataset's lots ran path flowSim's bursts at each flow's network route round
+    trip (their ``params``' ``path_route_rtt``, :class:`~m4ray.m3.lot.PathQueues`); a mix is an
+    error."""
+    return _dataset_flag(dataset, "path_route_rtt", "path flowSim's route round trips", "route_rtt")
+
+
 def _dataset_flag(dataset: str, key: str, what: str, field: str, *, by_cc: bool = False) -> bool:
     """``params[key]`` of the dataset's ok scenarios, the same within the dataset (``by_cc``:
     within each congestion control): whether it is set; lots that differ are an error naming
@@ -175,6 +183,7 @@ __all__ = [
     "path_bursts",
     "path_first_windows",
     "path_queues",
+    "path_route_rtt",
     "run",
     "soup",
 ]

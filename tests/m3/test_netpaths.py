@@ -223,6 +223,14 @@ def test_a_new_path_flowsim_mode_reuses_the_networks_ns3_record(network, tmp_pat
     for column in ("target", "mask", "draws", "n_foreground"):
         np.testing.assert_array_equal(np.stack(new_s[column]), np.stack(old_s[column]))
     assert (new.flowsim_slowdown != old.flowsim_slowdown).any()  # path flowSim ran anew
+    # bursts at each flow's route round trip: another twin of the same ns-3 run
+    route = dataclasses.replace(bursts, route_rtt=True, reuse=(str(tmp_path),))
+    assert route.params()["path_route_rtt"] is True
+    assert route.scenario_id not in {bursts.scenario_id, scenario.scenario_id}
+    assert scenario.scenario_id in route.truth_twins()
+    routed = route.record()["lot_flows"].to_pandas()
+    np.testing.assert_array_equal(routed.slowdown, old.slowdown)
+    assert (routed.flowsim_slowdown != new.flowsim_slowdown).any()
     # a record of other flows (one size changed) is not this network's
     flows = old.copy()
     flows.loc[3, "size_bytes"] += 1

@@ -171,3 +171,26 @@ def test_the_fast_bookkeeping_equals_numpys_unique_and_lexsort():
     full = count > 0
     assert np.array_equal(empty, ~full) and not pct[~full].any()
     assert np.array_equal(pct[full], ordered[offset[full, None] + nearest_ranks(count[full])])
+
+
+def test_scenario_rows_carry_their_network_routes_to_the_bit():
+    """Each lot row carries its flow's whole network route (one-way latency, Σ 1/bandwidth)
+    exactly as :meth:`Routing.path` sums it: a background flow's route is longer than its lot
+    segment (path flowSim's route round trips, ``PathQueues.route_rtt``)."""
+    topo = fat_tree(k=4, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9, latency_s=1.3e-6)
+    rng = np.random.default_rng(5)
+    flows = []
+    for i in range(300):
+        s, d = rng.choice(topo.hosts, 2, replace=False)
+        flows.append(Flow(i, int(s), int(d), 1000, float(i) * 1e-6))
+    routing = Routing(topo, seed=2)
+    routed = RoutedFlows(flows, routing)
+    path = max(routed.by_path, key=lambda p: (len(p), len(routed.by_path[p])))
+    scn = routed.scenario(path)
+    longer = 0
+    for row, i in enumerate(scn.origin.tolist()):
+        want = routing.path(flows[i].src, flows[i].dst, flows[i].id)
+        assert scn.route_latency_s[row] == want.latency_s
+        assert scn.route_inverse_bw[row] == want.inverse_bw_sum
+        longer += len(want.links) > scn.b[row] - scn.a[row]
+    assert longer > 0  # some background flows leave the path

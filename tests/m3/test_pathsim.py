@@ -252,6 +252,16 @@ def test_standing_queues_compiled_loop_matches_python(engine):
             c = path_drain_times(a, b, wire_bits, start, capacity, native=True, **kw)
             py = path_drain_times(a, b, wire_bits, start, capacity, native=False, **kw)
             assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
+    # bursts at each flow's own round trip (route round trips: they differ within a class)
+    rng = np.random.default_rng(8)
+    queues = lot_queues(lot, WireFormat(), scn, _queued_rdma(), bursts=True)
+    own = (queues[0] * rng.uniform(1.0, 3.0, len(a)), *queues[1:])
+    kw = {"nic_cap_bps": 10 * G, "queues": own}
+    c = path_drain_times(a, b, wire_bits, start, capacity, native=True, **kw)
+    py = path_drain_times(a, b, wire_bits, start, capacity, native=False, **kw)
+    assert c == pytest.approx(py, rel=1e-12, abs=1e-15)
+    by_class = path_drain_times(a, b, wire_bits, start, capacity, nic_cap_bps=10 * G, queues=queues)
+    assert np.abs(c - by_class).max() > 1e-7  # the flows' own round trips were used
 
 
 @pytest.mark.parametrize(("n_links", "cc"), [(2, "dctcp"), (6, "dctcp"), (6, "hpcc")])
@@ -290,6 +300,36 @@ def test_bursts_match_generic_flowsim_on_the_lot_topology(n_links, cc):
     small = (*queues[:4], 13_000.0)  # a buffer just over K caps the young flows' share
     capped = path_drain_times(a, b, wire_bits, start, capacity, queues=small, **kw)
     assert (capped <= ours + 1e-15).all() and (capped < ours - 1e-9).any()
+
+
+def test_route_round_trips_replace_the_lot_segments_under_bursts_only():
+    """``route_rtt``: with bursts each flow's round trip is its network route's (the lot's
+    rows carry it), TIMELY's level takes the largest; without bursts it is refused, under HPCC
+    (no bursts) the lot's stay, and a lot without routes keeps its segments'."""
+    from m4ray.m3.lot import PathQueues, lot_queues
+    from m4ray.models.fairshare import round_trip_s
+
+    n_links = 4
+    _, _, lot, scn = _queued_lot(11, n_links, 200)
+    wire, rdma = WireFormat(), _queued_rdma()
+    plain = lot_queues(lot, wire, scn, rdma, bursts=True, route_rtt=True)
+    assert plain[0] == pytest.approx(lot_queues(lot, wire, scn, rdma, bursts=True)[0], abs=0)
+    hops = np.where(scn.foreground, n_links, 6)  # the background's routes run 6 hops
+    routed = dataclasses.replace(scn, route_latency_s=hops * 1e-6, route_inverse_bw=hops / (10 * G))
+    queues = PathQueues(rdma, bursts=True, route_rtt=True).of(lot, wire, routed)
+    want = round_trip_s(wire, hops * 1e-6, hops / (10 * G), rdma.ack_bytes)
+    np.testing.assert_array_equal(queues[0], want)
+    assert queues[1:] == lot_queues(lot, wire, scn, rdma, bursts=True)[1:]
+    hpcc = dataclasses.replace(rdma, cc="hpcc")
+    kept = lot_queues(lot, wire, routed, hpcc, first_windows=True, bursts=True, route_rtt=True)
+    np.testing.assert_array_equal(kept[0], lot_queues(lot, wire, scn, hpcc, first_windows=True)[0])
+    timely = dataclasses.replace(rdma, cc="timely", cc_params={"t_low_s": 40e-6})
+    level = lot_queues(lot, wire, routed, timely, bursts=True, route_rtt=True)[2]
+    short = lot_queues(lot, wire, routed, timely, bursts=True)[2]
+    assert max(level) < max(short)  # T_low less the longer round trip
+    with pytest.raises(InputError, match="set bursts too") as err:
+        PathQueues(rdma, route_rtt=True)
+    assert err.value.field == "route_rtt"
 
 
 @pytest.mark.parametrize("n_links", [2, 6])
