@@ -108,7 +108,7 @@ def test_datagen_m3_v6_keeps_v4s_networks_and_adds_small_flow_mixes():
     assert np.mean(x < 1000) > 0.5 and x[x > 200_000].sum() > 0.3 * x.sum()
 
 
-def test_datagen_m3_v7_is_v6s_networks_with_bursts_and_reuses_their_ns3_records(tmp_path):
+def test_datagen_m3_v7_to_v9_are_v6s_networks_and_reuse_their_ns3_records(tmp_path):
     """v7 draws v6's 270 networks (same families, counts and seeds) with path flowSim's first
     windows over the level: new ids, each with its v6 network among its twins (so v6's records
     give ns-3's answers); reuse_truth must name datasets with recorded flows."""
@@ -130,6 +130,11 @@ def test_datagen_m3_v7_is_v6s_networks_with_bursts_and_reuses_their_ns3_records(
     }  # fmt: skip
     ids = {s.scenario_id for s in new}
     assert all(s.scenario_id in ids for s in expand(v8, 0))
+    # v9: v8's networks with route round trips, twins of v8's (and of v6's: the same ns-3 runs)
+    v9 = resolve(sweep_cfg("+experiment=datagen_m3_v9", "datagen.scenarios=210")).datagen
+    for a, b in zip(expand(v8, 0), expand(v9, 0), strict=True):
+        assert b.route_rtt and b.bursts and not a.route_rtt
+        assert a.scenario_id != b.scenario_id and a.scenario_id in b.truth_twins()
     (tmp_path / "lot_flows").mkdir()
     reusing = resolve(
         sweep_cfg(

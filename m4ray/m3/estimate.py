@@ -73,7 +73,8 @@ class M3Network:
     """The network's CC settings (bytes): what ns-3 runs and what the model is told. ``cc``
     any of ns-3's (``m4ray.sim.ns3.cc``) with its ``cc_params`` (None: its defaults, and for
     DCQCN RED from K_min = ``ecn_k_bytes`` to K_max = 4 K_min, both scaled with link rate);
-    of the shipped m3 models, m3-v4 and m3-v3 know all four, m3-v2 and m3-small DCTCP only."""
+    of the shipped m3 models, m3-v9, m3-v5, m3-v4 and m3-v3 know all four, m3-v2 and m3-small
+    DCTCP only."""
 
     buffer_bytes: int = 400_000
     window_bytes: int = 18_000
