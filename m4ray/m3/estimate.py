@@ -73,7 +73,7 @@ class M3Network:
     """The network's CC settings (bytes): what ns-3 runs and what the model is told. ``cc``
     any of ns-3's (``m4ray.sim.ns3.cc``) with its ``cc_params`` (None: its defaults, and for
     DCQCN RED from K_min = ``ecn_k_bytes`` to K_max = 4 K_min, both scaled with link rate);
-    of the shipped m3 models, m3-v9, m3-v5, m3-v4 and m3-v3 know all four, m3-v2 and m3-small
+    of the shipped m3 models, m3-v10, m3-v5, m3-v4 and m3-v3 know all four, m3-v2 and m3-small
     DCTCP only."""
 
     buffer_bytes: int = 400_000
@@ -161,11 +161,16 @@ def load_model(directory: str, cc: str):
 
 def m3_checkpoints_knowing(cc: str, folder: Path) -> list[Path]:
     """The m3 checkpoints beside each other in ``folder`` (``checkpoints/``) trained on
-    ``cc``, the latest name first (a hint for a refused CC)."""
+    ``cc``, the latest name first, numbers by value (m3-v10 after m3-v9: a hint for a refused
+    CC)."""
     import json
+    import re
+
+    def version(meta: Path) -> list:
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", meta.parent.name)]
 
     found = []
-    for meta in sorted(folder.glob("*/model.json"), reverse=True):
+    for meta in sorted(folder.glob("*/model.json"), key=version, reverse=True):
         try:
             info = json.loads(meta.read_text())
         except (OSError, ValueError):

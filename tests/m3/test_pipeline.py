@@ -115,23 +115,23 @@ def test_the_m3_network_runs_every_cc_in_ns3_beside_its_fluid_references():
 
 def test_a_refused_cc_names_a_shipped_m3_that_knows_it():
     """m3-v2 knows DCTCP only: asked for HPCC it refuses, naming the latest shipped m3 that
-    knows it (m3-v9); m3-v3, m3-v4, m3-v5 and m3-v9 know all four, only m3-v4, m3-v5 and m3-v9
-    queue HPCC's first windows in path flowSim, and only m3-v9 its bursts at route round trips
-    (the estimate runs each as it was trained)."""
+    knows it (m3-v10: versions compare by number); m3-v3, m3-v4, m3-v5 and m3-v10 know all four,
+    only m3-v4, m3-v5 and m3-v10 queue HPCC's first windows in path flowSim, and only m3-v10 its
+    bursts at route round trips (the estimate runs each as it was trained)."""
     from m4ray.errors import InputError
     from m4ray.m3.estimate import M3Config, checkpoint_queues, load_model
     from m4ray.sim.topologies import fat_tree
 
-    with pytest.raises(InputError, match=r"m3\.checkpoint=.*m3-v9 knows it") as err:
+    with pytest.raises(InputError, match=r"m3\.checkpoint=.*m3-v10 knows it") as err:
         load_model(str(REPO / "checkpoints" / "m3-v2"), "hpcc")
     assert err.value.field == "m3.network.cc"
     topo = fat_tree(k=4, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9)
-    for name, first in (("m3-v3", False), ("m3-v4", True), ("m3-v5", True), ("m3-v9", True)):
+    for name, first in (("m3-v3", False), ("m3-v4", True), ("m3-v5", True), ("m3-v10", True)):
         _, info = load_model(str(REPO / "checkpoints" / name), "hpcc")
         assert info["supported_cc"] == ["dcqcn", "dctcp", "hpcc", "timely"]
         queues = checkpoint_queues(M3Config(), topo, info)
         assert queues.first_windows is first
-        assert queues.bursts is queues.route_rtt is (name == "m3-v9")
+        assert queues.bursts is queues.route_rtt is (name == "m3-v10")
 
 
 def test_lots_with_standing_queues_change_path_flowsim_not_ns3(tmp_path):
