@@ -30,7 +30,7 @@ from m4ray.datagen.traffic import OpenLoopTraffic, SizeDistribution
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import added_field, fingerprint
 from m4ray.m3.aggregate import BUCKET_NAMES, Estimate, aggregate, bootstrap, bucket_counts
-from m4ray.m3.lot import LotNetwork, PathQueues, fg_bdp_bytes, flowsim_fct
+from m4ray.m3.lot import PATH_MODES, LotNetwork, PathQueues, fg_bdp_bytes, flowsim_fct
 from m4ray.m3.paths import PathScenario, RoutedFlows
 from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
@@ -315,12 +315,7 @@ def trained_queues(rdma, info: dict) -> PathQueues | None:
     ``info``) was trained with them, else None."""
     if not info.get("path_flowsim_queues"):
         return None
-    return PathQueues(
-        rdma,
-        first_windows=bool(info.get("path_flowsim_first_windows")),
-        bursts=bool(info.get("path_flowsim_bursts")),
-        route_rtt=bool(info.get("path_flowsim_route_rtt")),
-    )
+    return PathQueues(rdma, **{mode: bool(info.get(key)) for mode, key in PATH_MODES.items()})
 
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:

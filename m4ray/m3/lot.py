@@ -146,6 +146,15 @@ def ideal_and_delay(
     return delay + wire.wire_bytes(size) * 8 / bottleneck, delay
 
 
+# each mode of PathQueues and the model.json key a checkpoint records it under (beside
+# ``path_flowsim_queues``: whether path flowSim queues at all)
+PATH_MODES = {
+    "first_windows": "path_flowsim_first_windows",
+    "bursts": "path_flowsim_bursts",
+    "route_rtt": "path_flowsim_route_rtt",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class PathQueues:
     """How path flowSim queues on a lot: the network's ``RdmaConfig`` (its CC's standing

@@ -24,7 +24,7 @@ import numpy as np
 from m4ray.errors import InputError
 from m4ray.m3.pathsim import first_appearance
 from m4ray.sim.flows import Flow
-from m4ray.sim.routing import Routing
+from m4ray.sim.routing import Routing, route_sums
 
 
 @dataclass(kw_only=True, slots=True)
@@ -124,7 +124,7 @@ class RoutedFlows:
         # unique routes, numbered in order of first appearance
         self.path_of, first = first_appearance(_route_keys(table, len(self.capacity_bps)))
         self._routes = table[first]  # one row per unique route, -1 padded
-        self._route_sums = _route_sums(self._routes, self.latency_s, self.capacity_bps)
+        self._route_sums = route_sums(self._routes, self.latency_s, self.capacity_bps)
         self._paths: list[tuple[int, ...]] | None = None
         self._members = np.argsort(self.path_of, kind="stable")
         self._member_ptr = np.concatenate(
@@ -223,18 +223,3 @@ class RoutedFlows:
             route_latency_s=self._route_sums[0][self.path_of[origin]],
             route_inverse_bw=self._route_sums[1][self.path_of[origin]],
         )
-
-
-def _route_sums(
-    routes: np.ndarray, latency_s: np.ndarray, capacity_bps: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each route's one-way latency and Σ 1/bandwidth, summed hop by hop in route order as
-    :meth:`Routing.path` sums them (so equal to the bit)."""
-    latency = np.zeros(len(routes))
-    inverse = np.zeros(len(routes))
-    for hop in range(routes.shape[1]):
-        link = routes[:, hop]
-        on = link >= 0
-        latency[on] += latency_s[link[on]]
-        inverse[on] += 1.0 / capacity_bps[link[on]]
-    return latency, inverse

@@ -132,16 +132,18 @@ class M3Service:
 
     @api.get("/health")
     async def health(self) -> dict[str, Any]:
+        from m4ray.m3.lot import PATH_MODES
+
         return {
             "ok": True,
             "checkpoint": self.checkpoint,
             "supported_cc": self.info.get("supported_cc", []),
             # the tokens and baseline a client must send: path flowSim with standing queues
             # (m4ray.m3.lot.lot_queues) or without, as the checkpoint was trained
-            "path_flowsim_queues": bool(self.info.get("path_flowsim_queues", False)),
-            "path_flowsim_first_windows": bool(self.info.get("path_flowsim_first_windows", False)),
-            "path_flowsim_bursts": bool(self.info.get("path_flowsim_bursts", False)),
-            "path_flowsim_route_rtt": bool(self.info.get("path_flowsim_route_rtt", False)),
+            **{
+                key: bool(self.info.get(key, False))
+                for key in ("path_flowsim_queues", *PATH_MODES.values())
+            },
             "batches": self.batches,
         }
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from m4ray.errors import InputError
 from m4ray.fingerprint import fingerprint
+from m4ray.m3.lot import PATH_MODES
 from m4ray.m3.train import (
     M3,
     M3TrainConfig,
@@ -64,10 +65,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         metrics,
         lots={k: len(v) for k, v in split(lots, members[0]).items()} | {"held_out": len(held)},
         supported_cc=dataset_ccs(cfg.dataset),
-        path_flowsim_queues=path_queues(cfg.dataset),
-        path_flowsim_first_windows=path_first_windows(cfg.dataset),
-        **({"path_flowsim_bursts": True} if path_bursts(cfg.dataset) else {}),
-        **({"path_flowsim_route_rtt": True} if path_route_rtt(cfg.dataset) else {}),
+        **path_modes_meta(cfg.dataset),
         **({"soup": list(cfg.soup)} if cfg.soup else {}),
     )
     export_dir = Path(cfg.export_dir or run_dir / "export")
@@ -128,45 +126,73 @@ def held_out(lots, members: list[M3TrainConfig]):
     return lots.take(np.flatnonzero(~trained))
 
 
+# path flowSim's modes a dataset's lots ran (their ``params``), as a checkpoint records them
+# (``model.json``) for the estimate to run path flowSim so (:class:`~m4ray.m3.lot.PathQueues`):
+# (model.json key, params key, what, field, the same only within each CC)
+_MODES = (
+    ("path_flowsim_queues", "path_queues", "path flowSim's standing queues", "queues", False),
+    (
+        PATH_MODES["first_windows"],
+        "path_first_windows",
+        "path flowSim's first windows",
+        "first_windows",
+        True,
+    ),
+    (PATH_MODES["bursts"], "path_bursts", "path flowSim's first-window bursts", "bursts", False),
+    (
+        PATH_MODES["route_rtt"],
+        "path_route_rtt",
+        "path flowSim's route round trips",
+        "route_rtt",
+        False,
+    ),
+)
+
+
+def path_flowsim_modes(dataset: str, only: str | None = None) -> dict[str, bool]:
+    """Whether the dataset's lots ran each of path flowSim's modes (``model.json`` key: set),
+    read once; lots that differ in one are an error naming it (first windows: only lots under
+    one CC must agree, as only HPCC's queue through them). ``only``: that mode alone."""
+    table = pd.read_parquet(Path(dataset) / "scenarios.parquet", columns=["params", "status"])
+    params = [json.loads(p) for p, ok in zip(table.params, table.status, strict=True) if ok == "ok"]
+    return {
+        meta: _flag(params, dataset, tuple(spec))
+        for meta, *spec in _MODES
+        if only is None or meta == only
+    }
+
+
+def path_modes_meta(dataset: str) -> dict[str, bool]:
+    """The dataset's path flowSim modes as ``model.json`` records them: queues and first
+    windows always, later modes only where set (earlier checkpoints' files stay as they were)."""
+    modes = path_flowsim_modes(dataset)
+    always = ("path_flowsim_queues", PATH_MODES["first_windows"])
+    return {key: on for key, on in modes.items() if on or key in always}
+
+
 def path_queues(dataset: str) -> bool:
     """Whether the dataset's lots ran path flowSim with standing queues (their ``params``'
     ``path_queues``): the estimate must then run it so too. A mix is an error."""
-    return _dataset_flag(dataset, "path_queues", "path flowSim's standing queues", "queues")
+    return path_flowsim_modes(dataset, "path_flowsim_queues")["path_flowsim_queues"]
 
 
 def path_first_windows(dataset: str) -> bool:
     """Whether the dataset's lots under a CC that queues only its first windows (HPCC) ran path
     flowSim with those (their ``params``' ``path_first_windows``,
     :class:`~m4ray.m3.lot.PathQueues`); a CC whose lots differ is an error."""
-    return _dataset_flag(
-        dataset, "path_first_windows", "path flowSim's first windows", "first_windows", by_cc=True
-    )
+    key = PATH_MODES["first_windows"]
+    return path_flowsim_modes(dataset, key)[key]
 
 
-def path_bursts(dataset: str) -> bool:
-    """Whether the dataset's lots ran path flowSim with first windows over the level (their
-    ``params``' ``path_bursts``, :class:`~m4ray.m3.lot.PathQueues`); a mix is an error."""
-    return _dataset_flag(dataset, "path_bursts", "path flowSim's first-window bursts", "bursts")
-
-
-def path_route_rtt(dataset: str) -> bool:
-    """Whether the dataset's lots ran path flowSim's bursts at each flow's network route round
-    trip (their ``params``' ``path_route_rtt``, :class:`~m4ray.m3.lot.PathQueues`); a mix is an
-    error."""
-    return _dataset_flag(dataset, "path_route_rtt", "path flowSim's route round trips", "route_rtt")
-
-
-def _dataset_flag(dataset: str, key: str, what: str, field: str, *, by_cc: bool = False) -> bool:
+def _flag(params: list[dict], dataset: str, spec: tuple[str, str, str, bool]) -> bool:
     """``params[key]`` of the dataset's ok scenarios, the same within the dataset (``by_cc``:
     within each congestion control): whether it is set; lots that differ are an error naming
-    ``what`` (and the CCs)."""
-    params = pd.read_parquet(Path(dataset) / "scenarios.parquet", columns=["params", "status"])
+    ``what`` (and the CCs); ``spec``: (key, what, field, by_cc), as :data:`_MODES` has them."""
+    key, what, field, by_cc = spec
     flags: dict[str, set[bool]] = {}
-    for p, ok in zip(params.params, params.status, strict=True):
-        if ok == "ok":
-            values = json.loads(p)
-            group = values.get("cc", "dctcp") if by_cc else ""
-            flags.setdefault(group, set()).add(bool(values.get(key, False)))
+    for values in params:
+        group = values.get("cc", "dctcp") if by_cc else ""
+        flags.setdefault(group, set()).add(bool(values.get(key, False)))
     mixed = sorted(group for group, seen in flags.items() if len(seen) > 1)
     if mixed:
         which = f"{', '.join(mixed)} " if by_cc else ""
@@ -180,10 +206,10 @@ __all__ = [
     "SECTIONS",
     "held_out",
     "mean_state",
-    "path_bursts",
     "path_first_windows",
+    "path_flowsim_modes",
+    "path_modes_meta",
     "path_queues",
-    "path_route_rtt",
     "run",
     "soup",
 ]

@@ -25,7 +25,7 @@ from m4ray.fingerprint import SINCE, added_field
 from m4ray.models.fairshare import ACK_BYTES
 from m4ray.sim.flows import Flow
 from m4ray.sim.ns3.cc import CCS, cc_params, check_points, interpolate
-from m4ray.sim.routing import Path, Routing
+from m4ray.sim.routing import Path, Routing, route_sums
 from m4ray.sim.topology import Topology
 
 IP_TCP_HEADERS = 52  # IPv4 20 B + TCP 20 B + timestamp option 12 B
@@ -276,9 +276,7 @@ def _host_pair_extremes(routing: Routing, ack_bytes: int) -> tuple[float, float]
     if not len(table):
         return 0.0, 0.0
     topo = routing.topo
-    # Σ along each path in its link order, as Path's sums (padding adds exact zeros)
-    latency = np.where(on, topo.latency_s[link], 0.0).sum(axis=1)
-    inverse = np.where(on, 1.0 / topo.bandwidth_bps[link], 0.0).sum(axis=1)
+    latency, inverse = route_sums(table, topo.latency_s, topo.bandwidth_bps)
     bottleneck = np.where(on, topo.bandwidth_bps[link], np.inf).min(axis=1)
     packet = routing.wire.mtu_bytes + routing.wire.header_bytes
     rtt = 2 * latency + (packet + ack_bytes) * 8 * inverse
