@@ -124,21 +124,28 @@ static void queue_sums(int k, const int *ca, const int *cb, const int64_t *count
 /* First windows over the level (pathsim._Queues._burst_wait): per path link the data rate, the
  * excess of the flows past their first round trip (qexcess; none with first) and of those in it
  * (qyoung), each at its own round trip (rtt: per flow), every active flow's in flight at most
- * the bits it has left, by class in class order and within a class in heap order. */
+ * the bits it has left and, without a window (window infinite), a young flow's at most one
+ * round trip at its senders' line rate (the lesser of cap and its class's first link), by class
+ * in class order and within a class in heap order. */
 static void burst_sums(int k, const int *ca, const int *cb, const int64_t *counts,
                        const heap *heaps, const double *service, const double *rate,
                        const double *rtt, const double *start_s, double now, double window,
-                       int first, int L, double *qload, double *qexcess, double *qyoung) {
+                       const double *capacity, double cap, int first, int L, double *qload,
+                       double *qexcess, double *qyoung) {
     for (int l = 0; l < L; l++) qload[l] = 0.0, qexcess[l] = 0.0, qyoung[l] = 0.0;
+    int unbounded = isinf(window);
     for (int c = 0; c < k; c++) {
         if (!counts[c]) continue;
         double e_old = 0.0, e_young = 0.0;
+        double line = cap < capacity[ca[c]] ? cap : capacity[ca[c]];
         for (int64_t j = 0; j < heaps[c].n; j++) {
             int64_t f = heaps[c].v[j].flow;
             double left = (heaps[c].v[j].key - service[c]) / 8.0;
-            double e = (window < left ? window : left) - rate[c] * rtt[f] / 8.0;
+            int young = now - start_s[f] < rtt[f];
+            double w = unbounded && young ? line * rtt[f] / 8.0 : window;
+            double e = (w < left ? w : left) - rate[c] * rtt[f] / 8.0;
             if (e < 0.0) e = 0.0;
-            if (now - start_s[f] < rtt[f]) e_young += e;
+            if (young) e_young += e;
             else if (!first) e_old += e;
         }
         for (int l = ca[c]; l < cb[c]; l++) {
@@ -273,7 +280,7 @@ int m4ray_path_finish(int64_t n, const int64_t *cls, const double *bits, const d
                     }
                     if (buffer > 0) {
                         burst_sums(k, ca, cb, counts, heaps, service, rate, rtt, start_s, now,
-                                   window, first, L, qload, qexcess, qyoung);
+                                   window, capacity, cap, first, L, qload, qexcess, qyoung);
                     } else if (young) { /* first round trips: young flows age with time */
                         for (int j = 0; j < k; j++)
                             young[j] = counts[j] ? young_flows(j, now, start_s, crtt, yoff, ylist,

@@ -195,7 +195,9 @@ def _finish(  # noqa: PLR0917 (the compiled loop's signature)
     n, k = len(flow_class), len(classes)
     finish = np.full(n, np.nan)
     wait = np.zeros(n)
-    standing = None if queues is None else _Queues(flow_class, k, queues, capacity, start_s)
+    standing = (
+        None if queues is None else _Queues(flow_class, k, queues, capacity, start_s, nic_cap_bps)
+    )
     counts, service = [0] * k, [0.0] * k
     heaps: list[list[tuple[float, int]]] = [[] for _ in range(k)]
     order = order.tolist()
@@ -262,11 +264,18 @@ class _Queues:
     top of the others', which stand at most at the level, up to the buffer; made at every
     arrival."""
 
-    def __init__(
-        self, flow_class: np.ndarray, k: int, queues: tuple, capacity: list[float], start_s
+    def __init__(  # noqa: PLR0917 (the compiled loop's arguments)
+        self,
+        flow_class: np.ndarray,
+        k: int,
+        queues: tuple,
+        capacity: list[float],
+        start_s,
+        nic_cap_bps: float | None = None,
     ) -> None:
         rtt, self.window, self.qcap, self.first, self.buffer = queues
         self.capacity = capacity
+        self.nic_cap = math.inf if nic_cap_bps is None else nic_cap_bps
         self.rtt = rtt.tolist()  # each flow's own (bursts); the other modes take its class's
         self.class_rtt = [0.0] * k
         for i in range(len(flow_class) - 1, -1, -1):  # each class's first flow's
@@ -316,18 +325,27 @@ class _Queues:
         """The wait with first windows over the level (``buffer``): every active flow's excess
         over its bandwidth-delay product at its own round trip, its in flight at most the bits
         it has left; the old flows' stands at most at the level (none with ``first``), the
-        young flows' (in their first round trip) on top."""
+        young flows' (in their first round trip) on top. Without a window a young flow has out
+        at most what its sender's line rate (the lesser of the NIC cap and its class's first
+        link) puts on the wire in one round trip, all it can send before its first feedback
+        (before, its whole remainder counted: a 1 MB flow queued its megabyte)."""
         heaps, service = active
         n_links = len(self.capacity)
         load, old, young = [0.0] * n_links, [0.0] * n_links, [0.0] * n_links
-        rtt = self.rtt
+        rtt, window = self.rtt, self.window
+        unbounded = math.isinf(window)
         for j, (a, b) in enumerate(classes):
             if not counts[j]:
                 continue
             e_old = e_young = 0.0
+            line = min(self.nic_cap, self.capacity[a])  # the class's senders' line rate
             for key, i in heaps[j]:
-                e = max(min(self.window, (key - service[j]) / 8.0) - rates[j] * rtt[i] / 8.0, 0.0)
-                if now - self.start[i] < rtt[i]:
+                is_young = now - self.start[i] < rtt[i]
+                # no window: before its first feedback a flow has out one round trip at its
+                # line rate; after it, its CC holds the link at the level (the cap below)
+                w = line * rtt[i] / 8.0 if unbounded and is_young else window
+                e = max(min(w, (key - service[j]) / 8.0) - rates[j] * rtt[i] / 8.0, 0.0)
+                if is_young:
                     e_young += e
                 elif not self.first:
                     e_old += e

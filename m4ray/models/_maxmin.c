@@ -453,16 +453,24 @@ int m4ray_fluidsim_queued(fluidsim *s, double window, const double *q_cap, int f
     return 0;
 }
 
-/* FlowSim._burst_sums: per link the data rate, the excess of the flows past their first round
- * trip (none with q_first) and of those in it, each flow's in flight at most its bits left. */
+/* FlowSim._burst_delay's sums: per link the data rate, the excess of the flows past their first
+ * round trip (none with q_first) and of those in it, each flow's in flight at most its bits
+ * left and, without a window (q_window infinite), a young flow's one round trip at its line
+ * rate (its cap, else its first link). */
 static void fs_burst_sums(fluidsim *s, double now) {
     for (int64_t l = 0; l < s->n_links; ++l)
         s->q_load[l] = 0.0, s->q_excess[l] = 0.0, s->q_young[l] = 0.0;
+    int unbounded = isinf(s->q_window);
     for (int64_t i = 0; i < s->n; ++i) {
-        double left = s->remaining[i] / 8.0;
-        double excess = (s->q_window < left ? s->q_window : left) - s->rates[i] * s->rtt[i] / 8.0;
-        if (excess < 0.0) excess = 0.0;
+        double left = s->remaining[i] / 8.0, window = s->q_window;
         int young = now - s->t_start[i] < s->rtt[i];
+        if (unbounded && young) {
+            double line = s->capacity[s->idx[s->off[i]]];
+            if (s->capped && s->caps[i] < line) line = s->caps[i];
+            window = line * s->rtt[i] / 8.0;
+        }
+        double excess = (window < left ? window : left) - s->rates[i] * s->rtt[i] / 8.0;
+        if (excess < 0.0) excess = 0.0;
         double *sums = young ? s->q_young : s->q_excess;
         if (!young && s->q_first) excess = 0.0;
         for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) {

@@ -82,7 +82,8 @@ class StandingQueues:
     a full link briefly holds more than its CC's level: the excess of the flows in their first
     round trip queues on top of the others' (which stand at most at the level; none with
     ``first_rtt``), up to this switch buffer, and every flow keeps in flight at most the bytes
-    it has left (a 500-byte flow adds 500 bytes, not a window)."""
+    it has left (a 500-byte flow adds 500 bytes, not a window); without a window a young flow
+    has out at most one round trip at its line rate, all it sends before its first feedback."""
 
     window_bytes: int
     k_bytes: list[list[float]]
@@ -474,11 +475,19 @@ class FlowSim(QueueClock):
 
     def _burst_delay(self, links: np.ndarray) -> float:
         """:meth:`_queue_delay` with first windows over the level
-        (:attr:`StandingQueues.buffer_bytes`; ``fs_burst_sums`` in ``_maxmin.c`` is its twin)."""
+        (:attr:`StandingQueues.buffer_bytes`; ``fs_burst_sums`` in ``_maxmin.c`` is its twin).
+        Without a window a young flow's in flight is at most what its line rate (its cap, else
+        its first link) puts out in one round trip: all it can send before its first feedback
+        (after it, its CC holds the link at the level)."""
         n_links = len(self._capacity)
-        inflight = np.minimum(self._q_window, self._remaining / 8.0)
-        excess = np.maximum(inflight - self._rates * self._rtt / 8.0, 0.0)
+        window = self._q_window
         young = self._now - self._start < self._rtt
+        if math.isinf(window):  # no window: a young flow has out a round trip at line rate
+            first = self._idx[np.concatenate([[0], np.cumsum(self._lens)[:-1]])]
+            line = np.minimum(self._caps, self._capacity[first])
+            window = np.where(young, line * self._rtt / 8.0, window)
+        inflight = np.minimum(window, self._remaining / 8.0)
+        excess = np.maximum(inflight - self._rates * self._rtt / 8.0, 0.0)
         old = np.where(young | self.queues.first_rtt, 0.0, excess)
         load = np.bincount(self._idx, np.repeat(self._rates, self._lens), n_links)
         old = np.bincount(self._idx, np.repeat(old, self._lens), n_links)

@@ -300,6 +300,38 @@ def test_bursts_match_generic_flowsim_on_the_lot_topology(n_links, cc):
     small = (*queues[:4], 13_000.0)  # a buffer just over K caps the young flows' share
     capped = path_drain_times(a, b, wire_bits, start, capacity, queues=small, **kw)
     assert (capped <= ours + 1e-15).all() and (capped < ours - 1e-9).any()
+    if not first:  # no window: each young flow's burst is a round trip at its line rate, alike
+        bare = dataclasses.replace(rdma, window_bytes=0)
+        queues = lot_queues(lot, wire, scn, bare, bursts=True)
+        ours = path_drain_times(a, b, wire_bits, start, capacity, queues=queues, **kw)
+        model = dataclasses.replace(model, window_bytes=0)
+        theirs = generic_drains(lot, wire, a, b, size, start, queues=model)
+        assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-15)
+
+
+def test_without_a_window_a_young_flow_bursts_one_round_trip_at_line_rate():
+    """Bursts with no window (``window`` infinite): a flow in its first round trip has out at
+    most what its line rate (the NIC cap, else its class's first link) sends in one round
+    trip, not its whole remainder. A 1 MB background flow alone at line rate on a full link
+    keeps nothing beyond its bandwidth-delay product, so a flow arriving in that round trip
+    waits nothing; with a window of three of its bandwidth-delay products it waits two of
+    them; a slower line rate than its share is never a burst either."""
+    capacity = [10 * G, 10 * G]
+    rtt = 10e-6
+    bdp = 10 * G * rtt / 8  # bytes
+    a, b = np.array([1, 0]), np.array([2, 2])  # the background flow enters at link 1
+    wire_bits = [8e6, bits(500)]
+    start = np.array([0.0, 2e-6])  # the second arrives within the first's round trip
+
+    def waited(window: float, nic: float | None) -> float:
+        queues = (np.array([rtt, rtt]), window, [0.0, 1e6], False, 50e6)
+        ours = path_drain_times(a, b, wire_bits, start, capacity, queues=queues, nic_cap_bps=nic)
+        alone = path_drain_times(a, b, wire_bits, start, capacity, nic_cap_bps=nic)
+        return float(ours[1] - alone[1])
+
+    assert waited(np.inf, 10 * G) == pytest.approx(0.0, abs=1e-15)
+    assert waited(np.inf, None) == pytest.approx(0.0, abs=1e-15)  # the first link's rate
+    assert waited(3 * bdp, 10 * G) == pytest.approx(2 * bdp * 8 / (10 * G), rel=1e-12)
 
 
 def test_route_round_trips_replace_the_lot_segments_under_bursts_only():
