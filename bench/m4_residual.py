@@ -1,0 +1,130 @@
+"""Where m4's fluid anchor is wrong, and how much of it a model that knows only the congestion
+control, the family and the flow size could take back (issue 32's m4 bar: ≤ ½ the anchor's error).
+
+    .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_cc/dataset
+    .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_cc/dataset --m4 <checkpoint>
+
+On a dataset's periods, split by scenario as training splits them (``train.data.seed`` 0), the
+anchor of a fluid-anchored checkpoint (``--anchor``, default m4-v3: its correction zeroed, so
+flowSim with the RDMA window and ACK load, re-projected at the recorded updates) and classic
+flowSim are scored per flow against ns-3, ``|ŝ/s − 1|``, per family and congestion control.
+Beside them, the **bucket oracle**: the anchor times the median of ``s / anchor`` over the
+training periods' flows of the same (CC, family, size bucket). It is the best a constant per
+bucket can do: where it gains little, the residual is per flow (which flow met a queue or a cut),
+and no feature the bucket names can halve it. With ``--m4`` a trained checkpoint is scored too.
+The signed table prints the median ``log(s / anchor)`` per size bucket: > 0 where ns-3 is slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+BUCKETS = [0, 1e3, 1e4, 5e4, 2e5, 1e6, np.inf]
+LABELS = ["<1K", "1-10K", "10-50K", "50-200K", "0.2-1M", ">=1M"]
+
+
+def flows(model, samples: list, scenario: dict) -> pd.DataFrame:
+    """One row per flow of ``samples``: family, CC, size, ns-3's slowdown and the model's and
+    flowSim's (every model's prediction clamped at 1, as ``flow_errors`` does)."""
+    import torch
+
+    from m4ray.train.loop import batches
+    from m4ray.train.periods import period_losses
+
+    rows = []
+    with torch.no_grad():
+        for batch in batches(samples, 8):
+            pred = period_losses(model, [s.period for s in batch])["pred"].clamp(min=1.0)
+            at = 0
+            for s in batch:
+                n = s.n_flows
+                fam, cc = scenario[s.scenario_id]
+                rows.append(
+                    pd.DataFrame(
+                        {
+                            "family": fam,
+                            "cc": cc,
+                            "size": s.period.size_bytes.numpy(),
+                            "ns3": s.period.slowdown.numpy(),
+                            "pred": pred[at : at + n].numpy(),
+                            "flowsim": s.flowsim_slowdown.numpy(),
+                        }
+                    )
+                )
+                at += n
+    frame = pd.concat(rows, ignore_index=True)
+    frame["bucket"] = pd.cut(frame["size"], BUCKETS, labels=LABELS, right=False)
+    return frame
+
+
+def err(pred: pd.Series, true: pd.Series) -> str:
+    e = (pred / true - 1).abs()
+    return f"{e.mean():.3f} / {e.quantile(0.9):.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", required=True, type=Path, help="a datagen dataset folder")
+    parser.add_argument("--anchor", default="m4-v3", help="a fluid-anchored checkpoint")
+    parser.add_argument("--m4", help="also score this checkpoint")
+    parser.add_argument("--n-train", type=int, default=2400, help="training periods (balanced)")
+    parser.add_argument("--n-test", type=int, default=600, help="held-out periods (balanced)")
+    args = parser.parse_args()
+
+    import pyarrow.parquet as pq
+
+    from m4ray.models.checkpoint import load
+    from m4ray.sim.m4.backend import checkpoint_dir
+    from m4ray.train.data import DataConfig, load_splits
+    from m4ray.train.loop import fluid_anchor
+
+    table = pq.read_table(args.dataset / "scenarios.parquet").to_pandas()
+    scenario = {
+        sid: (fam, json.loads(p).get("cc", "dctcp"))
+        for sid, fam, p in zip(table.scenario_id, table.family, table.params, strict=True)
+    }
+    splits = load_splits(
+        DataConfig(dataset=str(args.dataset), n_samples=[args.n_train, 0, args.n_test])
+    )
+    model, _ = load(checkpoint_dir(args.anchor))
+    anchor = fluid_anchor(model.eval())
+    train, test = (flows(anchor, splits[k], scenario) for k in ("train", "test"))
+    if args.m4:
+        trained, _ = load(checkpoint_dir(args.m4))
+        test["m4"] = flows(trained.eval(), splits["test"], scenario)["pred"]
+    keys = ["cc", "family", "bucket"]
+    train["log"] = np.log(train.ns3 / train.pred)
+    median = train.groupby(keys, observed=True)["log"].median().rename("shift")
+    test = test.join(median, on=keys)
+    test["oracle"] = test.pred * np.exp(test["shift"].fillna(0.0))
+
+    print(
+        f"{len(splits['train'])} training / {len(splits['test'])} held-out periods of "
+        f"{args.dataset}; anchor of {args.anchor}. Per-flow |ŝ/s − 1|, mean / p90\n"
+    )
+    who = ["anchor", "bucket oracle", "flowSim"] + (["m4"] if args.m4 else [])
+    cols = {"anchor": "pred", "bucket oracle": "oracle", "flowSim": "flowsim", "m4": "m4"}
+    print(f"{'family':<14}{'cc':<8}{'flows':>7}" + "".join(f"{w:>18}" for w in who))
+    groups = [*test.groupby(["family", "cc"]), (("all", ""), test)]
+    for (fam, cc), x in groups:
+        cells = "".join(f"{err(x[cols[w]], x.ns3):>18}" for w in who)
+        print(f"{fam:<14}{cc:<8}{len(x):>7}" + cells)
+
+    print("\nmedian log(ns-3 / anchor) per size bucket, held-out flows (> 0: ns-3 slower)\n")
+    signed = np.log(test.ns3 / test.pred).groupby(
+        [test.family, test.cc, test.bucket], observed=True
+    )
+    print(signed.median().unstack("bucket").round(3).to_string(na_rep="—"))
+
+
+if __name__ == "__main__":
+    main()
