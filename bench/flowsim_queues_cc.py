@@ -20,8 +20,10 @@ against packet-level results we did not produce and against our ns-3.
 
 For each: the reference's p99 slowdown per bucket, then the p99 error against it of flowSim,
 flowSim with standing queues and flowSim with first windows over them (``flowsim_bursts``)
-(also drawn, ``<out>/p99_errors.png``); and the per-flow median |slowdown error| (queues do
-not help there: they charge mean-field waits some flows never had).
+(also drawn, ``<out>/p99_errors.png``), and under DCQCN that with DCQCN's rates
+(``flowsim_rates``: :class:`m4ray.sim.flowsim.DcqcnRates`, the CC's own timers and gain); and
+the per-flow median |slowdown error| (queues do not help there: they charge mean-field waits
+some flows never had).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from ns3_cc import (  # noqa: E402
 )
 
 BACKENDS = ("flowsim", "flowsim_queues", "flowsim_bursts")
+RATES = "flowsim_rates"  # flowsim_bursts with DCQCN's rates (DCQCN networks only)
 
 
 def p99s(slowdown: np.ndarray, size: np.ndarray) -> dict[str, float]:
@@ -143,7 +146,7 @@ def field(folder: Path, rows: list, notes: list, errors: dict) -> list[str]:
 def shards(folder: Path, notes: list) -> None:
     """m3's eight 2-hop shards (two per CC, 300 flows each: too few for buckets): the
     reference's p90 / p99 slowdown and each fluid model's error at both."""
-    from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
+    from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig, StandingQueues
     from m4ray.sim.routing import Routing
     from m4ray.sim.topology import read_topology
     from m4ray.sim.trace import run_trace
@@ -157,19 +160,23 @@ def shards(folder: Path, notes: list) -> None:
         ns3 = network(cfg, cc, buffer_bytes=buffer, window=window, fork=True)
         want = np.quantile(theirs / ideal, [0.9, 0.99])
         cells = [f"{shard.name.split('_')[0]} ({param[4]})", f"{want[0]:.2f} / {want[1]:.2f}"]
-        for backend in (
+        bursts = StandingQueues.of(ns3, routing, bursts=True)
+        backends = [
             FlowSimConfig(),
             FlowSimConfig(queues=StandingQueues.of(ns3, routing)),
-            FlowSimConfig(queues=StandingQueues.of(ns3, routing, bursts=True)),
-        ):
+            FlowSimConfig(queues=bursts),
+        ]
+        if cc == "dcqcn":
+            backends.append(FlowSimConfig(queues=bursts, rate_control=DcqcnRates.of(ns3)))
+        for backend in backends:
             table = run_trace(topo, flows, backend, routing).to_pandas().set_index("flow_id")
             fct = table.fct_s.loc[[f.id for f in flows]].to_numpy()
             got = np.quantile(np.maximum(fct, ideal) / ideal, [0.9, 0.99])
             cells.append(" / ".join(f"{g / w - 1:+.1%}" for g, w in zip(got, want, strict=True)))
-        rows.append(cells)
+        rows.append(cells + ["-"] * (6 - len(cells)))
     notes.append("m3's 2-hop shards (300 flows each), p90 / p99 slowdown:")
     with io.StringIO() as out, contextlib.redirect_stdout(out):
-        print_table(["shard (CC)", "reference", *BACKENDS], rows)
+        print_table(["shard (CC)", "reference", *BACKENDS, RATES], rows)
         notes.append(out.getvalue())
 
 
@@ -194,13 +201,14 @@ def ours(args, rows: list, notes: list, errors: dict) -> list[str]:
     for cc in args.ccs:
         cfg = M3Config(workload=workload, network=M3Network(cc=cc))
         got, walls = {}, {}
-        for name in ("ns3", *BACKENDS):
+        names = ("ns3", *BACKENDS, *([RATES] if cc == "dcqcn" else []))
+        for name in names:
             got[name], walls[name] = reference_run(
                 name, topo, flows, routing, cfg=cfg, cache=Path(args.out) / "cache", ray=ray
             )
         where = f"our ns-3 {cc}"
         buckets = rows_for(where, "ns-3", got.pop("ns3"), got, size, rows=rows, errors=errors)
-        wall = ", ".join(f"{name} {walls[name]:.1f} s" for name in ("ns3", *BACKENDS))
+        wall = ", ".join(f"{name} {walls[name]:.1f} s" for name in names)
         notes.append(f"{where}: {len(flows)} flows; wall {wall}")
     return buckets
 

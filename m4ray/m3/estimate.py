@@ -8,7 +8,8 @@ percentiles in one batch; the mixture gives overall and per-size-bucket p50/p90/
 (``reference/flowsim_m3.md`` B.2-B.8). ``compare=[ns3, flowsim]`` runs the same flows through
 network-wide ns-3 and flowSim for reference (``flowsim_queues``: flowSim with the network's
 standing queues, :class:`~m4ray.sim.flowsim.StandingQueues`; ``flowsim_bursts``: with first windows
-over the level too), each cached by content under
+over the level too; ``flowsim_rates``: that with DCQCN's rates,
+:class:`~m4ray.sim.flowsim.DcqcnRates`, DCQCN networks only), each cached by content under
 ``<run_dir>/cache``, so a re-run does not redo them. Writes ``estimate.parquet``,
 ``plots/slowdown_cdf.png`` and ``manifest.json``, and prints the table.
 
@@ -36,7 +37,7 @@ from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
 from m4ray.sim.routing import Routing, WireFormat
 
-COMPARE = ("ns3", "flowsim", "flowsim_queues", "flowsim_bursts")
+COMPARE = ("ns3", "flowsim", "flowsim_queues", "flowsim_bursts", "flowsim_rates")
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -319,17 +320,21 @@ def trained_queues(rdma, info: dict) -> PathQueues | None:
 
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
-    """Network-wide ``ns3``, ``flowsim``, ``flowsim_queues`` or ``flowsim_bursts`` (standing
-    queues with first windows over the level) slowdowns and wall time, cached by content."""
-    from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
+    """Network-wide ``ns3``, ``flowsim``, ``flowsim_queues``, ``flowsim_bursts`` (standing
+    queues with first windows over the level) or ``flowsim_rates`` (those with DCQCN's rates)
+    slowdowns and wall time, cached by content."""
+    from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig, StandingQueues
 
     network = network_ns3(cfg, topo)
-    backend = {
-        "ns3": network,
-        "flowsim": FlowSimConfig(),
-        "flowsim_queues": FlowSimConfig(queues=StandingQueues.of(network, routing)),
-        "flowsim_bursts": FlowSimConfig(queues=StandingQueues.of(network, routing, bursts=True)),
-    }[name]
+    if name == "ns3":
+        backend = network
+    elif name == "flowsim":
+        backend = FlowSimConfig()
+    else:
+        bursts = name != "flowsim_queues"
+        queues = StandingQueues.of(network, routing, bursts=bursts)
+        rates = DcqcnRates.of(network) if name == "flowsim_rates" else None
+        backend = FlowSimConfig(queues=queues, rate_control=rates)
     if name == "ns3":
         backend = dataclasses.replace(backend, wall_limit_s=cfg.ns3_wall_limit_s)
     key = fingerprint([name, topo, flows, routing.seed, routing.wire, backend], 16)

@@ -36,6 +36,21 @@ their first round trip queue on top of that level, up to the switch buffer (a ne
 window leaves at line rate before any mark or INT returns), each flow keeping in flight at
 most what it has left.
 
+With ``rate_control`` (:class:`DcqcnRates`) flows keep DCQCN's rates, not their max-min shares:
+a fluid model lets a flow take any share freed, where DCQCN's sender, once cut, climbs back only
+at its increase timer (900 µs by default, longer than most flows live). Every flow starts at
+line rate; whenever the max-min shares under the flows' current rates as caps fill a switch's link
+and hold a flow on it below its rate and its NIC's (a queue builds there), each flow crossing it
+that was not cut in the last decrease interval is cut,
+as its CNPs would cut it: its target takes its rate, its rate ``× (1 − α/2)`` (at least the
+minimum rate), α having decayed by ``(1 − g)`` per α interval since its last cut and then
+``α ← (1 − g) α + g`` (α starts at 1: the first cut halves); each increase timer since its last
+cut moves it ``(rate + target) / 2``, adding the AI to the target after the fast-recovery steps.
+The queues a flow meets at its arrival (``queues``) are those of the links the max-min shares
+without the cuts would fill: the contention DCQCN answers with cuts and queues at K_min..K_max.
+Every parameter is the CC's own; nothing is fitted. Python only (the compiled fluid state
+runs without it).
+
 Units: seconds, bits, bits/s.
 """
 
@@ -192,13 +207,129 @@ def round_trip(path: Path, wire: WireFormat, ack_bytes: int) -> float:
 
 
 @dataclass(kw_only=True, slots=True)
+class DcqcnRates:
+    """DCQCN's rate control in flowSim (module docstring): the sender's timers, gain, additive
+    increase and minimum rate, as :class:`~m4ray.sim.ns3.cc.DcqcnParams` and ``RdmaConfig``
+    name them."""
+
+    gain: float = 1 / 256
+    alpha_interval_s: float = 1e-6
+    decrease_interval_s: float = 4e-6
+    increase_interval_s: float = 900e-6
+    fast_recovery_steps: int = 1
+    rate_ai_bps: float = 40e6
+    min_rate_bps: float = 1e9
+
+    def __post_init__(self) -> None:
+        rules = [
+            (0 < self.gain <= 1, "gain", "in (0, 1]"),
+            (self.alpha_interval_s > 0, "alpha_interval_s", "> 0"),
+            (self.decrease_interval_s > 0, "decrease_interval_s", "> 0"),
+            (self.increase_interval_s > 0, "increase_interval_s", "> 0"),
+            (self.fast_recovery_steps >= 0, "fast_recovery_steps", ">= 0"),
+            (self.rate_ai_bps >= 0, "rate_ai_bps", ">= 0"),
+            (self.min_rate_bps > 0, "min_rate_bps", "> 0"),
+        ]
+        for ok, name, rule in rules:
+            if not ok:
+                raise InputError(
+                    f"must be {rule}, got {getattr(self, name)}", field=f"rate_control.{name}"
+                )
+
+    @classmethod
+    def of(cls, network) -> DcqcnRates:
+        """The rate control of an ns-3 network config (``Ns3Config``) running DCQCN."""
+        from m4ray.sim.ns3.cc import cc_params
+
+        rdma = network.rdma if network.transport == "rdma" else None
+        if rdma is None or rdma.cc != "dcqcn":
+            cc = "tcp" if rdma is None else rdma.cc
+            raise InputError(
+                f"flowSim's rate control models DCQCN only, not {cc}", field="rate_control"
+            )
+        p = cc_params("dcqcn", rdma.cc_params)
+        return cls(
+            gain=p.gain,
+            alpha_interval_s=p.alpha_interval_s,
+            decrease_interval_s=p.decrease_interval_s,
+            increase_interval_s=p.increase_interval_s,
+            fast_recovery_steps=p.fast_recovery_steps,
+            rate_ai_bps=p.rate_ai_bps,
+            min_rate_bps=rdma.min_rate_bps,
+        )
+
+
+class _DcqcnState:
+    """Each active flow's DCQCN state, parallel to :class:`FlowSim`'s active arrays: its rate
+    (a cap on its share), target, α and when it last moved, its last cut, its next increase
+    and how many increases since that cut."""
+
+    def __init__(self, rc: DcqcnRates) -> None:
+        self.rc = rc
+        self.rate = np.zeros(0)
+        self.target = np.zeros(0)
+        self.alpha = np.zeros(0)
+        self.t_alpha = np.zeros(0)
+        self.t_cut = np.zeros(0)
+        self.t_increase = np.zeros(0)
+        self.stage = np.zeros(0, dtype=np.int64)
+
+    def add(self, n: int, now: float) -> None:
+        """``n`` flows starting now, at line rate (their links cap them) with α = 1."""
+        grow = {
+            "rate": np.inf,
+            "target": np.inf,
+            "alpha": 1.0,
+            "t_alpha": now,
+            "t_cut": -np.inf,
+            "t_increase": np.inf,
+        }
+        for name, value in grow.items():
+            setattr(self, name, np.concatenate([getattr(self, name), np.full(n, value)]))
+        self.stage = np.concatenate([self.stage, np.zeros(n, dtype=np.int64)])
+
+    def keep(self, keep: np.ndarray) -> None:
+        for name in ("rate", "target", "alpha", "t_alpha", "t_cut", "t_increase", "stage"):
+            setattr(self, name, getattr(self, name)[keep])
+
+    def next_increase(self) -> float:
+        return float(self.t_increase.min()) if len(self.t_increase) else math.inf
+
+    def increase(self, now: float) -> bool:
+        """Every increase timer due by ``now``; whether any rate moved."""
+        due = np.flatnonzero(self.t_increase <= now)
+        if not len(due):
+            return False
+        rc = self.rc
+        additive = self.stage[due] >= rc.fast_recovery_steps
+        self.target[due] += np.where(additive, rc.rate_ai_bps, 0.0)
+        self.rate[due] = (self.rate[due] + self.target[due]) / 2
+        self.stage[due] += 1
+        self.t_increase[due] += rc.increase_interval_s
+        return True
+
+    def cut(self, hit: np.ndarray, rates: np.ndarray, now: float) -> None:
+        """The flows ``hit`` (indices) cut at their current ``rates`` as a CNP cuts them."""
+        rc = self.rc
+        alpha = self.alpha[hit] * (1 - rc.gain) ** ((now - self.t_alpha[hit]) / rc.alpha_interval_s)
+        self.target[hit] = rates
+        self.rate[hit] = np.maximum(rc.min_rate_bps, rates * (1 - alpha / 2))
+        self.alpha[hit] = (1 - rc.gain) * alpha + rc.gain
+        self.t_alpha[hit] = now
+        self.t_cut[hit] = now
+        self.t_increase[hit] = now + rc.increase_interval_s
+        self.stage[hit] = 0
+
+
+@dataclass(kw_only=True, slots=True)
 class FlowSimConfig:
     """flowSim settings. ``rate_cap_bps``: optional per-flow cap (NIC rate), None = links only;
     ``window_bytes``: a sender's fixed window (:class:`Window`, RDMA's), None = classic flowSim
     (no window; m3's and m4's baseline); ``ack_bytes`` the ACK's wire size for its round trip;
     ``ack_load``: ACKs (one per data packet) take their share of the reverse links
     (:func:`ack_capacity`; off: classic flowSim); ``queues``: a flow waits at its start for the
-    standing queues on its path (:class:`StandingQueues`; None: classic flowSim)."""
+    standing queues on its path (:class:`StandingQueues`; None: classic flowSim);
+    ``rate_control``: flows keep DCQCN's rates (:class:`DcqcnRates`; None: max-min shares)."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
@@ -208,10 +339,14 @@ class FlowSimConfig:
     ack_load: bool = False
     # a dataclasses.field (added_field), not a shared default
     queues: StandingQueues | None = added_field(None, "standing queues (issue 32)")  # noqa: RUF009
+    # DCQCN's sticky rates (DcqcnRates; None: max-min shares)
+    rate_control: DcqcnRates | None = added_field(None, "DCQCN's rates (issue 32)")  # noqa: RUF009
 
     def __post_init__(self) -> None:
         if isinstance(self.queues, dict):
             self.queues = StandingQueues(**self.queues)
+        if isinstance(self.rate_control, dict):
+            self.rate_control = DcqcnRates(**self.rate_control)
         if self.rate_cap_bps is not None and self.rate_cap_bps <= 0:
             raise InputError(f"must be > 0 or null, got {self.rate_cap_bps}", field="rate_cap_bps")
         if self.window_bytes is not None and self.window_bytes < 0:
@@ -238,6 +373,7 @@ class FlowSimConfig:
             ack_fraction=ack_fraction(self.ack_bytes, routing.wire) if self.ack_load else 0.0,
             queues=self.queues,
             ack_bytes=self.ack_bytes,
+            rate_control=self.rate_control,
         )
 
 
@@ -254,6 +390,7 @@ class FlowSim(QueueClock):
         ack_fraction: float = 0.0,
         queues: StandingQueues | None = None,
         ack_bytes: int = 64,
+        rate_control: DcqcnRates | None = None,
     ):
         self.topology = topology
         self.routing = routing
@@ -293,7 +430,9 @@ class FlowSim(QueueClock):
         # arrays above then stay empty, events wait in the loop's queue and run() is one call
         # per Python callback (and a replay's flows can run there too: dag_loop)
         self._core: NativeLoop | None = None
-        if native_fluid():
+        self._dcqcn = None if rate_control is None else _DcqcnState(rate_control)
+        self._switch_link = ~np.isin(topology.link_src, topology.hosts)  # where CNPs come from
+        if native_fluid() and rate_control is None:
             capped = window is not None or rate_cap_bps is not None
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
             self.events = self._core.queue
@@ -400,21 +539,57 @@ class FlowSim(QueueClock):
         self._remaining = np.concatenate([self._remaining, np.array(bits, dtype=np.float64)])
         self._rtt = np.concatenate([self._rtt, np.array(rtt, dtype=np.float64)])
         self._start = np.concatenate([self._start, np.array(start, dtype=np.float64)])
+        if self._dcqcn is not None:
+            self._dcqcn.add(len(new), self._now)
         self._new = []
 
     def _refresh(self) -> None:
         """Arrivals in, and the rates brought up to date if anything changed."""
         self._flush()
+        if self._dcqcn is not None and len(self._ids) and self._dcqcn.increase(self._now):
+            self._dirty = True
         if len(self._ids) and self._dirty:
             capped = self.window is not None or self.rate_cap_bps is not None
             self._rates = self._share(self._caps if capped else None)
+            if self._dcqcn is not None:
+                self._rates = self._dcqcn_rates()
             self._dirty = False
             self._q_sums = None
+
+    def _dcqcn_rates(self) -> np.ndarray:
+        """The shares under DCQCN's rates as caps; where they fill a switch's link, the flows
+        crossing it not cut within the decrease interval are cut (module docstring)."""
+        state, now = self._dcqcn, self._now
+        caps = np.minimum(self._caps, state.rate)
+        rates = self._share(caps)
+        load = np.bincount(self._idx, np.repeat(rates, self._lens), len(self._capacity))
+        # a link queues where it is full and holds back a flow that would send faster (below
+        # its rate and its NIC's): a lone flow at line rate through a link as fast is not that
+        starts = np.cumsum(self._lens) - self._lens
+        held = rates < np.minimum(caps, self._capacity[self._idx[starts]]) * (1.0 - QUEUE_FULL)
+        owner = np.repeat(np.arange(len(self._ids)), self._lens)
+        full = (load >= self._shared * (1.0 - QUEUE_FULL)) & self._switch_link
+        full &= np.bincount(self._idx, held[owner], len(self._capacity)) > 0
+        met = np.bincount(owner, full[self._idx], len(self._ids)) > 0
+        hit = np.flatnonzero(met & (now - state.t_cut >= state.rc.decrease_interval_s))
+        if not len(hit):
+            return rates
+        state.cut(hit, rates[hit], now)
+        return self._share(np.minimum(self._caps, state.rate))
 
     def _next_completion(self) -> tuple[float, np.ndarray]:
         self._refresh()
         if not len(self._ids):
             return float("inf"), np.zeros(0, dtype=np.int64)
+        if self._dcqcn is not None:  # an increase timer before any completion: wake for it
+            t_done, finishing = self._next_drain()
+            t_increase = self._dcqcn.next_increase()
+            if t_increase < t_done:
+                return t_increase, np.zeros(0, dtype=np.int64)
+            return t_done, finishing
+        return self._next_drain()
+
+    def _next_drain(self) -> tuple[float, np.ndarray]:
         with np.errstate(divide="ignore"):
             left = np.where(self._rates > 0, self._remaining / self._rates, np.inf)
         # rounding in _advance can leave a drained flow a hair below zero bits: it finishes now
@@ -453,6 +628,15 @@ class FlowSim(QueueClock):
         self._refresh()  # earlier arrivals in, rates up to date
         if not len(self._ids):
             return 0.0
+        if self._dcqcn is not None:  # contention: the shares DCQCN's cuts answer
+            held, self._rates = self._rates, self._share(self._caps)
+            try:
+                return self._standing_delay(links)
+            finally:
+                self._rates, self._q_sums = held, None
+        return self._standing_delay(links)
+
+    def _standing_delay(self, links: np.ndarray) -> float:
         if self.queues.buffer_bytes:
             return self._burst_delay(links)
         sums = self._q_sums  # per link at these rates; first round trips age: never reused
@@ -525,6 +709,8 @@ class FlowSim(QueueClock):
         self._remaining = self._remaining[keep]
         self._rtt = self._rtt[keep]
         self._start = self._start[keep]
+        if self._dcqcn is not None:
+            self._dcqcn.keep(keep)
         self._dirty = True
         self._n_events += len(callbacks)
         for flow_id, delay, on_done in callbacks:

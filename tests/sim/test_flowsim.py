@@ -516,3 +516,73 @@ def test_bursts_of_a_network_fill_its_buffer_where_its_cc_holds_a_level():
     assert StandingQueues.of(dctcp, routing).buffer_bytes == 0
     hpcc = Ns3Config(rdma=RdmaConfig(cc="hpcc"))
     assert StandingQueues.of(hpcc, routing, bursts=True) == StandingQueues.of(hpcc, routing)
+
+
+def _incast_pair() -> tuple:
+    """Hosts 0 and 1 send to host 2 through switch 3, every link 10 Gbit/s, no latency."""
+    from m4ray.sim.topology import Cable, Topology
+
+    cables = (Cable(0, 3, 10e9, 0.0), Cable(1, 3, 10e9, 0.0), Cable(3, 2, 10e9, 0.0))
+    topo = Topology(n_nodes=4, switches=(3,), cables=cables)
+    return topo, Routing(topo)
+
+
+def test_dcqcn_rates_stick_after_a_cut_until_the_increase_timer():
+    """flowSim's DCQCN rates (``rate_control``), analytically: a flow alone at line rate
+    through a link as fast is never cut (as classic flowSim); when a second flow arrives the
+    switch's link to the receiver holds both below their NICs, so both are cut, each from its
+    share by α/2 (the newcomer's α is 1, the first's has decayed by (1 − g) per µs since it
+    started), and keep those rates after the first leaves (classic flowSim gives the second
+    the whole link) until the increase timer moves the second halfway back to its target
+    (its share when cut), then halfway to the target plus the AI."""
+    from m4ray.sim.flowsim import DcqcnRates
+
+    topo, routing = _incast_pair()
+    wire = routing.wire
+    rc = DcqcnRates()  # DCQCN's defaults: g = 1/256, 1 µs α timer, 900 µs increase timer
+    lone = [Flow(0, 0, 2, 50_000, 0.0)]
+    ours = run_trace(topo, lone, FlowSimConfig(rate_control=rc), routing).column("fct_s")
+    theirs = run_trace(topo, lone, FlowSimConfig(), routing).column("fct_s")
+    assert ours.to_pylist() == pytest.approx(theirs.to_pylist(), rel=1e-12)
+
+    t1, size_a, size_b = 10e-6, 100_000, 1_500_000
+    flows = [Flow(0, 0, 2, size_a, 0.0), Flow(1, 1, 2, size_b, t1)]
+    table = run_trace(topo, flows, FlowSimConfig(rate_control=rc), routing)
+    ids, fcts = (table.column(c).to_pylist() for c in ("flow_id", "fct_s"))
+    fct = dict(zip(ids, fcts, strict=True))
+    late = [routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst, f.id)) for f in flows]
+    bits_a, bits_b = (wire.wire_bytes(s) * 8.0 for s in (size_a, size_b))
+    alpha_a = (1 - rc.gain) ** (t1 / rc.alpha_interval_s)
+    rate_a, rate_b = 5e9 * (1 - alpha_a / 2), 5e9 * (1 - 1 / 2)
+    done_a = t1 + (bits_a - 10e9 * t1) / rate_a
+    assert fct[0] == pytest.approx(done_a + late[0], rel=1e-9)
+    # B: 2.5 Gbit/s until its first increase, then halfway to 5, then halfway to 5 + AI, ...
+    left, t, rate, target, stage = bits_b, t1, rate_b, 5e9, 0
+    while left > rate * rc.increase_interval_s:
+        left -= rate * rc.increase_interval_s
+        t += rc.increase_interval_s
+        target += rc.rate_ai_bps if stage >= rc.fast_recovery_steps else 0.0
+        rate, stage = (rate + target) / 2, stage + 1
+    t += left / rate
+    assert stage >= 2  # the test reaches the additive steps
+    assert fct[1] == pytest.approx(t - t1 + late[1], rel=1e-9)
+    classic = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_pylist()
+    assert classic[1] < 0.5 * (t - t1)  # max-min gives B the link once A is done
+
+
+def test_dcqcn_rates_take_the_networks_settings_and_refuse_another_cc():
+    from m4ray.errors import InputError
+    from m4ray.sim.flowsim import DcqcnRates
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.transports import RdmaConfig
+
+    rdma = RdmaConfig(cc="dcqcn", cc_params={"increase_interval_s": 55e-6}, min_rate_bps=2e9)
+    rc = DcqcnRates.of(Ns3Config(rdma=rdma))
+    assert rc.increase_interval_s == 55e-6 and rc.min_rate_bps == 2e9 and rc.gain == 1 / 256
+    for cc in ("dctcp", "hpcc"):
+        with pytest.raises(InputError) as err:
+            DcqcnRates.of(Ns3Config(rdma=RdmaConfig(cc=cc)))
+        assert err.value.field == "rate_control" and cc in err.value.message
+    with pytest.raises(InputError) as err:
+        FlowSimConfig(rate_control={"gain": 0.0})
+    assert err.value.field == "rate_control.gain"
