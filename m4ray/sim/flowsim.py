@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -208,55 +208,36 @@ def round_trip(path: Path, wire: WireFormat, ack_bytes: int) -> float:
 
 @dataclass(kw_only=True, slots=True)
 class DcqcnRates:
-    """DCQCN's rate control in flowSim (module docstring): the sender's timers, gain, additive
-    increase and minimum rate, as :class:`~m4ray.sim.ns3.cc.DcqcnParams` and ``RdmaConfig``
-    name them."""
+    """DCQCN's rate control in flowSim (module docstring): its parameters by name as ns-3 takes
+    them (``RdmaConfig.cc_params`` under DCQCN, :class:`~m4ray.sim.ns3.cc.DcqcnParams`: the
+    timers, gain and AI; None: DCQCN's defaults) and the sender's minimum rate."""
 
-    gain: float = 1 / 256
-    alpha_interval_s: float = 1e-6
-    decrease_interval_s: float = 4e-6
-    increase_interval_s: float = 900e-6
-    fast_recovery_steps: int = 1
-    rate_ai_bps: float = 40e6
+    cc_params: dict[str, Any] | None = None
     min_rate_bps: float = 1e9
 
     def __post_init__(self) -> None:
-        rules = [
-            (0 < self.gain <= 1, "gain", "in (0, 1]"),
-            (self.alpha_interval_s > 0, "alpha_interval_s", "> 0"),
-            (self.decrease_interval_s > 0, "decrease_interval_s", "> 0"),
-            (self.increase_interval_s > 0, "increase_interval_s", "> 0"),
-            (self.fast_recovery_steps >= 0, "fast_recovery_steps", ">= 0"),
-            (self.rate_ai_bps >= 0, "rate_ai_bps", ">= 0"),
-            (self.min_rate_bps > 0, "min_rate_bps", "> 0"),
-        ]
-        for ok, name, rule in rules:
-            if not ok:
-                raise InputError(
-                    f"must be {rule}, got {getattr(self, name)}", field=f"rate_control.{name}"
-                )
+        self.params()  # every name and value by the CC's own rules
+        if not self.min_rate_bps > 0:
+            raise InputError(
+                f"must be > 0, got {self.min_rate_bps}", field="rate_control.min_rate_bps"
+            )
+
+    def params(self):
+        """The :class:`~m4ray.sim.ns3.cc.DcqcnParams` these name."""
+        from m4ray.sim.ns3.cc import cc_params
+
+        return cc_params("dcqcn", self.cc_params, at="rate_control")
 
     @classmethod
     def of(cls, network) -> DcqcnRates:
         """The rate control of an ns-3 network config (``Ns3Config``) running DCQCN."""
-        from m4ray.sim.ns3.cc import cc_params
-
         rdma = network.rdma if network.transport == "rdma" else None
         if rdma is None or rdma.cc != "dcqcn":
             cc = "tcp" if rdma is None else rdma.cc
             raise InputError(
                 f"flowSim's rate control models DCQCN only, not {cc}", field="rate_control"
             )
-        p = cc_params("dcqcn", rdma.cc_params)
-        return cls(
-            gain=p.gain,
-            alpha_interval_s=p.alpha_interval_s,
-            decrease_interval_s=p.decrease_interval_s,
-            increase_interval_s=p.increase_interval_s,
-            fast_recovery_steps=p.fast_recovery_steps,
-            rate_ai_bps=p.rate_ai_bps,
-            min_rate_bps=rdma.min_rate_bps,
-        )
+        return cls(cc_params=rdma.cc_params, min_rate_bps=rdma.min_rate_bps)
 
 
 class _DcqcnState:
@@ -265,7 +246,7 @@ class _DcqcnState:
     and how many increases since that cut."""
 
     def __init__(self, rc: DcqcnRates) -> None:
-        self.rc = rc
+        self.rc, self.min_rate = rc.params(), rc.min_rate_bps
         self.rate = np.zeros(0)
         self.target = np.zeros(0)
         self.alpha = np.zeros(0)
@@ -313,7 +294,7 @@ class _DcqcnState:
         rc = self.rc
         alpha = self.alpha[hit] * (1 - rc.gain) ** ((now - self.t_alpha[hit]) / rc.alpha_interval_s)
         self.target[hit] = rates
-        self.rate[hit] = np.maximum(rc.min_rate_bps, rates * (1 - alpha / 2))
+        self.rate[hit] = np.maximum(self.min_rate, rates * (1 - alpha / 2))
         self.alpha[hit] = (1 - rc.gain) * alpha + rc.gain
         self.t_alpha[hit] = now
         self.t_cut[hit] = now

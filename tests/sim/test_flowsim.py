@@ -539,15 +539,15 @@ def test_dcqcn_rates_stick_after_a_cut_until_the_increase_timer():
 
     topo, routing = _incast_pair()
     wire = routing.wire
-    rc = DcqcnRates()  # DCQCN's defaults: g = 1/256, 1 µs α timer, 900 µs increase timer
+    rc = DcqcnRates().params()  # DCQCN's defaults: g = 1/256, 1 µs α timer, 900 µs timer
     lone = [Flow(0, 0, 2, 50_000, 0.0)]
-    ours = run_trace(topo, lone, FlowSimConfig(rate_control=rc), routing).column("fct_s")
+    ours = run_trace(topo, lone, FlowSimConfig(rate_control={}), routing).column("fct_s")
     theirs = run_trace(topo, lone, FlowSimConfig(), routing).column("fct_s")
     assert ours.to_pylist() == pytest.approx(theirs.to_pylist(), rel=1e-12)
 
     t1, size_a, size_b = 10e-6, 100_000, 1_500_000
     flows = [Flow(0, 0, 2, size_a, 0.0), Flow(1, 1, 2, size_b, t1)]
-    table = run_trace(topo, flows, FlowSimConfig(rate_control=rc), routing)
+    table = run_trace(topo, flows, FlowSimConfig(rate_control=DcqcnRates()), routing)
     ids, fcts = (table.column(c).to_pylist() for c in ("flow_id", "fct_s"))
     fct = dict(zip(ids, fcts, strict=True))
     late = [routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst, f.id)) for f in flows]
@@ -578,11 +578,16 @@ def test_dcqcn_rates_take_the_networks_settings_and_refuse_another_cc():
 
     rdma = RdmaConfig(cc="dcqcn", cc_params={"increase_interval_s": 55e-6}, min_rate_bps=2e9)
     rc = DcqcnRates.of(Ns3Config(rdma=rdma))
-    assert rc.increase_interval_s == 55e-6 and rc.min_rate_bps == 2e9 and rc.gain == 1 / 256
+    params = rc.params()
+    assert params.increase_interval_s == 55e-6 and params.gain == 1 / 256
+    assert rc.min_rate_bps == 2e9
     for cc in ("dctcp", "hpcc"):
         with pytest.raises(InputError) as err:
             DcqcnRates.of(Ns3Config(rdma=RdmaConfig(cc=cc)))
         assert err.value.field == "rate_control" and cc in err.value.message
     with pytest.raises(InputError) as err:
-        FlowSimConfig(rate_control={"gain": 0.0})
-    assert err.value.field == "rate_control.gain"
+        FlowSimConfig(rate_control={"cc_params": {"gain": 0.0}})
+    assert err.value.field == "rate_control.cc_params.gain"
+    with pytest.raises(InputError) as err:
+        FlowSimConfig(rate_control={"cc_params": {"t_low_s": 1e-5}})  # TIMELY's, not DCQCN's
+    assert err.value.field.startswith("rate_control.cc_params")
