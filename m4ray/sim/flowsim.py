@@ -39,16 +39,19 @@ most what it has left.
 With ``rate_control`` (:class:`DcqcnRates`) flows keep DCQCN's rates, not their max-min shares:
 a fluid model lets a flow take any share freed, where DCQCN's sender, once cut, climbs back only
 at its increase timer (900 µs by default, longer than most flows live). Every flow starts at
-line rate; whenever the max-min shares under the flows' current rates as caps fill a switch's link
-and hold a flow on it below its rate and its NIC's (a queue builds there), each flow crossing it
-that was not cut in the last decrease interval is cut,
-as its CNPs would cut it: its target takes its rate, its rate ``× (1 − α/2)`` (at least the
-minimum rate), α having decayed by ``(1 − g)`` per α interval since its last cut and then
-``α ← (1 − g) α + g`` (α starts at 1: the first cut halves); each increase timer since its last
-cut moves it ``(rate + target) / 2``, adding the AI to the target after the fast-recovery steps.
-The queues a flow meets at its arrival (``queues``) are those of the links the max-min shares
-without the cuts would fill: the contention DCQCN answers with cuts and queues at K_min..K_max.
-Every parameter is the CC's own; nothing is fitted. Python only (the compiled fluid state
+line rate. Where the max-min shares under the flows' rates as caps fill a switch's link, hold a
+flow on it below its rate and its NIC's (a queue builds) and what its flows keep in flight
+beyond their bandwidth-delay products passes K_min (RED marks; each flow's at most its window
+and what it has left, as ``queues`` counts it), each flow crossing it that was not cut in the
+last decrease interval is cut to its share there: RED marks a few packets at a time, so the cuts
+stop once the link's flows together fit it, which in the fluid limit is their shares (one
+flow's α/2 step is not the aggregate's). The target takes the rate before the cut (at a flow's
+first cut, or its first since an increase, as ns-3's ``DcqcnDecrease`` without clamping); each
+increase timer since the cut moves the rate ``(rate + target) / 2``, the target rising by the AI
+after the fast-recovery steps (at most to the line rate). The queues a flow meets at its arrival
+(``queues``) are those of the links the shares without the cuts would fill: the contention DCQCN
+answers with cuts and queues at K_min..K_max. Every parameter is the CC's own (timer, fast
+recovery, AI, K_min, minimum rate); nothing is fitted. Python only (the compiled fluid state
 runs without it).
 
 Units: seconds, bits, bits/s.
@@ -242,35 +245,29 @@ class DcqcnRates:
 
 class _DcqcnState:
     """Each active flow's DCQCN state, parallel to :class:`FlowSim`'s active arrays: its rate
-    (a cap on its share), target, α and when it last moved, its last cut, its next increase
-    and how many increases since that cut."""
+    (a cap on its share), target and line rate, its last cut, its next increase and how many
+    increases since that cut."""
 
     def __init__(self, rc: DcqcnRates) -> None:
         self.rc, self.min_rate = rc.params(), rc.min_rate_bps
         self.rate = np.zeros(0)
         self.target = np.zeros(0)
-        self.alpha = np.zeros(0)
-        self.t_alpha = np.zeros(0)
+        self.line = np.zeros(0)
         self.t_cut = np.zeros(0)
         self.t_increase = np.zeros(0)
         self.stage = np.zeros(0, dtype=np.int64)
 
-    def add(self, n: int, now: float) -> None:
-        """``n`` flows starting now, at line rate (their links cap them) with α = 1."""
-        grow = {
-            "rate": np.inf,
-            "target": np.inf,
-            "alpha": 1.0,
-            "t_alpha": now,
-            "t_cut": -np.inf,
-            "t_increase": np.inf,
-        }
+    def add(self, line: np.ndarray) -> None:
+        """Flows starting now at their line rates ``line`` (their NICs')."""
+        n = len(line)
+        grow = {"rate": np.inf, "target": np.inf, "t_cut": -np.inf, "t_increase": np.inf}
         for name, value in grow.items():
             setattr(self, name, np.concatenate([getattr(self, name), np.full(n, value)]))
+        self.line = np.concatenate([self.line, line])
         self.stage = np.concatenate([self.stage, np.zeros(n, dtype=np.int64)])
 
     def keep(self, keep: np.ndarray) -> None:
-        for name in ("rate", "target", "alpha", "t_alpha", "t_cut", "t_increase", "stage"):
+        for name in ("rate", "target", "line", "t_cut", "t_increase", "stage"):
             setattr(self, name, getattr(self, name)[keep])
 
     def next_increase(self) -> float:
@@ -283,20 +280,22 @@ class _DcqcnState:
             return False
         rc = self.rc
         additive = self.stage[due] >= rc.fast_recovery_steps
-        self.target[due] += np.where(additive, rc.rate_ai_bps, 0.0)
+        raised = self.target[due] + np.where(additive, rc.rate_ai_bps, 0.0)
+        self.target[due] = np.minimum(raised, self.line[due])
         self.rate[due] = (self.rate[due] + self.target[due]) / 2
         self.stage[due] += 1
         self.t_increase[due] += rc.increase_interval_s
         return True
 
     def cut(self, hit: np.ndarray, rates: np.ndarray, now: float) -> None:
-        """The flows ``hit`` (indices) cut at their current ``rates`` as a CNP cuts them."""
+        """The flows ``hit`` (indices) cut to their current shares ``rates``, as CNPs cut them
+        (module docstring); the target takes the rate before the cut at a flow's first cut, or
+        its first since an increase ran (ns-3's ``DcqcnDecrease`` without clamping)."""
         rc = self.rc
-        alpha = self.alpha[hit] * (1 - rc.gain) ** ((now - self.t_alpha[hit]) / rc.alpha_interval_s)
-        self.target[hit] = rates
-        self.rate[hit] = np.maximum(self.min_rate, rates * (1 - alpha / 2))
-        self.alpha[hit] = (1 - rc.gain) * alpha + rc.gain
-        self.t_alpha[hit] = now
+        fresh = ~np.isfinite(self.t_cut[hit]) | (self.stage[hit] != 0) | rc.clamp_target_rate
+        before = np.minimum(self.rate[hit], self.line[hit])
+        self.target[hit] = np.where(fresh, before, self.target[hit])
+        self.rate[hit] = np.maximum(self.min_rate, rates)
         self.t_cut[hit] = now
         self.t_increase[hit] = now + rc.increase_interval_s
         self.stage[hit] = 0
@@ -413,6 +412,9 @@ class FlowSim(QueueClock):
         self._core: NativeLoop | None = None
         self._dcqcn = None if rate_control is None else _DcqcnState(rate_control)
         self._switch_link = ~np.isin(topology.link_src, topology.hosts)  # where CNPs come from
+        if rate_control is not None:  # each link's K_min: where RED starts marking
+            red = rate_control.params().red
+            self._k_min = np.array([red(rate)[0] for rate in self._capacity.tolist()], float)
         if native_fluid() and rate_control is None:
             capped = window is not None or rate_cap_bps is not None
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
@@ -521,7 +523,8 @@ class FlowSim(QueueClock):
         self._rtt = np.concatenate([self._rtt, np.array(rtt, dtype=np.float64)])
         self._start = np.concatenate([self._start, np.array(start, dtype=np.float64)])
         if self._dcqcn is not None:
-            self._dcqcn.add(len(new), self._now)
+            firsts = np.array([path[0] for path in links], dtype=np.int64)
+            self._dcqcn.add(np.minimum(np.array(caps, dtype=np.float64), self._capacity[firsts]))
         self._new = []
 
     def _refresh(self) -> None:
@@ -551,6 +554,12 @@ class FlowSim(QueueClock):
         owner = np.repeat(np.arange(len(self._ids)), self._lens)
         full = (load >= self._shared * (1.0 - QUEUE_FULL)) & self._switch_link
         full &= np.bincount(self._idx, held[owner], len(self._capacity)) > 0
+        # and marks: what its flows keep in flight beyond their bandwidth-delay products (each
+        # at most its window and its bytes left; no queues given: no window, no round trip)
+        # passes K_min there
+        window = self._q_window if self.queues is not None else math.inf
+        excess = np.maximum(np.minimum(window, self._remaining / 8.0) - rates * self._rtt / 8.0, 0)
+        full &= np.bincount(self._idx, excess[owner], len(self._capacity)) > self._k_min
         met = np.bincount(owner, full[self._idx], len(self._ids)) > 0
         hit = np.flatnonzero(met & (now - state.t_cut >= state.rc.decrease_interval_s))
         if not len(hit):
