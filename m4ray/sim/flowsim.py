@@ -48,11 +48,12 @@ stop once the link's flows together fit it, which in the fluid limit is their sh
 flow's α/2 step is not the aggregate's). The target takes the rate before the cut (at a flow's
 first cut, or its first since an increase, as ns-3's ``DcqcnDecrease`` without clamping); each
 increase timer since the cut moves the rate ``(rate + target) / 2``, the target rising by the AI
-after the fast-recovery steps (at most to the line rate). The queues a flow meets at its arrival
+at the first step after the fast-recovery steps and by the hyper AI after it (at most to the
+line rate). The queues a flow meets at its arrival
 (``queues``) are those of the links the shares without the cuts would fill: the contention DCQCN
-answers with cuts and queues at K_min..K_max. Every parameter is the CC's own (timer, fast
-recovery, AI, K_min, minimum rate); nothing is fitted. Python only (the compiled fluid state
-runs without it).
+answers with cuts and queues at K_min..K_max. Every parameter is the CC's own (timers, fast
+recovery, AI and hyper AI, K_min, minimum rate); nothing is fitted. Python only (the compiled
+fluid state runs without it).
 
 Units: seconds, bits, bits/s.
 """
@@ -212,8 +213,9 @@ def round_trip(path: Path, wire: WireFormat, ack_bytes: int) -> float:
 @dataclass(kw_only=True, slots=True)
 class DcqcnRates:
     """DCQCN's rate control in flowSim (module docstring): its parameters by name as ns-3 takes
-    them (``RdmaConfig.cc_params`` under DCQCN, :class:`~m4ray.sim.ns3.cc.DcqcnParams`: the
-    timers, gain and AI; None: DCQCN's defaults) and the sender's minimum rate."""
+    them (``RdmaConfig.cc_params`` under DCQCN, :class:`~m4ray.sim.ns3.cc.DcqcnParams`: K_min,
+    the decrease and increase timers, fast recovery, AI and hyper AI; None: DCQCN's defaults)
+    and the sender's minimum rate."""
 
     cc_params: dict[str, Any] | None = None
     min_rate_bps: float = 1e9
@@ -279,8 +281,9 @@ class _DcqcnState:
         if not len(due):
             return False
         rc = self.rc
-        additive = self.stage[due] >= rc.fast_recovery_steps
-        raised = self.target[due] + np.where(additive, rc.rate_ai_bps, 0.0)
+        stage = self.stage[due]  # ns-3's DcqcnIncrease: AI at the first step past fast recovery
+        step = np.where(stage == rc.fast_recovery_steps, rc.rate_ai_bps, rc.rate_hai_bps)
+        raised = self.target[due] + np.where(stage >= rc.fast_recovery_steps, step, 0.0)
         self.target[due] = np.minimum(raised, self.line[due])
         self.rate[due] = (self.rate[due] + self.target[due]) / 2
         self.stage[due] += 1
