@@ -327,7 +327,7 @@ def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path
 
     network = network_ns3(cfg, topo)
     if name == "ns3":
-        backend = network
+        backend = dataclasses.replace(network, wall_limit_s=cfg.ns3_wall_limit_s)
     elif name == "flowsim":
         backend = FlowSimConfig()
     else:
@@ -335,8 +335,6 @@ def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path
         queues = StandingQueues.of(network, routing, bursts=bursts)
         rates = DcqcnRates.of(network) if name == "flowsim_rates" else None
         backend = FlowSimConfig(queues=queues, rate_control=rates)
-    if name == "ns3":
-        backend = dataclasses.replace(backend, wall_limit_s=cfg.ns3_wall_limit_s)
     key = fingerprint([name, topo, flows, routing.seed, routing.wire, backend], 16)
     path = cache / f"{name}-{key}.parquet"
     if path.exists():

@@ -414,9 +414,9 @@ class FlowSim(QueueClock):
         # per Python callback (and a replay's flows can run there too: dag_loop)
         self._core: NativeLoop | None = None
         self._dcqcn = None if rate_control is None else _DcqcnState(rate_control)
-        self._switch_link = ~np.isin(topology.link_src, topology.hosts)  # where CNPs come from
-        if rate_control is not None:  # each link's K_min: where RED starts marking
-            red = rate_control.params().red
+        if rate_control is not None:  # where CNPs come from, and where RED starts marking
+            self._switch_link = ~np.isin(topology.link_src, topology.hosts)
+            red = self._dcqcn.rc.red
             self._k_min = np.array([red(rate)[0] for rate in self._capacity.tolist()], float)
         if native_fluid() and rate_control is None:
             capped = window is not None or rate_cap_bps is not None
@@ -536,10 +536,11 @@ class FlowSim(QueueClock):
         if self._dcqcn is not None and len(self._ids) and self._dcqcn.increase(self._now):
             self._dirty = True
         if len(self._ids) and self._dirty:
-            capped = self.window is not None or self.rate_cap_bps is not None
-            self._rates = self._share(self._caps if capped else None)
             if self._dcqcn is not None:
                 self._rates = self._dcqcn_rates()
+            else:
+                capped = self.window is not None or self.rate_cap_bps is not None
+                self._rates = self._share(self._caps if capped else None)
             self._dirty = False
             self._q_sums = None
 
@@ -552,16 +553,14 @@ class FlowSim(QueueClock):
         load = np.bincount(self._idx, np.repeat(rates, self._lens), len(self._capacity))
         # a link queues where it is full and holds back a flow that would send faster (below
         # its rate and its NIC's): a lone flow at line rate through a link as fast is not that
-        starts = np.cumsum(self._lens) - self._lens
-        held = rates < np.minimum(caps, self._capacity[self._idx[starts]]) * (1.0 - QUEUE_FULL)
+        held = rates < np.minimum(state.rate, state.line) * (1.0 - QUEUE_FULL)
         owner = np.repeat(np.arange(len(self._ids)), self._lens)
         full = (load >= self._shared * (1.0 - QUEUE_FULL)) & self._switch_link
         full &= np.bincount(self._idx, held[owner], len(self._capacity)) > 0
         # and marks: what its flows keep in flight beyond their bandwidth-delay products (each
         # at most its window and its bytes left; no queues given: no window, no round trip)
         # passes K_min there
-        window = self._q_window if self.queues is not None else math.inf
-        excess = np.maximum(np.minimum(window, self._remaining / 8.0) - rates * self._rtt / 8.0, 0)
+        excess = self._excess(self._q_window if self.queues is not None else math.inf, rates)
         full &= np.bincount(self._idx, excess[owner], len(self._capacity)) > self._k_min
         met = np.bincount(owner, full[self._idx], len(self._ids)) > 0
         hit = np.flatnonzero(met & (now - state.t_cut >= state.rc.decrease_interval_s))
@@ -621,27 +620,25 @@ class FlowSim(QueueClock):
         self._refresh()  # earlier arrivals in, rates up to date
         if not len(self._ids):
             return 0.0
+        rates = self._rates
         if self._dcqcn is not None:  # contention: the shares DCQCN's cuts answer
-            held, self._rates = self._rates, self._share(self._caps)
-            try:
-                return self._standing_delay(links)
-            finally:
-                self._rates, self._q_sums = held, None
-        return self._standing_delay(links)
-
-    def _standing_delay(self, links: np.ndarray) -> float:
+            rates = self._share(self._caps)
         if self.queues.buffer_bytes:
-            return self._burst_delay(links)
-        sums = self._q_sums  # per link at these rates; first round trips age: never reused
+            return self._burst_delay(links, rates)
+        # per link at the engine's rates (kept till they change); first round trips age and
+        # contention's shares are made here: never reused
+        sums = self._q_sums if rates is self._rates else None
         if sums is None or self.queues.first_rtt:
             n_links = len(self._capacity)
-            excess = np.maximum(self._q_window - self._rates * self._rtt / 8.0, 0.0)
+            excess = np.maximum(self._q_window - rates * self._rtt / 8.0, 0.0)
             if self.queues.first_rtt:  # only flows in their first round trip
                 excess = np.where(self._now - self._start < self._rtt, excess, 0.0)
-            sums = self._q_sums = (
-                np.bincount(self._idx, np.repeat(self._rates, self._lens), n_links),
+            sums = (
+                np.bincount(self._idx, np.repeat(rates, self._lens), n_links),
                 np.bincount(self._idx, np.repeat(excess, self._lens), n_links),
             )
+            if rates is self._rates:
+                self._q_sums = sums
         load, excess = sums
         total = 0.0
         for link in links.tolist():
@@ -650,7 +647,7 @@ class FlowSim(QueueClock):
             total += min(excess[link], self._q_cap[link]) * 8.0 / self._capacity[link]
         return total
 
-    def _burst_delay(self, links: np.ndarray) -> float:
+    def _burst_delay(self, links: np.ndarray, rates: np.ndarray) -> float:
         """:meth:`_queue_delay` with first windows over the level
         (:attr:`StandingQueues.buffer_bytes`; ``fs_burst_sums`` in ``_maxmin.c`` is its twin).
         Without a window a young flow's in flight is at most what its line rate (its cap, else
@@ -663,10 +660,9 @@ class FlowSim(QueueClock):
             first = self._idx[np.concatenate([[0], np.cumsum(self._lens)[:-1]])]
             line = np.minimum(self._caps, self._capacity[first])
             window = np.where(young, line * self._rtt / 8.0, window)
-        inflight = np.minimum(window, self._remaining / 8.0)
-        excess = np.maximum(inflight - self._rates * self._rtt / 8.0, 0.0)
+        excess = self._excess(window, rates)
         old = np.where(young | self.queues.first_rtt, 0.0, excess)
-        load = np.bincount(self._idx, np.repeat(self._rates, self._lens), n_links)
+        load = np.bincount(self._idx, np.repeat(rates, self._lens), n_links)
         old = np.bincount(self._idx, np.repeat(old, self._lens), n_links)
         new = np.bincount(self._idx, np.repeat(np.where(young, excess, 0.0), self._lens), n_links)
         buffer = float(self.queues.buffer_bytes)
@@ -677,6 +673,12 @@ class FlowSim(QueueClock):
             q = min(min(old[link], self._q_cap[link]) + new[link], buffer)
             total += q * 8.0 / self._capacity[link]
         return total
+
+    def _excess(self, window, rates: np.ndarray) -> np.ndarray:
+        """Each active flow's bytes in flight beyond its bandwidth-delay product at ``rates``:
+        at most ``window`` (one for all, or each flow's) and what it has left."""
+        inflight = np.minimum(window, self._remaining / 8.0)
+        return np.maximum(inflight - rates * self._rtt / 8.0, 0.0)
 
     def _advance(self, dt: float) -> None:
         if dt > 0 and len(self._ids):
