@@ -215,7 +215,11 @@ def path_sample(  # noqa: PLR0917 (the path and what it is simulated with)
             field="topology",
         )
     lot = LotNetwork.of(scn)
-    _, slowdown = flowsim_fct(scn, wire, lot, None if queues is None else queues.of(lot, wire, scn))
+    if queues is None:
+        _, slowdown = flowsim_fct(scn, wire, lot)
+    else:
+        q = queues.of(lot, wire, scn)
+        _, slowdown = flowsim_fct(scn, wire, lot, q, rates=queues.rate_control())
     bdp = fg_bdp_bytes(lot, wire, 64)
     config = network.vector(scn.n_links, scn.capacity_bps, bdp)
     fg = scn.foreground

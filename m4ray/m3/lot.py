@@ -152,6 +152,7 @@ PATH_MODES = {
     "first_windows": "path_flowsim_first_windows",
     "bursts": "path_flowsim_bursts",
     "route_rtt": "path_flowsim_route_rtt",
+    "rates": "path_flowsim_rates",
 }
 
 
@@ -166,6 +167,7 @@ class PathQueues:
     first_windows: bool = False
     bursts: bool = False  # first windows over the level, up to the buffer (lot_queues)
     route_rtt: bool = False  # with bursts: each flow's round trip over its network route
+    rates: bool = False  # under DCQCN: each flow keeps DCQCN's rate (rate_control)
 
     def __post_init__(self) -> None:
         if self.route_rtt and not self.bursts:
@@ -173,6 +175,15 @@ class PathQueues:
                 "route round trips weigh first windows over the level: set bursts too",
                 field="route_rtt",
             )
+
+    def rate_control(self):
+        """DCQCN's rates on this network's lots (:class:`~m4ray.sim.flowsim.DcqcnRates`, as
+        network-wide flowSim's ``rate_control``), or None: not asked for, or another CC."""
+        if not self.rates or self.rdma.cc != "dcqcn":
+            return None
+        from m4ray.sim.flowsim import DcqcnRates
+
+        return DcqcnRates(cc_params=self.rdma.cc_params, min_rate_bps=self.rdma.min_rate_bps)
 
     def of(self, lot: LotNetwork, wire: WireFormat, scenario: PathScenario) -> tuple:
         return lot_queues(
@@ -244,9 +255,11 @@ def flowsim_fct(
     wire: WireFormat,
     lot: LotNetwork | None = None,
     queues: tuple[np.ndarray, float, list[float], bool] | None = None,
+    rates=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """flowSim on the path's lot: FCT (s) and slowdown of every (pseudo-)flow; ``queues``
-    (:func:`lot_queues`): each flow also waits for the standing queues it meets."""
+    (:func:`lot_queues`): each flow also waits for the standing queues it meets; ``rates``
+    (:meth:`PathQueues.rate_control`): each flow keeps DCQCN's rate."""
     lot = lot or LotNetwork.of(scenario)
     bits = wire.wire_bytes(np.asarray(scenario.size_bytes, dtype=np.int64)) * 8.0
     drain = path_drain_times(
@@ -257,6 +270,7 @@ def flowsim_fct(
         lot.capacity_bps,
         nic_cap_bps=lot.nic_cap_bps,
         queues=queues,
+        rates=rates,
     )
     ideal, delay = ideal_and_delay(lot, wire, scenario)
     fct = drain + delay

@@ -61,6 +61,8 @@ class NetworkPathsScenario:
     bursts: bool = added_field(False, "path flowSim's first windows over the level (issue 32)")
     # with bursts: each flow's round trip over its network route in path flowSim
     route_rtt: bool = added_field(False, "path flowSim's route round trips (issue 32)")
+    # with queues, under DCQCN: each flow keeps DCQCN's rate in path flowSim (PathQueues.rates)
+    rates: bool = added_field(False, "path flowSim with DCQCN's rates (issue 32)")
     # datasets whose record of this network under another path flowSim mode record() reuses
     # (ns-3's answers do not depend on it); not part of the scenario's identity
     reuse: tuple[str, ...] = added_field((), "where ns-3's answers may come from (issue 32)")
@@ -103,20 +105,22 @@ class NetworkPathsScenario:
             | ({"path_first_windows": True} if self.queues and self.first_windows else {})
             | ({"path_bursts": True} if self.queues and self.bursts else {})
             | ({"path_route_rtt": True} if self.queues and self.bursts and self.route_rtt else {})
+            | ({"path_rates": True} if self.queues and self.rates else {})
             | cc_param(n.cc)
         )
 
     def truth_twins(self) -> list[str]:
         """The ids of this network with path flowSim run otherwise (queues on; first windows,
-        bursts and route round trips either way): the same ns-3 run, the same paths, so the same
-        targets."""
+        bursts, route round trips and DCQCN's rates either way): the same ns-3 run, the same
+        paths, so the same targets."""
         twins = {
             dataclasses.replace(
-                self, queues=True, first_windows=fw, bursts=bursts, route_rtt=route
+                self, queues=True, first_windows=fw, bursts=bursts, route_rtt=route, rates=rates
             ).scenario_id
             for fw in (False, True)
             for bursts in (False, True)
             for route in ((False, True) if bursts else (False,))
+            for rates in (False, True)
         }
         return sorted(twins - {self.scenario_id})
 
@@ -143,7 +147,13 @@ class NetworkPathsScenario:
             record, (slowdown, ideal_all, fct_all) = reused
         routed = RoutedFlows(flows, routing)
         queues = (
-            PathQueues(ns3.rdma, self.first_windows, bursts=self.bursts, route_rtt=self.route_rtt)
+            PathQueues(
+                ns3.rdma,
+                self.first_windows,
+                bursts=self.bursts,
+                route_rtt=self.route_rtt,
+                rates=self.rates,
+            )
             if self.queues
             else None
         )
@@ -234,6 +244,7 @@ class NetworkFamily:
     first_windows: bool = False  # HPCC's first windows queue in path flowSim (PathQueues)
     bursts: bool = False  # first windows over the level in path flowSim (PathQueues)
     route_rtt: bool = False  # with bursts: each flow's route round trip (PathQueues)
+    rates: bool = False  # under DCQCN: each flow keeps DCQCN's rate (PathQueues.rates)
     wire: WireFormat = field(default_factory=WireFormat)
     cc: CcRanges = field(default_factory=CcRanges)
 
@@ -296,6 +307,7 @@ class NetworkFamily:
             first_windows=self.first_windows and self.queues and _first_rtt_only(network),
             bursts=self.bursts and self.queues,
             route_rtt=self.route_rtt and self.bursts and self.queues,
+            rates=self.rates and self.queues and network.cc == "dcqcn",
         )
 
 

@@ -110,6 +110,7 @@ def path_drain_times(
     nic_cap_bps: float | None = None,
     queues: tuple | None = None,
     native: bool | None = None,
+    rates=None,
 ) -> np.ndarray:
     """Seconds from each flow's arrival until its last bit drained (index order of the input).
 
@@ -124,6 +125,11 @@ def path_drain_times(
     (:attr:`~m4ray.sim.flowsim.StandingQueues.buffer_bytes`). ``native``:
     run the compiled loop (:mod:`m4ray.m3.native`, same answers to rounding; ``None``: where it
     builds) or this module's.
+
+    ``rates`` (:class:`~m4ray.sim.flowsim.DcqcnRates`): flows keep DCQCN's rates, each its own
+    (cut to its share where a switch's link fills and marks, back up at the increase timer), so
+    a class no longer shares one rate: the lot runs per flow in flowSim's compiled fluid state
+    (:func:`dcqcn_drain_times`), not this loop.
     """
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     bits, start_s = np.asarray(bits, dtype=np.float64), np.asarray(start_s, dtype=np.float64)
@@ -143,11 +149,59 @@ def path_drain_times(
         if buffer < 0:
             raise InputError(f"must be >= 0 (0: off), got {buffer}", field="queues.buffer")
         queues = (rtt, float(window), [float(q) for q in qcap], first, buffer)
+    if rates is not None:
+        return dcqcn_drain_times(a, b, bits, start_s, capacity, nic_cap_bps, queues, rates)
     run = native_finish if native else _finish
     finish = run(
         flow_class, bits, start_s, order, classes, capacity, nic_cap_bps=nic_cap_bps, queues=queues
     )
     return finish - start_s
+
+
+def dcqcn_drain_times(  # noqa: PLR0917 (path_drain_times' checked arguments)
+    a: np.ndarray,
+    b: np.ndarray,
+    bits: np.ndarray,
+    start_s: np.ndarray,
+    capacity: list[float],
+    nic_cap_bps: float | None,
+    queues: tuple | None,
+    rates,
+) -> np.ndarray:
+    """:func:`path_drain_times` under DCQCN's rates: flowSim's fluid state
+    (:class:`~m4ray.sim.flowsim.FlowSim` with ``rate_control``, compiled) over the path's links
+    alone. Link 0 leaves the source host (no CNPs, no queue); every other leaves a switch. A
+    flow entering mid-path comes from a host NIC: its line rate is the NIC cap (on the lot's
+    topology its first link is an access link far faster). Answers equal the generic flowSim's
+    on the lot topology when no path link is slower than the NIC cap (m3's lots;
+    ``tests/m3/test_pathsim.py``). Needs the compiled loop: the Python reference is that
+    generic flowSim, whose round trips are the lot routes' own."""
+    from m4ray.models.fairshare import ACK_PASSES
+    from m4ray.sim.dagloop import NativeLoop
+
+    loop = NativeLoop.make(np.asarray(capacity, dtype=np.float64), 0.0, ACK_PASSES, True)
+    if loop is None:
+        raise SimulationError(
+            "path flowSim with DCQCN's rates runs in flowSim's compiled fluid state, and no C "
+            "compiler was found (or M4RAY_NATIVE=0)"
+        )
+    n, n_links = len(a), len(capacity)
+    cap = math.inf if nic_cap_bps is None else float(nic_cap_bps)
+    rtt = np.zeros(n)
+    if queues is not None:
+        rtt, window, qcap, first, buffer = queues
+        loop.queued(window, np.asarray(qcap, dtype=np.float64), first, buffer)
+    params = rates.params()
+    switch = np.arange(n_links) > 0
+    k_min = np.array([params.red(c)[0] for c in capacity], dtype=np.float64)
+    loop.dcqcn(params, rates.min_rate_bps, switch, k_min)
+    lens = b - a
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    idx = np.repeat(a - off[:-1], lens) + np.arange(off[-1])  # links a .. b-1 of each flow
+    line = np.where(a > 0, cap, min(cap, capacity[0]))
+    finish, wait = loop.trace((off, idx), bits, start_s, np.full(n, cap), rtt, line)
+    return finish + wait - start_s
 
 
 def first_appearance(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

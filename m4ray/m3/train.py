@@ -471,6 +471,10 @@ slowdown percentiles (4 size buckets × 100); trained by m4ray (`m4ray/m3/`). Lo
         ", each flow at its network route's round trip (`path_flowsim_route_rtt`)"
         if meta.get("path_flowsim_route_rtt")
         else ""
+    }{
+        ", each flow at DCQCN's rate under DCQCN (`path_flowsim_rates`)"
+        if meta.get("path_flowsim_rates")
+        else ""
     }
 - training: {meta["epochs"]} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr}, weight decay
   {cfg.weight_decay}; {meta["hardware"]}; {meta["train_wall_s"]} s wall; loss `{cfg.loss}`

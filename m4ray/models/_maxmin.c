@@ -278,6 +278,17 @@ typedef struct {
      * q_buffer > 0: first windows over the level, up to it (q_young: their per-link sums) */
     double *rtt, *t_start, *q_cap, *q_load, *q_excess, *q_young, q_window, q_buffer;
     int queued, q_fresh, q_first;
+    /* DCQCN's rates (m4ray_fluidsim_dcqcn; FlowSim's _DcqcnState): per flow its rate, target,
+     * line rate, last cut, next increase and increases since the cut, with scratch for its
+     * capped share and its share under contention (queue waits); per link whether a switch
+     * sends on it, K_min, and the sums that find the links that cut */
+    double *d_rate, *d_target, *d_line, *d_tcut, *d_tinc, *d_caps, *d_cont;
+    int64_t *d_stage;
+    unsigned char *d_switch;
+    double *d_kmin, *d_load, *d_held, *d_excess;
+    double d_dec, d_inc, d_ai, d_hai, d_min;
+    int64_t d_frs;
+    int dcqcn, d_clamp;
 } fluidsim;
 
 void m4ray_fluidsim_free(fluidsim *s) {
@@ -301,6 +312,19 @@ void m4ray_fluidsim_free(fluidsim *s) {
     free(s->q_load);
     free(s->q_excess);
     free(s->q_young);
+    free(s->d_rate);
+    free(s->d_target);
+    free(s->d_line);
+    free(s->d_tcut);
+    free(s->d_tinc);
+    free(s->d_caps);
+    free(s->d_cont);
+    free(s->d_stage);
+    free(s->d_switch);
+    free(s->d_kmin);
+    free(s->d_load);
+    free(s->d_held);
+    free(s->d_excess);
     mm_free(s->ws);
     free(s);
 }
@@ -345,6 +369,14 @@ static int fs_grow(fluidsim *s, int64_t n, int64_t n_idx) {
         GROW(left, double);
         GROW(rtt, double);
         GROW(t_start, double);
+        GROW(d_rate, double);
+        GROW(d_target, double);
+        GROW(d_line, double);
+        GROW(d_tcut, double);
+        GROW(d_tinc, double);
+        GROW(d_caps, double);
+        GROW(d_cont, double);
+        GROW(d_stage, int64_t);
 #undef GROW
         s->cap = c;
     }
@@ -367,6 +399,11 @@ int m4ray_fluidsim_add(fluidsim *s, int64_t tag, int64_t n, const int64_t *links
     s->remaining[i] = bits, s->rtt[i] = 0.0, s->t_start[i] = 0.0;
     for (int64_t k = 0; k < n; ++k) s->idx[s->n_idx++] = links[k];
     s->off[i + 1] = s->n_idx;
+    /* DCQCN: starts at its line rate (its cap, else its first link), uncut */
+    double first = n ? s->capacity[links[0]] : INFINITY;
+    s->d_line[i] = cap < first ? cap : first;
+    s->d_rate[i] = INFINITY, s->d_target[i] = INFINITY, s->d_tcut[i] = -INFINITY;
+    s->d_tinc[i] = INFINITY, s->d_stage[i] = 0;
     s->dirty = 1;
     return 0;
 }
@@ -376,32 +413,129 @@ void m4ray_fluidsim_set_capacity(fluidsim *s, int64_t link, double bps) {
     s->dirty = 1;
 }
 
-static int fs_max_min(fluidsim *s, const double *capacity, const double *caps) {
-    if (caps) return max_min_scan(s->n, s->off, s->idx, s->n_links, capacity, caps, s->rates);
-    return max_min_fill(s->ws, s->n, s->off, s->idx, capacity, s->rates);
+static int fs_max_min(fluidsim *s, const double *capacity, const double *caps, double *rates) {
+    if (caps) return max_min_scan(s->n, s->off, s->idx, s->n_links, capacity, caps, rates);
+    return max_min_fill(s->ws, s->n, s->off, s->idx, capacity, rates);
 }
 
-static int fs_share(fluidsim *s) {
-    const double *caps = s->capped ? s->caps : NULL;
+/* FlowSim._share: max-min rates under caps (NULL: none) into rates, with the ACKs' passes. */
+static int fs_share_into(fluidsim *s, const double *caps, double *rates) {
     s->q_fresh = 0;
-    int rc = fs_max_min(s, s->capacity, caps);
+    int rc = fs_max_min(s, s->capacity, caps, rates);
     if (rc || s->ack_fraction == 0.0) return rc;
     for (int64_t pass = 1; pass < s->ack_passes; ++pass) {
         /* FlowSim._share: data per link summed in flow order (np.bincount), then
          * fairshare.ack_capacity over the links' reverses (2k <-> 2k + 1) */
         for (int64_t l = 0; l < s->n_links; ++l) s->data[l] = 0.0;
         for (int64_t i = 0; i < s->n; ++i)
-            for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) s->data[s->idx[e]] += s->rates[i];
+            for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) s->data[s->idx[e]] += rates[i];
         for (int64_t l = 0; l < s->n_links; ++l) {
             double c = s->capacity[l], d = s->data[l ^ 1];
             double load = s->ack_fraction * (d > 0.0 ? d : 0.0);
             double left = c - load, floor = 0.01 * c;
             s->ack_cap[l] = left >= floor ? left : floor;
         }
-        rc = fs_max_min(s, s->ack_cap, caps);
+        rc = fs_max_min(s, s->ack_cap, caps, rates);
         if (rc) return rc;
     }
     return 0;
+}
+
+/* The capacity the last share computation shared (FlowSim._shared). */
+static const double *fs_shared(const fluidsim *s) {
+    return s->ack_fraction != 0.0 && s->ack_passes > 1 ? s->ack_cap : s->capacity;
+}
+
+/* DCQCN on (FlowSim's rate_control, DcqcnRates): its decrease and increase intervals, fast
+ * recovery steps, AI and hyper AI, whether the target clamps, the minimum rate, and per link
+ * whether a switch sends on it (CNPs come from there) and K_min (bytes). 0 or 2. */
+int m4ray_fluidsim_dcqcn(fluidsim *s, double decrease_s, double increase_s, int64_t fast_steps,
+                         double ai, double hai, int clamp, double min_rate,
+                         const unsigned char *switch_link, const double *k_min) {
+    int64_t n = s->n_links + 1;
+    s->d_switch = malloc(n);
+    s->d_kmin = malloc(n * sizeof(double));
+    s->d_load = malloc(n * sizeof(double));
+    s->d_held = malloc(n * sizeof(double));
+    s->d_excess = malloc(n * sizeof(double));
+    if (!s->d_switch || !s->d_kmin || !s->d_load || !s->d_held || !s->d_excess) return 2;
+    for (int64_t l = 0; l < s->n_links; ++l) s->d_switch[l] = switch_link[l], s->d_kmin[l] = k_min[l];
+    s->d_dec = decrease_s, s->d_inc = increase_s, s->d_frs = fast_steps, s->d_ai = ai;
+    s->d_hai = hai, s->d_clamp = clamp, s->d_min = min_rate, s->dcqcn = 1;
+    return 0;
+}
+
+/* _DcqcnState.increase: every increase timer due by now; whether any rate moved. */
+static int dq_increase(fluidsim *s, double now) {
+    int any = 0;
+    for (int64_t i = 0; i < s->n; ++i) {
+        if (!(s->d_tinc[i] <= now)) continue;
+        any = 1;
+        int64_t stage = s->d_stage[i];
+        double step = stage == s->d_frs ? s->d_ai : s->d_hai;
+        double raised = s->d_target[i] + (stage >= s->d_frs ? step : 0.0);
+        s->d_target[i] = raised < s->d_line[i] ? raised : s->d_line[i];
+        s->d_rate[i] = (s->d_rate[i] + s->d_target[i]) / 2;
+        s->d_stage[i] += 1;
+        s->d_tinc[i] += s->d_inc;
+    }
+    return any;
+}
+
+/* FlowSim._dcqcn_rates: the shares under DCQCN's rates as caps; where they fill a switch's
+ * link, hold a flow on it below its rate and line rate, and its flows' excess in flight passes
+ * K_min, the flows crossing it not cut within the decrease interval are cut to their shares
+ * (_DcqcnState.cut), and the shares are made again. */
+static int dq_rates(fluidsim *s, double now) {
+    for (int64_t i = 0; i < s->n; ++i)
+        s->d_caps[i] = s->caps[i] < s->d_rate[i] ? s->caps[i] : s->d_rate[i];
+    int rc = fs_share_into(s, s->d_caps, s->rates);
+    if (rc) return rc;
+    for (int64_t l = 0; l < s->n_links; ++l)
+        s->d_load[l] = 0.0, s->d_held[l] = 0.0, s->d_excess[l] = 0.0;
+    double window = s->queued ? s->q_window : INFINITY;
+    for (int64_t i = 0; i < s->n; ++i) {
+        double r = s->d_rate[i] < s->d_line[i] ? s->d_rate[i] : s->d_line[i];
+        double held = s->rates[i] < r * (1.0 - QUEUE_FULL) ? 1.0 : 0.0;
+        double left = s->remaining[i] / 8.0;
+        double excess = (window < left ? window : left) - s->rates[i] * s->rtt[i] / 8.0;
+        if (excess < 0.0) excess = 0.0;
+        for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) {
+            int64_t l = s->idx[e];
+            s->d_load[l] += s->rates[i], s->d_held[l] += held, s->d_excess[l] += excess;
+        }
+    }
+    const double *shared = fs_shared(s);
+    for (int64_t l = 0; l < s->n_links; ++l) /* d_load: 1 where the link cuts */
+        s->d_load[l] = s->d_load[l] >= shared[l] * (1.0 - QUEUE_FULL) && s->d_switch[l] &&
+                       s->d_held[l] > 0 && s->d_excess[l] > s->d_kmin[l];
+    int any = 0;
+    for (int64_t i = 0; i < s->n; ++i) {
+        int met = 0;
+        for (int64_t e = s->off[i]; e < s->off[i + 1] && !met; ++e) met = s->d_load[s->idx[e]] > 0;
+        if (!met || !(now - s->d_tcut[i] >= s->d_dec)) continue;
+        int fresh = !isfinite(s->d_tcut[i]) || s->d_stage[i] != 0 || s->d_clamp;
+        double before = s->d_rate[i] < s->d_line[i] ? s->d_rate[i] : s->d_line[i];
+        if (fresh) s->d_target[i] = before;
+        s->d_rate[i] = s->d_min > s->rates[i] ? s->d_min : s->rates[i];
+        s->d_tcut[i] = now, s->d_tinc[i] = now + s->d_inc, s->d_stage[i] = 0;
+        any = 1;
+    }
+    if (!any) return 0;
+    for (int64_t i = 0; i < s->n; ++i)
+        s->d_caps[i] = s->caps[i] < s->d_rate[i] ? s->caps[i] : s->d_rate[i];
+    return fs_share_into(s, s->d_caps, s->rates);
+}
+
+/* FlowSim._refresh: DCQCN's due increases, then the rates brought up to date if anything
+ * changed. 0, 2 out of memory or 3 no rate. */
+static int fs_refresh(fluidsim *s, double now) {
+    if (s->n == 0) return 0;
+    if (s->dcqcn && dq_increase(s, now)) s->dirty = 1;
+    if (!s->dirty) return 0;
+    int rc = s->dcqcn ? dq_rates(s, now) : fs_share_into(s, s->capped ? s->caps : NULL, s->rates);
+    if (!rc) s->dirty = 0;
+    return rc;
 }
 
 /* The next completion from now: its time in *t_done (INFINITY: no flow) and how many flows
@@ -414,11 +548,8 @@ int m4ray_fluidsim_next(fluidsim *s, double now, double *t_done, int64_t *n_fini
         *t_done = INFINITY;
         return 0;
     }
-    if (s->dirty) {
-        int rc = fs_share(s);
-        if (rc) return rc;
-        s->dirty = 0;
-    }
+    int rc = fs_refresh(s, now);
+    if (rc) return rc;
     double m = INFINITY;
     for (int64_t i = 0; i < s->n; ++i) {
         s->left[i] = s->rates[i] > 0 ? s->remaining[i] / s->rates[i] : INFINITY;
@@ -427,10 +558,19 @@ int m4ray_fluidsim_next(fluidsim *s, double now, double *t_done, int64_t *n_fini
     double dt = 0.0 > m ? 0.0 : m;
     if (dt == INFINITY) return 3;
     double bound = dt * (1 + REL_TIE);
+    *t_done = now + dt;
+    if (s->dcqcn) { /* an increase timer before any completion: wake for it */
+        double t_increase = INFINITY;
+        for (int64_t i = 0; i < s->n; ++i)
+            if (s->d_tinc[i] < t_increase) t_increase = s->d_tinc[i];
+        if (t_increase < *t_done) {
+            *t_done = t_increase;
+            return 0;
+        }
+    }
     for (int64_t i = 0; i < s->n; ++i)
         if (s->left[i] <= bound) s->finishing[s->n_finishing++] = i;
     *n_finishing = s->n_finishing;
-    *t_done = now + dt;
     return 0;
 }
 
@@ -457,7 +597,7 @@ int m4ray_fluidsim_queued(fluidsim *s, double window, const double *q_cap, int f
  * round trip (none with q_first) and of those in it, each flow's in flight at most its bits
  * left and, without a window (q_window infinite), a young flow's one round trip at its line
  * rate (its cap, else its first link). */
-static void fs_burst_sums(fluidsim *s, double now) {
+static void fs_burst_sums(fluidsim *s, double now, const double *rates) {
     for (int64_t l = 0; l < s->n_links; ++l)
         s->q_load[l] = 0.0, s->q_excess[l] = 0.0, s->q_young[l] = 0.0;
     int unbounded = isinf(s->q_window);
@@ -469,12 +609,12 @@ static void fs_burst_sums(fluidsim *s, double now) {
             if (s->capped && s->caps[i] < line) line = s->caps[i];
             window = line * s->rtt[i] / 8.0;
         }
-        double excess = (window < left ? window : left) - s->rates[i] * s->rtt[i] / 8.0;
+        double excess = (window < left ? window : left) - rates[i] * s->rtt[i] / 8.0;
         if (excess < 0.0) excess = 0.0;
         double *sums = young ? s->q_young : s->q_excess;
         if (!young && s->q_first) excess = 0.0;
         for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) {
-            s->q_load[s->idx[e]] += s->rates[i];
+            s->q_load[s->idx[e]] += rates[i];
             sums[s->idx[e]] += excess;
         }
     }
@@ -490,27 +630,31 @@ static void fs_burst_sums(fluidsim *s, double now) {
 int m4ray_fluidsim_queue_delay(fluidsim *s, int64_t n, const int64_t *links, double now,
                                double *queue_s) {
     *queue_s = 0.0;
-    if (!s->queued || s->n == 0) return 0;
-    if (s->dirty) {
-        int rc = fs_share(s);
+    if (!s->queued) return 0;
+    int rc = fs_refresh(s, now);
+    if (rc || s->n == 0) return rc;
+    const double *rates = s->rates;
+    if (s->dcqcn) { /* contention: the shares DCQCN's cuts answer (never kept) */
+        rc = fs_share_into(s, s->caps, s->d_cont);
         if (rc) return rc;
-        s->dirty = 0;
+        rates = s->d_cont;
     }
     if (s->q_buffer > 0) {
-        fs_burst_sums(s, now); /* ages with time and drains with the flows: every arrival */
+        fs_burst_sums(s, now, rates); /* ages with time and drains with the flows: every arrival */
     } else if (!s->q_fresh) {
         for (int64_t l = 0; l < s->n_links; ++l) s->q_load[l] = 0.0, s->q_excess[l] = 0.0;
         for (int64_t i = 0; i < s->n; ++i) {
-            double excess = s->q_window - s->rates[i] * s->rtt[i] / 8.0;
+            double excess = s->q_window - rates[i] * s->rtt[i] / 8.0;
             if (excess < 0.0 || (s->q_first && !(now - s->t_start[i] < s->rtt[i]))) excess = 0.0;
             for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) {
-                s->q_load[s->idx[e]] += s->rates[i];
+                s->q_load[s->idx[e]] += rates[i];
                 s->q_excess[s->idx[e]] += excess;
             }
         }
-        s->q_fresh = !s->q_first; /* first round trips: young flows age with time */
+        /* first round trips: young flows age with time; contention's shares are made anew */
+        s->q_fresh = !s->q_first && !s->dcqcn;
     }
-    const double *shared = s->ack_fraction != 0.0 && s->ack_passes > 1 ? s->ack_cap : s->capacity;
+    const double *shared = fs_shared(s);
     double total = 0.0;
     for (int64_t k = 0; k < n; ++k) {
         int64_t l = links[k];
@@ -555,10 +699,59 @@ void m4ray_fluidsim_complete(fluidsim *s, int64_t *tags, double *delays) {
         s->tag[kept] = s->tag[i], s->len[kept] = s->len[i], s->delay[kept] = s->delay[i];
         s->caps[kept] = s->caps[i], s->remaining[kept] = s->remaining[i];
         s->rates[kept] = s->rates[i], s->rtt[kept] = s->rtt[i], s->t_start[kept] = s->t_start[i];
+        s->d_rate[kept] = s->d_rate[i], s->d_target[kept] = s->d_target[i];
+        s->d_line[kept] = s->d_line[i], s->d_tcut[kept] = s->d_tcut[i];
+        s->d_tinc[kept] = s->d_tinc[i], s->d_stage[kept] = s->d_stage[i];
         for (int64_t e = lo; e < hi; ++e) s->idx[e_out++] = s->idx[e];
         ++kept;
         s->off[kept] = e_out;
     }
     s->n = kept, s->n_idx = e_out, s->n_finishing = 0;
     s->dirty = 1;
+}
+
+/* A set of flows known up front through this fluid state, with no caller in between (m3's
+ * path flowSim under DCQCN's rates): flow i crosses links idx[off[i] .. off[i+1]), carries
+ * bits[i] and arrives at start[i] (order: the flows by start, stably), capped at cap[i]; rtt[i]
+ * its round trip (standing queues) and line[i] its DCQCN line rate (NULL: its cap or first
+ * link, as m4ray_fluidsim_add has it). The same steps as FlowSim.run over a trace (completion
+ * wins ties with arrivals; each arrival waits for the queues it meets, then joins). Writes
+ * finish[i] (its last bit drained) and wait[i] (the queues it waited for at arrival).
+ * Returns 0, 2 out of memory or 3 when active flows have no rate. */
+int m4ray_fluidsim_trace(fluidsim *s, int64_t n, const int64_t *order, const int64_t *off,
+                         const int64_t *idx, const double *bits, const double *start,
+                         const double *cap, const double *rtt, const double *line,
+                         double *finish, double *wait) {
+    int64_t *tags = malloc((n + 1) * sizeof(int64_t));
+    double *delays = malloc((n + 1) * sizeof(double));
+    int rc = tags && delays ? 0 : 2;
+    double now = 0.0;
+    int64_t next = 0;
+    while (!rc) {
+        double t_arrive = next < n ? start[order[next]] : INFINITY, t_done;
+        int64_t n_fin;
+        rc = m4ray_fluidsim_next(s, now, &t_done, &n_fin);
+        if (rc || (t_done == INFINITY && t_arrive == INFINITY)) break;
+        if (t_done <= t_arrive) {
+            m4ray_fluidsim_advance(s, t_done - now);
+            now = t_done;
+            m4ray_fluidsim_complete(s, tags, delays);
+            for (int64_t k = 0; k < n_fin; ++k) finish[tags[k]] = now;
+            continue;
+        }
+        m4ray_fluidsim_advance(s, t_arrive - now);
+        now = t_arrive;
+        while (!rc && next < n && start[order[next]] <= now) {
+            int64_t i = order[next++], len = off[i + 1] - off[i];
+            double q = 0.0;
+            if (s->queued) rc = m4ray_fluidsim_queue_delay(s, len, idx + off[i], now, &q);
+            if (!rc) rc = m4ray_fluidsim_add(s, i, len, idx + off[i], q, cap[i], bits[i]);
+            if (rc) break;
+            wait[i] = q;
+            if (s->queued) m4ray_fluidsim_set_rtt(s, rtt[i], now);
+            if (line) s->d_line[s->n - 1] = line[i];
+        }
+    }
+    free(tags), free(delays);
+    return rc;
 }

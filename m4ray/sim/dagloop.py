@@ -80,6 +80,8 @@ def library() -> ctypes.CDLL | None:
         "m4ray_fluidsim_queue_delay": (cint, [vp, i64, vp, f64, vp]),
         "m4ray_fluidsim_set_queue_cap": (None, [vp, i64, f64]),
         "m4ray_fluidsim_set_rtt": (None, [vp, f64, f64]),
+        "m4ray_fluidsim_dcqcn": (cint, [vp, f64, f64, i64, f64, f64, cint, f64, vp, vp]),
+        "m4ray_fluidsim_trace": (cint, [vp, i64, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp]),
         "m4ray_route_many": (
             cint,
             [vp, vp, vp, vp, ctypes.c_uint64, i64, i64, vp, vp, vp, i64, vp],
@@ -207,6 +209,60 @@ class NativeLoop:
             self.fluid, window_wire_bytes, _ptr(caps), first_rtt, float(buffer_bytes)
         )
         _check(-rc)
+
+    def dcqcn(self, params, min_rate_bps: float, switch_link: np.ndarray, k_min: np.ndarray):
+        """DCQCN's rates on (``flowsim.DcqcnRates``): its parameters
+        (:class:`~m4ray.sim.ns3.cc.DcqcnParams`), the minimum rate, and per link whether a
+        switch sends on it and K_min (bytes)."""
+        self._dcqcn = (
+            np.ascontiguousarray(switch_link, dtype=np.uint8),
+            np.ascontiguousarray(k_min, dtype=np.float64),
+        )
+        rc = self.lib.m4ray_fluidsim_dcqcn(
+            self.fluid,
+            params.decrease_interval_s,
+            params.increase_interval_s,
+            params.fast_recovery_steps,
+            params.rate_ai_bps,
+            params.rate_hai_bps,
+            int(params.clamp_target_rate),
+            min_rate_bps,
+            *map(_ptr, self._dcqcn),
+        )
+        _check(-rc)
+
+    def trace(  # noqa: PLR0917 (the C function's arrays)
+        self,
+        links: tuple[np.ndarray, np.ndarray],
+        bits: np.ndarray,
+        start_s: np.ndarray,
+        cap: np.ndarray,
+        rtt: np.ndarray,
+        line: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Flows known up front through the fluid state alone, no Python in between
+        (``m4ray_fluidsim_trace``): each flow's links as CSR ``(off, idx)``, wire bits, arrival,
+        cap, round trip (standing queues) and DCQCN line rate (None: its cap or first link).
+        Each flow's finish (its last bit drained) and the queues it waited for at arrival."""
+        n = len(bits)
+        arrays = [
+            np.ascontiguousarray(links[0], dtype=np.int64),
+            np.ascontiguousarray(links[1], dtype=np.int64),
+            np.ascontiguousarray(bits, dtype=np.float64),
+            np.ascontiguousarray(start_s, dtype=np.float64),
+            np.ascontiguousarray(cap, dtype=np.float64),
+            np.ascontiguousarray(rtt, dtype=np.float64),
+        ]  # kept alive here while C reads them
+        order = np.argsort(arrays[3], kind="stable")
+        line_ = None if line is None else np.ascontiguousarray(line, dtype=np.float64)
+        finish, wait = np.full(n, np.nan), np.zeros(n)
+        off, idx, bits_, start, cap_, rtt_ = map(_ptr, arrays)
+        rc = self.lib.m4ray_fluidsim_trace(
+            self.fluid, n, _ptr(order), off, idx, bits_, start, cap_, rtt_,
+            None if line_ is None else _ptr(line_), _ptr(finish), _ptr(wait),
+        )  # fmt: skip
+        _check(-rc)
+        return finish, wait
 
     def set_queue_cap(self, link: int, bytes_: float) -> None:
         self.lib.m4ray_fluidsim_set_queue_cap(self.fluid, link, bytes_)

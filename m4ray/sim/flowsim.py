@@ -52,8 +52,8 @@ at the first step after the fast-recovery steps and by the hyper AI after it (at
 line rate). The queues a flow meets at its arrival
 (``queues``) are those of the links the shares without the cuts would fill: the contention DCQCN
 answers with cuts and queues at K_min..K_max. Every parameter is the CC's own (timers, fast
-recovery, AI and hyper AI, K_min, minimum rate); nothing is fitted. Python only (the compiled
-fluid state runs without it).
+recovery, AI and hyper AI, K_min, minimum rate); nothing is fitted. The compiled fluid state
+(``_maxmin.c``) runs it too, to the bit.
 
 Units: seconds, bits, bits/s.
 """
@@ -418,7 +418,7 @@ class FlowSim(QueueClock):
             self._switch_link = ~np.isin(topology.link_src, topology.hosts)
             red = self._dcqcn.rc.red
             self._k_min = np.array([red(rate)[0] for rate in self._capacity.tolist()], float)
-        if native_fluid() and rate_control is None:
+        if native_fluid():
             capped = window is not None or rate_cap_bps is not None
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
             self.events = self._core.queue
@@ -426,6 +426,9 @@ class FlowSim(QueueClock):
                 self._core.queued(
                     self._q_window, self._q_cap, queues.first_rtt, queues.buffer_bytes
                 )
+            if rate_control is not None:
+                rc = self._dcqcn.rc
+                self._core.dcqcn(rc, rate_control.min_rate_bps, self._switch_link, self._k_min)
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -465,8 +468,9 @@ class FlowSim(QueueClock):
 
     def dag_loop(self) -> NativeLoop | None:
         """The compiled loop a replay's flows may run in (:mod:`m4ray.sim.dagloop`), or None:
-        Python's fluid state, or a sender window (not compiled)."""
-        return self._core if self.window is None and self.queues is None else None
+        Python's fluid state, a sender window, queues or DCQCN's rates (not compiled there)."""
+        plain = self.window is None and self.queues is None and self._dcqcn is None
+        return self._core if plain else None
 
     def run(self, until: float | None = None) -> None:
         horizon = float("inf") if until is None else until

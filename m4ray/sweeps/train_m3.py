@@ -146,6 +146,7 @@ _MODES = (
         "route_rtt",
         False,
     ),
+    (PATH_MODES["rates"], "path_rates", "path flowSim's DCQCN rates", "rates", True),
 )
 
 

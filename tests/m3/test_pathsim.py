@@ -425,3 +425,39 @@ def test_lot_queues_take_each_cc_level():
     assert caps[1] == pytest.approx(10 * G * (20e-6 - rtt[0]) / 8, rel=1e-12)
     with pytest.raises(InputError, match="one round trip per flow"):
         path_drain_times([0], [2], [8000.0], [0.0], [10 * G] * 2, queues=(np.zeros(2), 1e4, [0, 0]))
+
+
+@pytest.mark.parametrize(("n_links", "queued"), [(2, True), (4, False), (6, True)])
+def test_dcqcn_rates_match_generic_flowsim_on_the_lot_topology(
+    monkeypatch, engine, n_links, queued
+):
+    """Under DCQCN's rates (``rates``) every flow keeps its own rate, so path flowSim runs the
+    lot per flow in flowSim's compiled fluid state: the same drains as the generic flowSim's
+    numpy loop (``rate_control``, the reference) on the lot's topology, with and without
+    standing queues and first windows over the level; cuts and increases happen (not classic
+    path flowSim's answers)."""
+    if engine == "python":
+        pytest.skip("runs in flowSim's compiled fluid state only")
+    from m4ray.m3.lot import lot_queues
+    from m4ray.sim import flowsim
+    from m4ray.sim.flowsim import DcqcnRates, StandingQueues, standing_levels
+
+    (a, b, size, start), capacity, lot, scn = _queued_lot(90 + n_links, n_links, 300)
+    params = {"increase_interval_s": 20e-6}  # several increases within the lot's 200 µs
+    rdma = dataclasses.replace(_queued_rdma(), cc="dcqcn", cc_params=params)
+    rates = DcqcnRates(cc_params=params, min_rate_bps=5e8)
+    wire, kw = WireFormat(), {"nic_cap_bps": 10 * G}
+    wire_bits = [bits(int(s)) for s in size]
+    queues = lot_queues(lot, wire, scn, rdma, bursts=True) if queued else None
+    ours = path_drain_times(a, b, wire_bits, start, capacity, queues=queues, rates=rates, **kw)
+    plain = path_drain_times(a, b, wire_bits, start, capacity, queues=queues, **kw)
+    assert np.abs(ours - plain).max() > 1e-6  # DCQCN's rates are not the max-min shares
+    model = None
+    if queued:
+        levels, _ = standing_levels(rdma, [10 * G, 40 * G], lambda: 0.0)
+        model = StandingQueues(
+            window_bytes=rdma.window_bytes, k_bytes=levels, buffer_bytes=rdma.buffer_bytes
+        )
+    monkeypatch.setattr(flowsim, "native_fluid", lambda: False)
+    theirs = generic_drains(lot, wire, a, b, size, start, queues=model, rate_control=rates)
+    assert ours == pytest.approx(theirs, rel=1e-9, abs=1e-12)

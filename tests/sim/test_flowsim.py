@@ -303,6 +303,17 @@ def test_compiled_max_min_equals_the_numpy_reference():
             "queues": {"window_bytes": 0, "k_bytes": [[10e9, 8_000]], "buffer_bytes": 30_000},
             "ack_load": True,
         },
+        {"rate_control": {}},
+        {
+            "rate_control": {"cc_params": {"increase_interval_s": 30e-6}, "min_rate_bps": 5e8},
+            "queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 12_000]]},
+        },
+        {
+            "rate_control": {"cc_params": {"increase_interval_s": 20e-6, "clamp_target_rate": 1}},
+            "queues": {"window_bytes": 0, "k_bytes": [[10e9, 8_000]], "buffer_bytes": 30_000},
+            "rate_cap_bps": 8e9,
+            "ack_load": True,
+        },
     ],
     ids=[
         "classic",
@@ -315,6 +326,9 @@ def test_compiled_max_min_equals_the_numpy_reference():
         "first round trips",
         "first windows over the level",
         "bursts, no window, acks",
+        "DCQCN's rates",
+        "DCQCN's rates, fast timer, queues",
+        "DCQCN's rates, clamped, bursts, cap, acks",
     ],
 )
 def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
