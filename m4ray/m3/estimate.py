@@ -129,6 +129,10 @@ class M3Config:
     compare: list[str] = field(default_factory=list)
     tasks: int = 8  # Ray tasks the sampled paths are spread over
     ns3_wall_limit_s: float = 3600.0
+    # path flowSim under DCQCN's rates (PathQueues.rates): None as the checkpoint was trained;
+    # true/false override it (the model then reads inputs it was not trained on: its column says
+    # what the correction does to them, the path_flowsim column what path flowSim alone gives)
+    path_rates: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.workload, dict):
@@ -141,6 +145,11 @@ class M3Config:
         if self.n_paths < 1:
             raise InputError(f"must be >= 1, got {self.n_paths}", field="m3.n_paths")
         self.network.net_config()  # an unknown CC fails here
+        if self.path_rates and self.network.cc != "dcqcn":
+            raise InputError(
+                f"path flowSim's rates are DCQCN's; this network runs {self.network.cc}",
+                field="m3.path_rates",
+            )
 
 
 def load_model(directory: str, cc: str):
@@ -311,8 +320,17 @@ def checkpoint_queues(cfg: M3Config, topo, info: dict) -> PathQueues | None:
     ``path_flowsim_route_rtt``: at each flow's route round trip; :func:`path_sample`
     then runs it so), else None."""
     if not info.get("path_flowsim_queues"):
+        if cfg.path_rates:
+            raise InputError(
+                "path flowSim's rates run with its standing queues, and this checkpoint was "
+                "trained without them",
+                field="m3.path_rates",
+            )
         return None
-    return trained_queues(network_ns3(cfg, topo).rdma, info)
+    queues = trained_queues(network_ns3(cfg, topo).rdma, info)
+    if cfg.path_rates is not None:
+        queues = dataclasses.replace(queues, rates=cfg.path_rates)
+    return queues
 
 
 def trained_queues(rdma, info: dict) -> PathQueues | None:

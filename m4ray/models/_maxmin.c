@@ -15,11 +15,30 @@
 #define REL_TIE 1e-9
 #define QUEUE_FULL 1e-6 /* a link whose data are within this share of its capacity is full */
 
+typedef struct {
+    double cap;
+    int64_t flow;
+} capkey;
+
+static int by_cap_then_flow(const void *x, const void *y) {
+    const capkey *a = x, *b = y;
+    if (a->cap != b->cap) return a->cap < b->cap ? -1 : 1;
+    return (a->flow > b->flow) - (a->flow < b->flow);
+}
+
+static int by_flow(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
 static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_links,
                   const double *capacity, const double *caps, double *rate) {
     /* Each level scans only the flows still open and the links still loaded (both kept in
      * their first order), so a computation costs the levels times what is left, not times
-     * everything: the same arithmetic in the same order as scanning all of them. */
+     * everything: the same arithmetic in the same order as scanning all of them. With caps
+     * (DCQCN's rates make nearly every flow's its own), the flows sorted by cap find each cap
+     * level's flows without a scan: they freeze in flow order (the same sums), and the open
+     * list drops them at the next link level's scan. */
     double *remaining = malloc(n_links * sizeof(double));
     double *used = malloc(n_links * sizeof(double));
     int64_t *load = calloc(n_links, sizeof(int64_t));
@@ -27,8 +46,12 @@ static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64
     int64_t *links = malloc((off[n] + 1) * sizeof(int64_t)); /* loaded links, first-use order */
     int64_t *open = malloc((n + 1) * sizeof(int64_t));       /* open flows, ascending */
     char *hit = malloc(n + 1);
+    char *done = calloc(n + 1, 1); /* frozen at a cap level, maybe still in open */
+    capkey *sorted = caps ? malloc((n + 1) * sizeof(capkey)) : NULL;
+    int64_t *batch = caps ? malloc((n + 1) * sizeof(int64_t)) : NULL;
     int status = 0;
-    if (!remaining || !used || !load || !frozen || !links || !open || !hit) {
+    if (!remaining || !used || !load || !frozen || !links || !open || !hit || !done ||
+        (caps && (!sorted || !batch))) {
         status = 2;
         goto out;
     }
@@ -40,9 +63,13 @@ static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64
             remaining[l] = capacity[l];
         }
     }
-    int64_t n_open = n;
+    int64_t n_open = n, n_left = n, next_cap = 0;
     for (int64_t i = 0; i < n; ++i) open[i] = i;
-    while (n_open > 0) {
+    if (caps) {
+        for (int64_t i = 0; i < n; ++i) sorted[i].cap = caps[i], sorted[i].flow = i;
+        qsort(sorted, n, sizeof(capkey), by_cap_then_flow);
+    }
+    while (n_left > 0) {
         double level = INFINITY;
         for (int64_t k = 0; k < n_used; ++k) {
             int64_t l = links[k];
@@ -50,17 +77,37 @@ static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64
             if (share < level) level = share;
         }
         double capped = INFINITY;
-        if (caps)
-            for (int64_t j = 0; j < n_open; ++j)
-                if (caps[open[j]] < capped) capped = caps[open[j]];
+        if (caps) {
+            while (next_cap < n && done[sorted[next_cap].flow]) ++next_cap;
+            if (next_cap < n) capped = sorted[next_cap].cap;
+        }
         int by_cap = caps && capped < level;
         double at = level > 0.0 ? level : 0.0;
-        for (int64_t j = 0; j < n_open; ++j) {
-            int64_t i = open[j];
-            hit[i] = 0;
-            if (by_cap) {
-                hit[i] = caps[i] <= capped * (1 + REL_TIE);
-            } else {
+        for (int64_t k = 0; k < n_used; ++k) {
+            frozen[links[k]] = 0;
+            used[links[k]] = 0.0;
+        }
+        if (by_cap) { /* the lowest caps bind first: those flows, in flow order */
+            int64_t n_batch = 0;
+            double bound = capped * (1 + REL_TIE);
+            for (int64_t q = next_cap; q < n && sorted[q].cap <= bound; ++q)
+                if (!done[sorted[q].flow]) batch[n_batch++] = sorted[q].flow;
+            qsort(batch, n_batch, sizeof(int64_t), by_flow);
+            for (int64_t j = 0; j < n_batch; ++j) {
+                int64_t i = batch[j];
+                rate[i] = caps[i];
+                done[i] = 1;
+                for (int64_t e = off[i]; e < off[i + 1]; ++e) {
+                    frozen[idx[e]] += 1;
+                    used[idx[e]] += rate[i];
+                }
+            }
+            n_left -= n_batch;
+        } else {
+            for (int64_t j = 0; j < n_open; ++j) {
+                int64_t i = open[j];
+                hit[i] = 0;
+                if (done[i]) continue;
                 for (int64_t e = off[i]; e < off[i + 1]; ++e) {
                     int64_t l = idx[e];
                     if (remaining[l] / (double)load[l] <= level * (1 + REL_TIE)) {
@@ -69,25 +116,24 @@ static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64
                     }
                 }
             }
-        }
-        for (int64_t k = 0; k < n_used; ++k) {
-            frozen[links[k]] = 0;
-            used[links[k]] = 0.0;
-        }
-        int64_t still = 0;
-        for (int64_t j = 0; j < n_open; ++j) {
-            int64_t i = open[j];
-            if (!hit[i]) {
-                open[still++] = i;
-                continue;
+            int64_t still = 0;
+            for (int64_t j = 0; j < n_open; ++j) {
+                int64_t i = open[j];
+                if (done[i]) continue;
+                if (!hit[i]) {
+                    open[still++] = i;
+                    continue;
+                }
+                rate[i] = at;
+                done[i] = 1;
+                --n_left;
+                for (int64_t e = off[i]; e < off[i + 1]; ++e) {
+                    frozen[idx[e]] += 1;
+                    used[idx[e]] += rate[i];
+                }
             }
-            rate[i] = by_cap ? caps[i] : at;
-            for (int64_t e = off[i]; e < off[i + 1]; ++e) {
-                frozen[idx[e]] += 1;
-                used[idx[e]] += rate[i];
-            }
+            n_open = still;
         }
-        n_open = still;
         int64_t loaded = 0;
         for (int64_t k = 0; k < n_used; ++k) {
             int64_t l = links[k];
@@ -107,6 +153,9 @@ out:
     free(links);
     free(open);
     free(hit);
+    free(done);
+    free(sorted);
+    free(batch);
     return status;
 }
 
@@ -634,8 +683,9 @@ int m4ray_fluidsim_queue_delay(fluidsim *s, int64_t n, const int64_t *links, dou
     int rc = fs_refresh(s, now);
     if (rc || s->n == 0) return rc;
     const double *rates = s->rates;
-    if (s->dcqcn) { /* contention: the shares DCQCN's cuts answer (never kept) */
-        rc = fs_share_into(s, s->caps, s->d_cont);
+    if (s->dcqcn) { /* contention: the shares DCQCN's cuts answer (never kept); uncapped
+                       * flows' caps are all infinite: the uncapped max-min gives the same */
+        rc = fs_share_into(s, s->capped ? s->caps : NULL, s->d_cont);
         if (rc) return rc;
         rates = s->d_cont;
     }

@@ -132,6 +132,31 @@ def test_a_refused_cc_names_a_shipped_m3_that_knows_it():
         queues = checkpoint_queues(M3Config(), topo, info)
         assert queues.first_windows is first
         assert queues.bursts is queues.route_rtt is (name == "m3-v10")
+        assert queues.rates is False and queues.rate_control() is None  # none trained on it
+
+
+def test_path_rates_override_the_checkpoint_under_dcqcn_only():
+    """``m3.path_rates``: path flowSim under DCQCN's rates whatever the checkpoint was trained
+    with, taking the network's DCQCN settings; refused by field on another CC and with a
+    checkpoint trained without standing queues (rates run with them)."""
+    from m4ray.errors import InputError
+    from m4ray.m3.estimate import M3Config, M3Network, checkpoint_queues, load_model
+    from m4ray.sim.topologies import fat_tree
+
+    topo = fat_tree(k=4, bandwidth_bps=10e9, fabric_bandwidth_bps=40e9)
+    _, info = load_model(str(REPO / "checkpoints" / "m3-v10"), "dcqcn")
+    params = {"increase_interval_s": 55e-6}
+    cfg = M3Config(network=M3Network(cc="dcqcn", cc_params=params), path_rates=True)
+    rates = checkpoint_queues(cfg, topo, info).rate_control()
+    assert rates.params().increase_interval_s == 55e-6
+    assert checkpoint_queues(M3Config(network=M3Network(cc="dcqcn")), topo, info).rates is False
+    with pytest.raises(InputError) as err:
+        M3Config(network=M3Network(cc="hpcc"), path_rates=True)
+    assert err.value.field == "m3.path_rates"
+    _, plain = load_model(str(REPO / "checkpoints" / "m3-small"), "dctcp")
+    with pytest.raises(InputError) as err:
+        checkpoint_queues(M3Config(path_rates=True, network=M3Network(cc="dcqcn")), topo, plain)
+    assert err.value.field == "m3.path_rates"
 
 
 def test_lots_with_standing_queues_change_path_flowsim_not_ns3(tmp_path):
