@@ -193,8 +193,7 @@ def dcqcn_drain_times(  # noqa: PLR0917 (path_drain_times' checked arguments)
         loop.queued(window, np.asarray(qcap, dtype=np.float64), first, buffer)
     params = rates.params()
     switch = np.arange(n_links) > 0
-    k_min = np.array([params.red(c)[0] for c in capacity], dtype=np.float64)
-    loop.dcqcn(params, rates.min_rate_bps, switch, k_min)
+    loop.dcqcn(params, rates.min_rate_bps, switch, rates.k_min_bytes(capacity))
     lens = b - a
     off = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lens, out=off[1:])

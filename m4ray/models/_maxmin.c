@@ -535,10 +535,14 @@ static int dq_increase(fluidsim *s, double now) {
  * link, hold a flow on it below its rate and line rate, and its flows' excess in flight passes
  * K_min, the flows crossing it not cut within the decrease interval are cut to their shares
  * (_DcqcnState.cut), and the shares are made again. */
-static int dq_rates(fluidsim *s, double now) {
+static int dq_capped_share(fluidsim *s) { /* the shares under min(cap, DCQCN's rate) */
     for (int64_t i = 0; i < s->n; ++i)
         s->d_caps[i] = s->caps[i] < s->d_rate[i] ? s->caps[i] : s->d_rate[i];
-    int rc = fs_share_into(s, s->d_caps, s->rates);
+    return fs_share_into(s, s->d_caps, s->rates);
+}
+
+static int dq_rates(fluidsim *s, double now) {
+    int rc = dq_capped_share(s);
     if (rc) return rc;
     for (int64_t l = 0; l < s->n_links; ++l)
         s->d_load[l] = 0.0, s->d_held[l] = 0.0, s->d_excess[l] = 0.0;
@@ -570,10 +574,7 @@ static int dq_rates(fluidsim *s, double now) {
         s->d_tcut[i] = now, s->d_tinc[i] = now + s->d_inc, s->d_stage[i] = 0;
         any = 1;
     }
-    if (!any) return 0;
-    for (int64_t i = 0; i < s->n; ++i)
-        s->d_caps[i] = s->caps[i] < s->d_rate[i] ? s->caps[i] : s->d_rate[i];
-    return fs_share_into(s, s->d_caps, s->rates);
+    return any ? dq_capped_share(s) : 0;
 }
 
 /* FlowSim._refresh: DCQCN's due increases, then the rates brought up to date if anything

@@ -214,10 +214,8 @@ class NativeLoop:
         """DCQCN's rates on (``flowsim.DcqcnRates``): its parameters
         (:class:`~m4ray.sim.ns3.cc.DcqcnParams`), the minimum rate, and per link whether a
         switch sends on it and K_min (bytes)."""
-        self._dcqcn = (
-            np.ascontiguousarray(switch_link, dtype=np.uint8),
-            np.ascontiguousarray(k_min, dtype=np.float64),
-        )
+        switch_link = np.ascontiguousarray(switch_link, dtype=np.uint8)  # C copies both
+        k_min = np.ascontiguousarray(k_min, dtype=np.float64)
         rc = self.lib.m4ray_fluidsim_dcqcn(
             self.fluid,
             params.decrease_interval_s,
@@ -227,7 +225,8 @@ class NativeLoop:
             params.rate_hai_bps,
             int(params.clamp_target_rate),
             min_rate_bps,
-            *map(_ptr, self._dcqcn),
+            _ptr(switch_link),
+            _ptr(k_min),
         )
         _check(-rc)
 

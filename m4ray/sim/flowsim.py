@@ -233,6 +233,11 @@ class DcqcnRates:
 
         return cc_params("dcqcn", self.cc_params, at="rate_control")
 
+    def k_min_bytes(self, capacity_bps) -> np.ndarray:
+        """K_min (bytes), where RED starts marking, of a port at each of these rates."""
+        red = self.params().red
+        return np.array([red(float(rate))[0] for rate in capacity_bps], dtype=np.float64)
+
     @classmethod
     def of(cls, network) -> DcqcnRates:
         """The rate control of an ns-3 network config (``Ns3Config``) running DCQCN."""
@@ -416,8 +421,7 @@ class FlowSim(QueueClock):
         self._dcqcn = None if rate_control is None else _DcqcnState(rate_control)
         if rate_control is not None:  # where CNPs come from, and where RED starts marking
             self._switch_link = ~np.isin(topology.link_src, topology.hosts)
-            red = self._dcqcn.rc.red
-            self._k_min = np.array([red(rate)[0] for rate in self._capacity.tolist()], float)
+            self._k_min = rate_control.k_min_bytes(self._capacity)
         if native_fluid():
             capped = window is not None or rate_cap_bps is not None
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
