@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define REL_TIE 1e-9
 #define QUEUE_FULL 1e-6 /* a link whose data are within this share of its capacity is full */
@@ -26,35 +27,128 @@ static int by_cap_then_flow(const void *x, const void *y) {
     return (a->flow > b->flow) - (a->flow < b->flow);
 }
 
+static inline int cap_less(capkey a, capkey b) {
+    return a.cap < b.cap || (a.cap == b.cap && a.flow < b.flow);
+}
+
+/* The flows by cap then flow (a total order, so any sort gives qsort's answer): quicksort with
+ * a median of three and insertion sort below 24, qsort past a depth that means a bad pivot run.
+ * qsort's indirect comparisons cost a lot at every event of a lot's DCQCN trace. */
+static void sort_caps(capkey *a, int64_t n, int depth) {
+    while (n > 24) {
+        if (depth-- <= 0) {
+            qsort(a, n, sizeof(capkey), by_cap_then_flow);
+            return;
+        }
+        int64_t m = n / 2;
+        capkey t;
+#define SWAP(i, j) (t = a[i], a[i] = a[j], a[j] = t)
+        if (cap_less(a[m], a[0])) SWAP(m, 0);
+        if (cap_less(a[n - 1], a[0])) SWAP(n - 1, 0);
+        if (cap_less(a[n - 1], a[m])) SWAP(n - 1, m);
+        capkey pivot = a[m];
+        int64_t i = 0, j = n - 1;
+        for (;;) { /* Hoare: a[0..j] <= pivot <= a[j+1..n) */
+            while (cap_less(a[i], pivot)) ++i;
+            while (cap_less(pivot, a[j])) --j;
+            if (i >= j) break;
+            SWAP(i, j);
+            ++i, --j;
+        }
+#undef SWAP
+        if (j + 1 < n - j - 1) { /* the smaller side first; loop on the larger */
+            sort_caps(a, j + 1, depth);
+            a += j + 1, n -= j + 1;
+        } else {
+            sort_caps(a + j + 1, n - j - 1, depth);
+            n = j + 1;
+        }
+    }
+    for (int64_t i = 1; i < n; ++i) {
+        capkey x = a[i];
+        int64_t j = i;
+        for (; j > 0 && cap_less(x, a[j - 1]); --j) a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
 static int by_flow(const void *x, const void *y) {
     int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
     return (a > b) - (a < b);
 }
 
-static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_links,
-                  const double *capacity, const double *caps, double *rate) {
+/* The capped max-min's scratch, kept between calls by a fluid state (a lot's DCQCN trace calls
+ * it at every event: allocating it each time cost a third of the trace); grown as needed. */
+typedef struct {
+    int64_t cap_l, cap_n, cap_e;
+    double *remaining, *used;      /* per link */
+    int64_t *load, *frozen;        /* per link, zeroed per call */
+    int64_t *links;                /* loaded links, first-use order */
+    int64_t *open, *batch;         /* open flows, ascending; a cap level's flows */
+    char *hit, *done;              /* per flow; done: frozen at a cap level, maybe still open */
+    capkey *sorted;                /* the flows by cap */
+} scanws;
+
+static void sc_free(scanws *w) {
+    if (!w) return;
+    free(w->remaining), free(w->used), free(w->load), free(w->frozen), free(w->links);
+    free(w->open), free(w->batch), free(w->hit), free(w->done), free(w->sorted);
+    free(w);
+}
+
+static int sc_reserve(scanws *w, int64_t n_links, int64_t n, int64_t n_edges) {
+#define SC_GROW(p, T, c)                                 \
+    do {                                                 \
+        void *q = realloc(w->p, ((c) + 1) * sizeof(T));  \
+        if (!q) return 2;                                \
+        w->p = q;                                        \
+    } while (0)
+    if (n_links + 1 > w->cap_l) {
+        SC_GROW(remaining, double, n_links);
+        SC_GROW(used, double, n_links);
+        SC_GROW(load, int64_t, n_links);
+        SC_GROW(frozen, int64_t, n_links);
+        w->cap_l = n_links + 1;
+    }
+    if (n + 1 > w->cap_n) {
+        int64_t c = 2 * (n + 1);
+        SC_GROW(open, int64_t, c);
+        SC_GROW(batch, int64_t, c);
+        SC_GROW(hit, char, c);
+        SC_GROW(done, char, c);
+        SC_GROW(sorted, capkey, c);
+        w->cap_n = c;
+    }
+    if (n_edges + 1 > w->cap_e) {
+        int64_t c = 2 * (n_edges + 1);
+        SC_GROW(links, int64_t, c);
+        w->cap_e = c;
+    }
+#undef SC_GROW
+    return 0;
+}
+
+static int max_min_scan(scanws *w, int64_t n, const int64_t *off, const int64_t *idx,
+                        int64_t n_links, const double *capacity, const double *caps,
+                        double *rate) {
     /* Each level scans only the flows still open and the links still loaded (both kept in
      * their first order), so a computation costs the levels times what is left, not times
      * everything: the same arithmetic in the same order as scanning all of them. With caps
      * (DCQCN's rates make nearly every flow's its own), the flows sorted by cap find each cap
      * level's flows without a scan: they freeze in flow order (the same sums), and the open
-     * list drops them at the next link level's scan. */
-    double *remaining = malloc(n_links * sizeof(double));
-    double *used = malloc(n_links * sizeof(double));
-    int64_t *load = calloc(n_links, sizeof(int64_t));
-    int64_t *frozen = calloc(n_links, sizeof(int64_t));
-    int64_t *links = malloc((off[n] + 1) * sizeof(int64_t)); /* loaded links, first-use order */
-    int64_t *open = malloc((n + 1) * sizeof(int64_t));       /* open flows, ascending */
-    char *hit = malloc(n + 1);
-    char *done = calloc(n + 1, 1); /* frozen at a cap level, maybe still in open */
-    capkey *sorted = caps ? malloc((n + 1) * sizeof(capkey)) : NULL;
-    int64_t *batch = caps ? malloc((n + 1) * sizeof(int64_t)) : NULL;
-    int status = 0;
-    if (!remaining || !used || !load || !frozen || !links || !open || !hit || !done ||
-        (caps && (!sorted || !batch))) {
-        status = 2;
-        goto out;
-    }
+     * list drops them at the next link level's scan. w: the scratch (NULL: made here). */
+    scanws *own = NULL;
+    if (!w && !(w = own = calloc(1, sizeof(scanws)))) return 2;
+    int status = sc_reserve(w, n_links, n, off[n]);
+    if (status) goto out;
+    double *remaining = w->remaining, *used = w->used;
+    int64_t *load = w->load, *frozen = w->frozen, *links = w->links, *open = w->open;
+    int64_t *batch = w->batch;
+    char *hit = w->hit, *done = w->done;
+    capkey *sorted = w->sorted;
+    memset(load, 0, n_links * sizeof(int64_t));
+    memset(frozen, 0, n_links * sizeof(int64_t));
+    memset(done, 0, n + 1);
     int64_t n_used = 0;
     for (int64_t e = 0; e < off[n]; ++e) {
         int64_t l = idx[e];
@@ -67,7 +161,9 @@ static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64
     for (int64_t i = 0; i < n; ++i) open[i] = i;
     if (caps) {
         for (int64_t i = 0; i < n; ++i) sorted[i].cap = caps[i], sorted[i].flow = i;
-        qsort(sorted, n, sizeof(capkey), by_cap_then_flow);
+        int depth = 8;
+        for (int64_t m = n; m > 1; m >>= 1) depth += 2;
+        sort_caps(sorted, n, depth);
     }
     while (n_left > 0) {
         double level = INFINITY;
@@ -92,7 +188,15 @@ static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64
             double bound = capped * (1 + REL_TIE);
             for (int64_t q = next_cap; q < n && sorted[q].cap <= bound; ++q)
                 if (!done[sorted[q].flow]) batch[n_batch++] = sorted[q].flow;
-            qsort(batch, n_batch, sizeof(int64_t), by_flow);
+            if (n_batch > 16) {
+                qsort(batch, n_batch, sizeof(int64_t), by_flow);
+            } else {
+                for (int64_t j = 1; j < n_batch; ++j) { /* a few flows: insertion */
+                    int64_t x = batch[j], q = j;
+                    for (; q > 0 && batch[q - 1] > x; --q) batch[q] = batch[q - 1];
+                    batch[q] = x;
+                }
+            }
             for (int64_t j = 0; j < n_batch; ++j) {
                 int64_t i = batch[j];
                 rate[i] = caps[i];
@@ -146,16 +250,7 @@ static int max_min_scan(int64_t n, const int64_t *off, const int64_t *idx, int64
         n_used = loaded;
     }
 out:
-    free(remaining);
-    free(used);
-    free(load);
-    free(frozen);
-    free(links);
-    free(open);
-    free(hit);
-    free(done);
-    free(sorted);
-    free(batch);
+    sc_free(own);
     return status;
 }
 
@@ -299,7 +394,7 @@ static int max_min_fill(mmws *w, int64_t n, const int64_t *off, const int64_t *i
 /* Max-min rates (module comment); uncapped through max_min_fill, capped by scanning. */
 int m4ray_max_min(int64_t n, const int64_t *off, const int64_t *idx, int64_t n_links,
                   const double *capacity, const double *caps, double *rate) {
-    if (caps) return max_min_scan(n, off, idx, n_links, capacity, caps, rate);
+    if (caps) return max_min_scan(NULL, n, off, idx, n_links, capacity, caps, rate);
     mmws *w = mm_new(n_links);
     if (!w) return 2;
     int rc = max_min_fill(w, n, off, idx, capacity, rate);
@@ -321,6 +416,7 @@ typedef struct {
     double *capacity, *ack_cap, *data, ack_fraction;
     int capped, dirty;
     mmws *ws;
+    scanws *sc; /* the capped max-min's scratch */
     /* standing queues (m4ray_fluidsim_queued; FlowSim's StandingQueues): each flow's round
      * trip and start, the window on the wire, each link's queue cap, and per-link sums at a
      * rate computation; q_first: only flows in their first round trip keep an excess;
@@ -375,6 +471,7 @@ void m4ray_fluidsim_free(fluidsim *s) {
     free(s->d_held);
     free(s->d_excess);
     mm_free(s->ws);
+    sc_free(s->sc);
     free(s);
 }
 
@@ -389,7 +486,8 @@ fluidsim *m4ray_fluidsim_new(int64_t n_links, const double *capacity, double ack
     s->data = malloc((n_links + 1) * sizeof(double));
     s->off = calloc(1, sizeof(int64_t));
     s->ws = mm_new(n_links);
-    if (!s->capacity || !s->ack_cap || !s->data || !s->off || !s->ws) {
+    s->sc = calloc(1, sizeof(scanws));
+    if (!s->capacity || !s->ack_cap || !s->data || !s->off || !s->ws || !s->sc) {
         m4ray_fluidsim_free(s);
         return NULL;
     }
@@ -463,7 +561,7 @@ void m4ray_fluidsim_set_capacity(fluidsim *s, int64_t link, double bps) {
 }
 
 static int fs_max_min(fluidsim *s, const double *capacity, const double *caps, double *rates) {
-    if (caps) return max_min_scan(s->n, s->off, s->idx, s->n_links, capacity, caps, rates);
+    if (caps) return max_min_scan(s->sc, s->n, s->off, s->idx, s->n_links, capacity, caps, rates);
     return max_min_fill(s->ws, s->n, s->off, s->idx, capacity, rates);
 }
 

@@ -262,8 +262,9 @@ def test_ack_load_takes_a_fraction_of_the_reverse_link():
 
 def test_compiled_max_min_equals_the_numpy_reference():
     """``_maxmin.c`` (flowSim's share at every event) against :func:`max_min_rates`, with and
-    without per-flow caps, on random flows over a degraded fat-tree (and over links of random
-    rates: many levels): the same arithmetic in the same order, so the same bits."""
+    without per-flow caps (some capped, or most at a few equal caps: the cap order's ties), on
+    random flows over a degraded fat-tree (and over links of random rates: many levels): the
+    same arithmetic in the same order, so the same bits."""
     from m4ray.models.fairshare import _compiled, compiled_max_min_rates
 
     if _compiled() is None:
@@ -278,10 +279,12 @@ def test_compiled_max_min_equals_the_numpy_reference():
         pairs = [tuple(rng.choice(16, 2, replace=False)) for _ in range(rng.integers(1, 200))]
         links = [np.array(routing.path(int(s), int(d), i).links) for i, (s, d) in enumerate(pairs)]
         caps = None
-        if trial % 2:
+        if trial % 4 == 1:
             caps = np.where(
                 rng.random(len(links)) < 0.3, rng.uniform(1e9, 20e9, len(links)), np.inf
             )
+        elif trial % 4 == 3:  # DCQCN's rates: most flows capped, many at the same rate
+            caps = rng.choice([1e9, 2.5e9, 4e9, np.inf], len(links), p=[0.3, 0.3, 0.3, 0.1])
         want = max_min_rates(links, capacity, caps)
         got = compiled_max_min_rates(links, capacity, caps)
         np.testing.assert_array_equal(got, want)
