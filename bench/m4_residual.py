@@ -66,20 +66,10 @@ def flows(model, samples: list, scenario: dict) -> pd.DataFrame:
     return frame
 
 
-def err(pred: pd.Series, true: pd.Series) -> str:
-    e = (pred / true - 1).abs()
-    return f"{e.mean():.3f} / {e.quantile(0.9):.3f}"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", required=True, type=Path, help="a datagen dataset folder")
-    parser.add_argument("--anchor", default="m4-v3", help="a fluid-anchored checkpoint")
-    parser.add_argument("--m4", help="also score this checkpoint")
-    parser.add_argument("--n-train", type=int, default=2400, help="training periods (balanced)")
-    parser.add_argument("--n-test", type=int, default=600, help="held-out periods (balanced)")
-    args = parser.parse_args()
-
+def anchored_splits(args) -> tuple:
+    """The dataset's scenarios table, each scenario's (family, CC), the training and held-out
+    periods (``args.n_train`` / ``args.n_test``, split as training splits them) and the fluid
+    anchor of ``args.anchor`` (its correction zeroed)."""
     import pyarrow.parquet as pq
 
     from m4ray.models.checkpoint import load
@@ -96,7 +86,27 @@ def main() -> None:
         DataConfig(dataset=str(args.dataset), n_samples=[args.n_train, 0, args.n_test])
     )
     model, _ = load(checkpoint_dir(args.anchor))
-    anchor = fluid_anchor(model.eval())
+    return table, scenario, splits, fluid_anchor(model.eval())
+
+
+def err(pred: pd.Series, true: pd.Series) -> str:
+    e = (pred / true - 1).abs()
+    return f"{e.mean():.3f} / {e.quantile(0.9):.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", required=True, type=Path, help="a datagen dataset folder")
+    parser.add_argument("--anchor", default="m4-v3", help="a fluid-anchored checkpoint")
+    parser.add_argument("--m4", help="also score this checkpoint")
+    parser.add_argument("--n-train", type=int, default=2400, help="training periods (balanced)")
+    parser.add_argument("--n-test", type=int, default=600, help="held-out periods (balanced)")
+    args = parser.parse_args()
+
+    from m4ray.models.checkpoint import load
+    from m4ray.sim.m4.backend import checkpoint_dir
+
+    _, scenario, splits, anchor = anchored_splits(args)
     train, test = (flows(anchor, splits[k], scenario) for k in ("train", "test"))
     if args.m4:
         trained, _ = load(checkpoint_dir(args.m4))

@@ -3,6 +3,8 @@ no flow-level model can go under, beside the anchor's error it is asked to halve
 
     .venv/bin/python bench/ns3_noise.py                        # data cc's families, 48 scenarios
     .venv/bin/python bench/ns3_noise.py --experiment datagen_v3 --n 24 --delays 1e-9 1e-8
+    .venv/bin/python bench/ns3_noise.py --n 40 --delays 1e-8 --overrides datagen.weights.rail=0 \
+        datagen.weights.incast=0 datagen.weights.fat_tree=0 datagen.weights.fat_tree_4to1=0
 
 Draws ``--n`` scenarios of a datagen experiment (the same scenarios its dataset holds: same
 root seed, same families, so those ids are in ``outputs/<experiment>/dataset``), evenly over its
@@ -32,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def scenarios(experiment: str, n: int) -> list:
+def scenarios(experiment: str, n: int, overrides: list[str] | None = None) -> list:
     """``n`` of the experiment's datagen scenarios, evenly over its families (in order)."""
     from hydra import compose, initialize_config_dir
 
@@ -41,7 +43,7 @@ def scenarios(experiment: str, n: int) -> list:
     from m4ray.sweeps.__main__ import resolve
 
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose("sweep", overrides=[f"+experiment={experiment}"])
+        cfg = compose("sweep", overrides=[f"+experiment={experiment}", *(overrides or [])])
     sweep = resolve(cfg)
     every = expand(sweep.datagen, sweep.seed)
     families = sorted({s.family for s in every})
@@ -122,9 +124,13 @@ def main() -> None:
     parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 1e-9, 1e-8])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the per-flow table here (parquet)")
+    parser.add_argument(
+        "--overrides", nargs="*", default=[], help="Hydra overrides of the experiment, e.g. "
+        "datagen.weights.rail=0 (a family's weight 0 leaves it out)",
+    )  # fmt: skip
     args = parser.parse_args()
 
-    chosen = scenarios(args.experiment, args.n)
+    chosen = scenarios(args.experiment, args.n, args.overrides)
     started = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
         parts = list(pool.map(one, [(s, args.delays) for s in chosen]))
