@@ -23,6 +23,10 @@ splits them) predict ``log(ns-3 / anchor)`` from nested input sets:
   the flow's links when it arrived (the datasets' ``queues`` table, m4's auxiliary target), in
   time at each link's rate over the flow's ideal FCT.
 
+With ``--m4 <checkpoint>`` the trained m4 is scored too, and its answer is an input after
+**+ fluid** (**+ m4**): whether its graph network knows per flow what the two fluid answers do
+not.
+
 If **+ arrivals** closes much of the gap where **+ fluid** does not, those inputs belong in m4's
 flow features; if only **+ ns-3's queues** does, m4 has to learn the queues (its auxiliary loss).
 Scores per flow are ``|ŝ/s − 1|`` (mean / p90), per CC and over all held-out flows.
@@ -145,12 +149,21 @@ def load(args) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[str]], str]:
     from m4_residual import flows as period_flows
 
     table, scenario, splits, anchor = anchored_splits(args)
+    trained = None
+    if args.m4:
+        from m4ray.models.checkpoint import load as load_checkpoint
+        from m4ray.sim.m4.backend import checkpoint_dir
+
+        trained, _ = load_checkpoint(checkpoint_dir(args.m4))
+        trained.eval()
     frames = {}
     for k in ("train", "test"):
         f = period_flows(anchor, splits[k], scenario)
         ids = period_flow_ids(args.dataset, splits[k])
         f["scenario_id"] = np.concatenate([np.full(len(i), s) for s, i in ids])
         f["flow_id"] = np.concatenate([i for _, i in ids])
+        if trained is not None:
+            f["m4"] = period_flows(trained, splits[k], scenario)["pred"]
         frames[k] = f
     used = set(frames["train"].scenario_id) | set(frames["test"].scenario_id)
     feats = scenario_features(args.dataset, used)
@@ -170,10 +183,13 @@ def load(args) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[str]], str]:
         f["log_anchor"] = np.log(f.pred)
         f["log_flowsim"] = np.log(f.flowsim)
         f["target"] = np.log(f.ns3 / f.pred)
+        if trained is not None:
+            f["log_m4"] = np.log(f.m4)
         frames[k] = f
     sets = {
         "bucket": ["cc_i", "fam_i", "log_size"],
         "+ fluid": ["log_anchor", "log_flowsim"],
+        **({"+ m4": ["log_m4"]} if trained is not None else {}),
         "+ network": list(params.columns),
         "+ arrivals": ["fifo_max", "fifo_sum"]
         + [c for c in feats.columns if c.startswith(("first_", "last_"))],
@@ -195,6 +211,8 @@ def predictions(train, test, sets: dict[str, list[str]], seed: int) -> dict[str,
     from sklearn.ensemble import HistGradientBoostingRegressor
 
     who = {"anchor": test.pred, "flowSim": test.flowsim}
+    if "m4" in test:
+        who["m4"] = test.m4
     keys = ["cc", "family", "bucket"]
     median = train.groupby(keys, observed=True).target.median().rename("shift")
     who["bucket oracle"] = test.pred * np.exp(test.join(median, on=keys)["shift"].fillna(0.0))
@@ -217,6 +235,7 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=2400, help="training periods (balanced)")
     parser.add_argument("--n-test", type=int, default=600, help="held-out periods (balanced)")
     parser.add_argument("--seed", type=int, default=0, help="the GBM's seed")
+    parser.add_argument("--m4", help="a trained checkpoint: scored, and its answer an input")
     args = parser.parse_args()
 
     train, test, sets, header = load(args)
