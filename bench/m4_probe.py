@@ -111,31 +111,32 @@ def arrival_features(flows: pd.DataFrame, bandwidth: pd.Series, queues: pd.DataF
     return out
 
 
-def period_flow_ids(dataset: Path, samples: list) -> list[tuple[str, np.ndarray]]:
-    """Each sample's (scenario, flow ids) in the order its period lists its flows."""
+def read_scenarios(dataset: Path, scenario_ids: set[str]) -> dict[str, dict[str, pd.DataFrame]]:
+    """The flows, links and queues tables of each scenario, read once."""
     import pyarrow.parquet as pq
 
-    cache: dict[str, pd.DataFrame] = {}
-    out = []
-    for s in samples:
-        if s.scenario_id not in cache:
-            part = dataset / "flows" / f"scenario_id={s.scenario_id}" / "part-0.parquet"
-            cache[s.scenario_id] = pq.read_table(part).to_pandas()
-        f = cache[s.scenario_id]
-        ids = np.sort(f.flow_id[f.period_id == s.period_id].to_numpy())
-        out.append((s.scenario_id, ids))
-    return out
-
-
-def scenario_features(dataset: Path, scenario_ids: set[str]) -> pd.DataFrame:
-    import pyarrow.parquet as pq
-
-    parts = []
-    for sid in sorted(scenario_ids):
-        read = {
+    return {
+        sid: {
             t: pq.read_table(dataset / t / f"scenario_id={sid}" / "part-0.parquet").to_pandas()
             for t in ("flows", "links", "queues")
         }
+        for sid in sorted(scenario_ids)
+    }
+
+
+def period_flow_ids(tables: dict, samples: list) -> list[tuple[str, np.ndarray]]:
+    """Each sample's (scenario, flow ids) in the order its period lists its flows."""
+    out = []
+    for s in samples:
+        f = tables[s.scenario_id]["flows"]
+        out.append((s.scenario_id, np.sort(f.flow_id[f.period_id == s.period_id].to_numpy())))
+    return out
+
+
+def scenario_features(tables: dict) -> pd.DataFrame:
+    """:func:`arrival_features` of every scenario read, keyed by (scenario_id, flow_id)."""
+    parts = []
+    for sid, read in tables.items():
         bw = read["links"].set_index("link").bandwidth_bps
         feats = arrival_features(read["flows"], bw, read["queues"])
         feats["scenario_id"] = sid
@@ -156,17 +157,19 @@ def load(args) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, list[str]], str]:
 
         trained, _ = load_checkpoint(checkpoint_dir(args.m4))
         trained.eval()
+    tables = read_scenarios(
+        args.dataset, {s.scenario_id for k in ("train", "test") for s in splits[k]}
+    )
     frames = {}
     for k in ("train", "test"):
         f = period_flows(anchor, splits[k], scenario)
-        ids = period_flow_ids(args.dataset, splits[k])
+        ids = period_flow_ids(tables, splits[k])
         f["scenario_id"] = np.concatenate([np.full(len(i), s) for s, i in ids])
         f["flow_id"] = np.concatenate([i for _, i in ids])
         if trained is not None:
             f["m4"] = period_flows(trained, splits[k], scenario)["pred"]
         frames[k] = f
-    used = set(frames["train"].scenario_id) | set(frames["test"].scenario_id)
-    feats = scenario_features(args.dataset, used)
+    feats = scenario_features(tables)
     params = pd.DataFrame(np.stack(table.params13.to_numpy()), index=table.scenario_id).add_prefix(
         "param_"
     )
