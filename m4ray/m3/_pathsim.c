@@ -325,3 +325,47 @@ out:
     free(remaining); free(load); free(bottleneck);
     return rc;
 }
+
+/* A parking lot's background stretches (m4ray.m3.paths.RoutedFlows.scenario, compiled): the
+ * (flow, hop) entries of the path's n_links links (link j's entries are flow[lo_j:hi_j] and
+ * hop[lo_j:hi_j], ascending by flow, ranges = lo_0, hi_0, lo_1, ...), merged in (flow, hop)
+ * order, those of flows on the foreground's route (path_of[flow] == fg_route) left out; a
+ * stretch goes on while a flow's next hop is the path's next link. Writes each stretch's flow
+ * and its links [a, b) on the path; returns how many. */
+int64_t m4ray_lot_stretches(int n_links, const int64_t *ranges, const int64_t *flow,
+                            const int64_t *hop, const int64_t *path_of, int64_t fg_route,
+                            int64_t *origin, int64_t *a, int64_t *b) {
+    int64_t at[16], end[16];
+    for (int j = 0; j < n_links; j++) {
+        at[j] = ranges[2 * j];
+        end[j] = ranges[2 * j + 1];
+    }
+    int64_t n = 0, prev_flow = -1, prev_hop = -2, prev_pos = -2;
+    for (;;) {
+        int best = -1;
+        for (int j = 0; j < n_links; j++) {
+            if (at[j] >= end[j]) continue;
+            if (best < 0) {
+                best = j;
+                continue;
+            }
+            int64_t f = flow[at[j]], g = flow[at[best]];
+            if (f < g || (f == g && hop[at[j]] < hop[at[best]])) best = j;
+        }
+        if (best < 0) break;
+        int64_t i = at[best]++, f = flow[i], h = hop[i];
+        if (path_of[f] == fg_route) continue;
+        if (n > 0 && f == prev_flow && h == prev_hop + 1 && best == prev_pos + 1) {
+            b[n - 1] = best + 1;
+        } else {
+            origin[n] = f;
+            a[n] = best;
+            b[n] = best + 1;
+            n++;
+        }
+        prev_flow = f;
+        prev_hop = h;
+        prev_pos = best;
+    }
+    return n;
+}

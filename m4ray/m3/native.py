@@ -34,6 +34,9 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int64, ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, ctypes.c_int, ptr,
         ctypes.c_double, ptr, ctypes.c_double, ptr, ctypes.c_int, ctypes.c_double, ptr,
     ]  # fmt: skip
+    fn = lib.m4ray_lot_stretches
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int, ptr, ptr, ptr, ptr, ctypes.c_int64, ptr, ptr, ptr]
     return lib
 
 

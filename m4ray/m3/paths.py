@@ -22,6 +22,7 @@ from operator import attrgetter
 import numpy as np
 
 from m4ray.errors import InputError
+from m4ray.m3.native import library as pathsim_library
 from m4ray.m3.pathsim import first_appearance
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing, route_sums
@@ -62,6 +63,9 @@ class PathScenario:
 
 
 _INT_COLUMNS = ("src", "dst", "id", "size_bytes")
+
+
+_MAX_MERGE = 16  # the longest path the compiled merge takes (_pathsim.c's m4ray_lot_stretches)
 
 
 def _column(flows: list[Flow], name: str, dtype) -> np.ndarray:
@@ -122,10 +126,12 @@ class RoutedFlows:
         self.n_flows = len(flows)
         table = routing.links_many(src, dst, ids)
         # unique routes, numbered in order of first appearance
-        self.path_of, first = first_appearance(_route_keys(table, len(self.capacity_bps)))
+        path_of, first = first_appearance(_route_keys(table, len(self.capacity_bps)))
+        self.path_of = np.ascontiguousarray(path_of, dtype=np.int64)
         self._routes = table[first]  # one row per unique route, -1 padded
         self._route_sums = route_sums(self._routes, self.latency_s, self.capacity_bps)
         self._paths: list[tuple[int, ...]] | None = None
+        self._sampled: dict[tuple[int, ...], int] = {}  # routes sample() drew, by path
         self._members = np.argsort(self.path_of, kind="stable")
         self._member_ptr = np.concatenate(
             [[0], np.cumsum(np.bincount(self.path_of, minlength=len(first)))]
@@ -134,7 +140,8 @@ class RoutedFlows:
         flow, hop = np.nonzero(table >= 0)  # row-major: by flow, then hop
         link = table[flow, hop]
         order = np.argsort(link.astype(_index_type(len(self.capacity_bps))), kind="stable")
-        self._link_flow, self._link_hop = flow[order], hop[order]
+        self._link_flow = np.ascontiguousarray(flow[order], dtype=np.int64)
+        self._link_hop = np.ascontiguousarray(hop[order], dtype=np.int64)
         self._link_ptr = np.searchsorted(link[order], np.arange(len(self.capacity_bps) + 1))
         self.size_bytes = size
         self.start_s = _column(flows, "start_s", np.float64)
@@ -157,7 +164,11 @@ class RoutedFlows:
     def members(self, path: tuple[int, ...]) -> np.ndarray:
         """The flows whose route is exactly ``path`` (its foreground), ascending: among the
         routes of the flows on its first link, the one that is ``path`` (no index of every
-        route, which sampling a few hundred of ~10^5 would not repay)."""
+        route, which sampling a few hundred of ~10^5 would not repay; the routes
+        :meth:`sample` drew it keeps)."""
+        k = self._sampled.get(tuple(path))
+        if k is not None:
+            return self._members_of(k)
         if path and len(path) <= self._routes.shape[1]:
             want = np.full(self._routes.shape[1], -1, dtype=self._routes.dtype)
             want[: len(path)] = path
@@ -185,12 +196,61 @@ class RoutedFlows:
         if n_paths < 1:
             raise InputError(f"must be >= 1, got {n_paths}", field="n_paths")
         picks = draw_flows(self.n_flows, n_paths, seed)
-        return list(Counter(self._route(k) for k in self.path_of[picks].tolist()).items())
+        drawn = Counter(self.path_of[picks].tolist())
+        self._sampled.update((self._route(k), k) for k in drawn)
+        return [(self._route(k), n) for k, n in drawn.items()]
 
-    def scenario(self, path: tuple[int, ...], draws: int = 1) -> PathScenario:
+    def scenario(
+        self, path: tuple[int, ...], draws: int = 1, *, compiled: bool = True
+    ) -> PathScenario:
         """The parking lot of ``path``: its foreground, then background (pseudo-)flows in flow
-        order, each flow's stretches in route order."""
+        order, each flow's stretches in route order. The stretches are found by the compiled
+        merge of the links' (flow, hop) lists where it builds (``compiled=False``: the numpy
+        below, the reference; the same lot)."""
         fg = self.members(path)
+        lib = pathsim_library() if compiled and len(path) <= _MAX_MERGE else None
+        if lib is not None:
+            origin, a, b = self._stretches(lib, path, fg)
+        else:
+            origin, a, b = self._stretches_numpy(path, fg)
+        links = np.asarray(path, dtype=np.int64)
+        return PathScenario(
+            links=tuple(path),
+            capacity_bps=self.capacity_bps[links].copy(),
+            latency_s=self.latency_s[links].copy(),
+            a=a,
+            b=b,
+            size_bytes=self.size_bytes[origin],
+            start_s=self.start_s[origin],
+            origin=origin,
+            foreground=np.arange(len(origin)) < len(fg),
+            draws=draws,
+            route_latency_s=self._route_sums[0][self.path_of[origin]],
+            route_inverse_bw=self._route_sums[1][self.path_of[origin]],
+        )
+
+    def _stretches(self, lib, path, fg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``origin``, ``a``, ``b`` of the lot (foreground first), compiled."""
+        ranges = np.array(
+            [x for link in path for x in (self._link_ptr[link], self._link_ptr[link + 1])],
+            dtype=np.int64,
+        )
+        most = int((ranges[1::2] - ranges[0::2]).sum())
+        n_fg, n_links = len(fg), len(path)
+        origin = np.empty(n_fg + most, dtype=np.int64)
+        a = np.zeros(n_fg + most, dtype=np.int64)
+        b = np.full(n_fg + most, n_links, dtype=np.int64)
+        origin[:n_fg] = fg
+        n = lib.m4ray_lot_stretches(
+            n_links, ranges.ctypes.data, self._link_flow.ctypes.data,
+            self._link_hop.ctypes.data, self.path_of.ctypes.data, int(self.path_of[fg[0]]),
+            origin[n_fg:].ctypes.data, a[n_fg:].ctypes.data, b[n_fg:].ctypes.data,
+        )  # fmt: skip
+        end = n_fg + n
+        return origin[:end], a[:end], b[:end]
+
+    def _stretches_numpy(self, path, fg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``origin``, ``a``, ``b`` of the lot (foreground first): the reference."""
         parts = [self.on_link(link) for link in path]
         flow = np.concatenate([f for f, _ in parts])
         hop = np.concatenate([h for _, h in parts])
@@ -207,19 +267,4 @@ class RoutedFlows:
         n_links = len(path)
         a = np.concatenate([np.zeros(len(fg), dtype=np.int64), pos[first]])
         b = np.concatenate([np.full(len(fg), n_links, dtype=np.int64), pos[last] + 1])
-        origin = np.concatenate([fg, flow[first]])
-        links = np.asarray(path, dtype=np.int64)
-        return PathScenario(
-            links=tuple(path),
-            capacity_bps=self.capacity_bps[links].copy(),
-            latency_s=self.latency_s[links].copy(),
-            a=a,
-            b=b,
-            size_bytes=self.size_bytes[origin],
-            start_s=self.start_s[origin],
-            origin=origin,
-            foreground=np.arange(len(origin)) < len(fg),
-            draws=draws,
-            route_latency_s=self._route_sums[0][self.path_of[origin]],
-            route_inverse_bw=self._route_sums[1][self.path_of[origin]],
-        )
+        return np.concatenate([fg, flow[first]]), a, b

@@ -17,10 +17,14 @@ Units: bytes.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from m4ray import native
 from m4ray.errors import InputError, choice_error
 
 IN_EDGES = np.array([250, 500, 750, 1000, 2000, 5000, 7500, 10000, 50000])  # bytes
@@ -90,10 +94,30 @@ def percentiles(values: np.ndarray) -> np.ndarray:
     return np.sort(values)[nearest_ranks(len(values))]
 
 
-def grouped_percentiles(values: np.ndarray, key: np.ndarray, n_keys: int):
-    """``(n_keys, 100)`` percentiles of ``values`` per integer ``key`` (one sort for all), and the
-    mask of keys with no value (their row is zeros)."""
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled token percentiles (``_tokens.c``), or ``None`` (one warning) where they
+    cannot be built: the numpy below is the reference and the fallback."""
+    lib = native.load(Path(__file__).with_name("_tokens.c"), "compiled m3 tokens")
+    if lib is None:
+        return None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.m4ray_grouped_pct.restype = ctypes.c_int
+    lib.m4ray_grouped_pct.argtypes = [i64, ptr, ptr, i64, ptr, ptr]
+    lib.m4ray_token_entries.restype = i64
+    lib.m4ray_token_entries.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr]
+    return lib
+
+
+def grouped_percentiles(values: np.ndarray, key: np.ndarray, n_keys: int, *, compiled: bool = True):
+    """``(n_keys, 100)`` percentiles of ``values`` per integer ``key`` (``0 <= key < n_keys``),
+    and the mask of keys with no value (their row is zeros). Compiled where it builds (a
+    counting sort by key, then each key's values sorted: the same values as the numpy below,
+    ``compiled=False``, which sorts once for all)."""
     values, key = np.asarray(values), np.asarray(key)
+    lib = library() if compiled else None
+    if lib is not None and not np.isnan(values).any():
+        return _grouped_compiled(lib, values, key, n_keys)
     # by value, then stably by key (np.lexsort's order; ties are equal values, so any order
     # among them reads the same): a small-int key sorts by radix, 4x faster than lexsort
     by_value = np.argsort(values)
@@ -106,6 +130,22 @@ def grouped_percentiles(values: np.ndarray, key: np.ndarray, n_keys: int):
     full = ~empty
     out[full] = ordered[offset[full, None] + nearest_ranks(count[full])]
     return out, empty
+
+
+def _grouped_compiled(lib, values: np.ndarray, key: np.ndarray, n_keys: int):
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    key = np.ascontiguousarray(key, dtype=np.int64)
+    if len(key) and (key.min() < 0 or key.max() >= n_keys):
+        raise InputError(f"keys must lie in 0..{n_keys - 1}", field="key")
+    out = np.empty((n_keys, N_PCT))
+    empty = np.empty(n_keys, dtype=np.uint8)
+    rc = lib.m4ray_grouped_pct(
+        len(values), values.ctypes.data, key.ctypes.data, n_keys, out.ctypes.data,
+        empty.ctypes.data,
+    )  # fmt: skip
+    if rc:
+        raise MemoryError("compiled m3 tokens: out of memory")
+    return out, empty.astype(bool)
 
 
 def bucket_percentiles(
@@ -122,17 +162,57 @@ def tokens(  # noqa: PLR0917 (the path's columns, in their natural order)
     b: np.ndarray,
     foreground: np.ndarray,
     config: np.ndarray,
+    *,
+    compiled: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``(L+1, TOKEN_DIM)`` tokens and ``(L+1, N_BUCKETS_IN)`` empty flags of one path.
 
     ``slowdown``/``size_bytes``/``a``/``b``/``foreground``: per (pseudo-)flow of the path scenario
-    (flowSim slowdowns); ``config``: :meth:`NetConfig.vector`.
+    (flowSim slowdowns); ``config``: :meth:`NetConfig.vector`. Compiled where it builds
+    (``compiled=False``: the numpy reference, equal value for value).
     """
     if not foreground.any():
         raise InputError("the path has no foreground flow", field="foreground")
     n_links = int(b[foreground][0])
-    # one entry per (flow, token): token 0 for the foreground, k + 1 for each link k a
-    # background (pseudo-)flow crosses
+    n_keys = (n_links + 1) * N_BUCKETS_IN
+    lib = library() if compiled else None
+    if lib is not None and not np.isnan(slowdown).any():
+        values, keys = _token_entries(lib, slowdown, size_bytes, a, b, foreground=foreground)
+        pct, empty = _grouped_compiled(lib, values, keys, n_keys)
+    else:
+        pct, empty = _tokens_numpy(slowdown, size_bytes, a, b, foreground=foreground, n_keys=n_keys)
+    out = np.empty((n_links + 1, TOKEN_DIM), dtype=np.float32)
+    out[:, : N_BUCKETS_IN * N_PCT] = pct.reshape(n_links + 1, -1)
+    out[:, N_BUCKETS_IN * N_PCT :] = config
+    return out, empty.reshape(n_links + 1, N_BUCKETS_IN)
+
+
+def _token_entries(lib, slowdown, size_bytes, a, b, *, foreground):
+    """(value, key) per (flow, token), compiled (:func:`_tokens_numpy`'s, in another order)."""
+    columns = [
+        np.ascontiguousarray(slowdown, dtype=np.float64),
+        np.ascontiguousarray(size_bytes, dtype=np.int64),
+        np.ascontiguousarray(a, dtype=np.int64),
+        np.ascontiguousarray(b, dtype=np.int64),
+        np.ascontiguousarray(foreground, dtype=np.uint8),
+    ]
+    bg = columns[4] == 0
+    n_entries = int(np.count_nonzero(~bg) + (columns[3][bg] - columns[2][bg]).sum())
+    values, keys = np.empty(n_entries), np.empty(n_entries, dtype=np.int64)
+    written = lib.m4ray_token_entries(
+        len(columns[0]), *(c.ctypes.data for c in columns), len(IN_EDGES),
+        _IN_EDGES_F64.ctypes.data, values.ctypes.data, keys.ctypes.data,
+    )  # fmt: skip
+    assert written == n_entries
+    return values, keys
+
+
+_IN_EDGES_F64 = IN_EDGES.astype(np.float64)
+
+
+def _tokens_numpy(slowdown, size_bytes, a, b, *, foreground, n_keys):
+    """The reference grouping: one entry per (flow, token), token 0 for the foreground, k + 1
+    for each link k a background (pseudo-)flow crosses, keyed by token and size bucket."""
     bg = np.flatnonzero(~foreground)
     span = b[bg] - a[bg]
     row = np.concatenate([np.flatnonzero(foreground), np.repeat(bg, span)])
@@ -141,13 +221,7 @@ def tokens(  # noqa: PLR0917 (the path's columns, in their natural order)
         [np.zeros(foreground.sum(), dtype=np.int64), a[bg].repeat(span) + step + 1]
     )
     bucket = np.digitize(size_bytes[row], IN_EDGES)
-    pct, empty = grouped_percentiles(
-        slowdown[row], token * N_BUCKETS_IN + bucket, (n_links + 1) * N_BUCKETS_IN
-    )
-    out = np.empty((n_links + 1, TOKEN_DIM), dtype=np.float32)
-    out[:, : N_BUCKETS_IN * N_PCT] = pct.reshape(n_links + 1, -1)
-    out[:, N_BUCKETS_IN * N_PCT :] = config
-    return out, empty.reshape(n_links + 1, N_BUCKETS_IN)
+    return grouped_percentiles(slowdown[row], token * N_BUCKETS_IN + bucket, n_keys, compiled=False)
 
 
 def targets(slowdown: np.ndarray, size_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -171,6 +171,10 @@ def test_the_fast_bookkeeping_equals_numpys_unique_and_lexsort():
     full = count > 0
     assert np.array_equal(empty, ~full) and not pct[~full].any()
     assert np.array_equal(pct[full], ordered[offset[full, None] + nearest_ranks(count[full])])
+    for got, want in zip(
+        grouped_percentiles(values, key, 32, compiled=False), (pct, empty), strict=True
+    ):
+        assert np.array_equal(got, want)  # the numpy reference and the compiled grouping
 
 
 def test_scenario_rows_carry_their_network_routes_to_the_bit():
@@ -194,3 +198,41 @@ def test_scenario_rows_carry_their_network_routes_to_the_bit():
         assert scn.route_inverse_bw[row] == want.inverse_bw_sum
         longer += len(want.links) > scn.b[row] - scn.a[row]
     assert longer > 0  # some background flows leave the path
+
+
+def test_compiled_lots_and_tokens_equal_the_numpy_reference():
+    """The compiled merge of a lot's stretches (``_pathsim.c``) and the compiled token
+    percentiles (``_tokens.c``) give the numpy references' lots and tokens, value for value, on
+    every route of a loaded k = 4 network (routes of 2, 4 and 6 links, hot hosts, equal
+    slowdowns, empty buckets)."""
+    from m4ray.m3.native import library
+    from m4ray.models import m3_features
+    from m4ray.models.m3_features import N_CONFIG, tokens
+
+    if library() is None or m3_features.library() is None:
+        pytest.skip("no C compiler: the numpy references are what runs")
+    topo = fat_tree(k=4, bandwidth_bps=10e9)
+    rng = np.random.default_rng(11)
+    hosts = topo.hosts
+    flows = []
+    for i in range(3000):
+        s, d = rng.choice(hosts[:6] if i % 3 else hosts, 2, replace=False)  # hot hosts
+        size = (
+            int(rng.choice([200, 999, 1000, 4000, 10_000, 60_000]))
+            if i % 2
+            else int(rng.integers(50, 200_000))
+        )
+        flows.append(Flow(i, int(s), int(d), size, float(i) * 1e-7))
+    routed = RoutedFlows(flows, Routing(topo, seed=2))
+    sampled = routed.sample(200, seed=4)
+    assert {len(p) for p, _ in sampled} == {2, 4, 6}
+    for path, draws in [*sampled, *((p, 1) for p in list(routed.by_path)[:60])]:
+        fast, ref = routed.scenario(path, draws), routed.scenario(path, draws, compiled=False)
+        for name in fast.__dataclass_fields__:
+            got, want = getattr(fast, name), getattr(ref, name)
+            same = np.array_equal(got, want) if isinstance(got, np.ndarray) else got == want
+            assert same, (path, name)
+        slowdown = np.round(1 + rng.exponential(1.5, len(fast.origin)), 1)  # ties
+        args = (slowdown, fast.size_bytes, fast.a, fast.b, fast.foreground, np.ones(N_CONFIG))
+        (tok, empty), (tok_ref, empty_ref) = tokens(*args), tokens(*args, compiled=False)
+        assert np.array_equal(tok, tok_ref) and np.array_equal(empty, empty_ref), path
