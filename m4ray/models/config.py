@@ -24,10 +24,23 @@ class ModelConfig:
     fluid_hold: bool = True  # a drained, active flow's projection is >= now (Fluid's `hold`)
     fluid_window: bool = False  # the anchor drains each flow as its sender's window allows
     fluid_acks: bool = False  # the anchor's links also carry RDMA's ACKs (Fluid's `acks`)
+    # classic flowSim's slowdown of each flow (a flowSim run of the whole scenario) as one more
+    # per-flow input beside params13, log2: what the rate cell and the head read with the
+    # anchor's features (training replays only for now: the engines refuse such a model)
+    flow_prior: bool = False
 
     @property
     def n_fluid(self) -> int:
         return N_FLUID if self.fluid else 0
+
+    @property
+    def n_prior(self) -> int:
+        return 1 if self.flow_prior else 0
+
+    @property
+    def n_inputs(self) -> int:
+        """Per-flow inputs beside the state: params13 and, with ``flow_prior``, the prior."""
+        return self.n_params + self.n_prior
 
     @property
     def anchor(self) -> str | None:
@@ -46,6 +59,8 @@ class ModelConfig:
             raise ValueError("hidden, gnn_hidden, gnn_layers and n_params must be >= 1")
         if self.hidden < 4:
             raise ValueError("hidden must be >= 4 (the initial states use 4 slots)")
+        if self.flow_prior and not self.fluid:
+            raise ValueError("flow_prior needs fluid (the prior is read beside the anchor)")
 
     @classmethod
     def tiny(cls) -> ModelConfig:

@@ -18,6 +18,9 @@ flowSim's view of the updated flows (:mod:`m4ray.models.fluid`): ``fluid [F, 3]`
 ``gru_rate`` (``H + P + 3 → H``) and the head (``1 + P + 3 + H → 1``), and the head predicts a
 correction: slowdown = ``base × (1 + head)``, ``base`` being flowSim's projected slowdown at the
 flow's last update. The head's last layer starts at zero, so an untrained model is flowSim.
+With ``flow_prior`` as well, ``params`` carries one more column per flow (P + 1): log2 of classic
+flowSim's slowdown of that flow in a run of the whole scenario (its answer with every later
+arrival known, where the anchor projects from the events so far).
 
 Architecture only: what training replays the model over (busy periods, their losses) is
 :mod:`m4ray.train.periods`; the engines step it through :mod:`m4ray.models.step` (torch) and
@@ -70,9 +73,9 @@ class M4Model(nn.Module):
         self.gnn = nn.ModuleList(SAGELayer(a, b) for a, b in pairwise(dims))
         self.gru_time = nn.GRUCell(1, h)
         self.gru_time_link = nn.GRUCell(1, h)
-        self.gru_rate = nn.GRUCell(h + cfg.n_params + cfg.n_fluid, h)
+        self.gru_rate = nn.GRUCell(h + cfg.n_inputs + cfg.n_fluid, h)
         self.gru_rate_link = nn.GRUCell(h, h)
-        self.head = _mlp(1 + cfg.n_params + cfg.n_fluid + h, h, cfg.dropout)
+        self.head = _mlp(1 + cfg.n_inputs + cfg.n_fluid + h, h, cfg.dropout)
         if cfg.fluid:  # start as flowSim: correction 0
             nn.init.zeros_(self.head[-1].weight)
             nn.init.zeros_(self.head[-1].bias)

@@ -73,7 +73,7 @@ def initial_link_state(cfg: ModelConfig, bandwidth_bps: np.ndarray) -> np.ndarra
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    h, g, p = cfg.hidden, cfg.gnn_hidden, cfg.n_params
+    h, g, p = cfg.hidden, cfg.gnn_hidden, cfg.n_inputs
     dims = [h] + [g] * (cfg.gnn_layers - 1) + [h]
     shapes: dict[str, tuple[int, ...]] = {}
     for i, (a, b) in enumerate(pairwise(dims)):

@@ -208,6 +208,7 @@ def _sample(
         ack_fraction=acks,
     )
     flowsim = np.maximum(flows.flowsim_fct_s.to_numpy() / ideal, 1.0)
+    sample.prior = torch.tensor(flowsim, dtype=torch.float32)
     return Sample(
         scenario_id=scenario_id,
         period_id=period,

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from m4ray.errors import InputError
 from m4ray.models.components import Components
 from m4ray.models.fluid import N_FEATURES as N_FLUID
 from m4ray.models.fluid import Fluid
@@ -53,6 +54,9 @@ class PeriodSample:
     window: torch.Tensor | None = None
     link_reverse: torch.Tensor | None = None
     ack_fraction: float = 0.0
+    # classic flowSim's slowdown of each flow [F] (a run of the whole scenario; >= 1), which
+    # models with flow_prior read
+    prior: torch.Tensor | None = None
     # engine_schedule's answers (they depend on the recorded events only), by `fluid`
     schedules: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -233,6 +237,8 @@ class PeriodBatch:
     remain_ptr: torch.Tensor
     queue: torch.Tensor
     queue_ptr: torch.Tensor
+    # classic flowSim's slowdown per flow row (None: a period came without it)
+    prior: torch.Tensor | None
     # per event: flows, links, dt_flow, dt_link, reset, base, fluid (the last two empty
     # without the fluid anchor)
     updates: list[tuple[torch.Tensor, ...]]
@@ -327,6 +333,11 @@ def collate(samples: list[PeriodSample], fluid: bool | str | None = False) -> Pe
         remain_ptr=torch.searchsorted(remain[:, 0].contiguous(), steps.to(remain.dtype)),
         queue=queue,
         queue_ptr=torch.searchsorted(queue_event.contiguous(), steps),
+        prior=(
+            torch.cat([s.prior for s in samples])
+            if all(s.prior is not None for s in samples)
+            else None
+        ),
         updates=updates,
     )
 
@@ -347,6 +358,7 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
     """
     n_flows, n_link_rows = len(b.size_bytes), len(b.link_bandwidth)
     device = b.size_bytes.device
+    params = flow_inputs(model.cfg, b)
     h_flow = model.flow_state(b.size_bytes, b.n_links)
     link_init = model.link_state(b.link_bandwidth)
     h_link = link_init
@@ -380,7 +392,7 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
         link_row[links] = torch.arange(len(links), device=device)
         local = torch.stack([flow_row[edges[0]], link_row[edges[1]]])
         new_flow, new_link = model.spatial_step(
-            h_flow[flows], h_link[links], local, b.params[flows], fluid if len(fluid) else None
+            h_flow[flows], h_link[links], local, params[flows], fluid if len(fluid) else None
         )
         h_flow = h_flow.index_copy(0, flows, new_flow)
         h_link = h_link.index_copy(0, links, new_link)
@@ -389,20 +401,35 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
             fluid_last = fluid_last.index_copy(0, flows, fluid.to(fluid_last.dtype))
         if every:
             now = model.slowdown(
-                new_flow, b.n_links[flows], b.params[flows], fluid_last[flows], base_last[flows]
+                new_flow, b.n_links[flows], params[flows], fluid_last[flows], base_last[flows]
             )
             every_sum = every_sum.index_add(0, flows, (now / b.slowdown[flows] - 1).abs())
             every_n = every_n.index_add(0, flows, torch.ones_like(now))
             if model.cfg.fluid:  # how far the model moves from its anchor
                 shift_sum = shift_sum.index_add(0, flows, (now / base_last[flows] - 1).abs())
     out = (
-        model.slowdown(h_flow, b.n_links, b.params, fluid_last, base_last),
+        model.slowdown(h_flow, b.n_links, params, fluid_last, base_last),
         _per_sample(*remain, b.n_samples, h_flow),
         _per_sample(*queue, b.n_samples, h_flow),
     )
     if not every:
         return out
     return (*out, every_sum / every_n.clamp(min=1), shift_sum / every_n.clamp(min=1))
+
+
+def flow_inputs(cfg, b: PeriodBatch) -> torch.Tensor:
+    """Each flow row's inputs beside its state ``[F, P (+ 1)]``: params13 and, for models with
+    ``flow_prior``, log2 of classic flowSim's slowdown."""
+    if not cfg.flow_prior:
+        return b.params
+    if b.prior is None:
+        raise InputError(
+            "the model reads classic flowSim's slowdown per flow (flow_prior); these periods "
+            "have none",
+            field="prior",
+        )
+    prior = torch.log2(b.prior.to(b.params.dtype).clamp(min=1.0)).unsqueeze(1)
+    return torch.cat([b.params, prior], dim=1)
 
 
 def _aux(head, h, j: int, target: tuple, out: tuple[list, list]) -> None:

@@ -303,3 +303,48 @@ def test_the_every_update_loss_scores_what_the_engine_reads_at_each_update():
     expected = [np.mean(np.abs(np.array(r) / float(p.slowdown[f]) - 1)) for f, r in read.items()]
     assert min(len(r) for r in read.values()) >= 2  # flows are read more than once
     np.testing.assert_allclose(every.numpy(), expected, rtol=2e-4, atol=2e-4)
+
+
+def test_a_flow_prior_model_reads_classic_flowsims_answer_per_flow(tiny_dataset):
+    """``flow_prior``: the dataset's periods carry classic flowSim's slowdown of each flow; the
+    model reads its log2 beside params13 (one more input to the rate cell and the head), so
+    changing one flow's prior moves that model's answers and not a plain one's; a model that
+    needs the prior refuses periods without it, and the engines refuse it, by field."""
+    from m4ray.errors import InputError
+    from m4ray.sim.m4.engine import M4Engine
+    from m4ray.train.data import DataConfig, scenario_samples, split_scenarios
+
+    dataset = tiny_dataset[0] / "dataset"
+    cfg = DataConfig(dataset=str(dataset))
+    ids = [i for split in split_scenarios(dataset, cfg).values() for i in split]
+    sample = max(
+        (s for i in ids for s in scenario_samples(dataset, i, cfg)), key=lambda s: s.n_flows
+    )
+    p = sample.period
+    assert p.prior is not None and torch.equal(p.prior, sample.flowsim_slowdown)
+    assert (p.prior >= 1).all() and p.prior.max() > 1.01  # flows do share
+    with pytest.raises(ValueError, match="flow_prior needs fluid"):
+        ModelConfig(flow_prior=True)
+    plain = _fluid_model(correction=True)
+    torch.manual_seed(0)
+    prior_cfg = ModelConfig(hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=True)
+    prior_cfg.flow_prior = True
+    model = M4Model(prior_cfg)
+    assert model.head[0].in_features == plain.head[0].in_features + 1
+    with torch.no_grad():
+        model.head[-1].weight.normal_(0, 0.3)
+        model.head[-1].bias.fill_(3.0)
+    model.eval()
+    moved = copy.deepcopy(p)
+    moved.prior = p.prior.clone()
+    moved.prior[0] = p.prior[0] * 8
+    with torch.no_grad():
+        first, again = forward_period(model, p)[0], forward_period(model, moved)[0]
+        same = (forward_period(plain, p)[0], forward_period(plain, moved)[0])
+    assert not torch.allclose(first, again)
+    torch.testing.assert_close(*same)
+    moved.prior = None
+    with pytest.raises(InputError, match="prior"):
+        forward_period(model, moved)
+    with pytest.raises(InputError, match="flow_prior"):
+        M4Engine(p.link_bandwidth.numpy(), prior_cfg, p.params.tolist())

@@ -92,6 +92,13 @@ class M4Engine:
         batching: Batching | None = None,
         native: bool = True,
     ) -> None:
+        if model_cfg.flow_prior:
+            raise InputError(
+                "this checkpoint reads classic flowSim's answer per flow (model flow_prior), "
+                "which the engine does not compute yet: score it with the training replay "
+                "(bench/m4_probe.py --m4, bench/m4_residual.py)",
+                field="model.flow_prior",
+            )
         if len(params13) != model_cfg.n_params:
             raise InputError(
                 f"{len(params13)} network parameters, the model takes {model_cfg.n_params}",
