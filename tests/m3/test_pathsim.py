@@ -22,12 +22,18 @@ LOT5 = [10 * G, 40 * G, 40 * G, 10 * G]
 
 @pytest.fixture(params=["python", "native"], autouse=True)
 def engine(request, monkeypatch):
-    """Every test here runs on both loops; the compiled one must build on this machine."""
+    """Every test here runs on both loops; the compiled one must build on this machine. Both
+    compiled libraries are loaded afresh (flowSim's fluid loop, which path flowSim under DCQCN's
+    rates runs in, too: a "python" run loading it first must not leave it off for the rest)."""
+    from m4ray.sim import dagloop
+
     if request.param == "python":
         monkeypatch.setenv("M4RAY_NATIVE", "0")
     native.library.cache_clear()
+    dagloop.library.cache_clear()
     yield request.param
     native.library.cache_clear()
+    dagloop.library.cache_clear()
     if request.param == "native":
         assert native.library() is not None  # no silent fallback
 
