@@ -20,20 +20,26 @@ G = 1e9
 LOT5 = [10 * G, 40 * G, 40 * G, 10 * G]
 
 
-@pytest.fixture(params=["python", "native"], autouse=True)
-def engine(request, monkeypatch):
-    """Every test here runs on both loops; the compiled one must build on this machine. Both
-    compiled libraries are loaded afresh (flowSim's fluid loop, which path flowSim under DCQCN's
-    rates runs in, too: a "python" run loading it first must not leave it off for the rest)."""
+def _reload_native() -> None:
+    from m4ray.models import core, fairshare, m3_features
     from m4ray.sim import dagloop
 
+    for loader in (native.library, dagloop.library, fairshare._compiled, core.library,
+                   m3_features.library):  # fmt: skip
+        loader.cache_clear()
+
+
+@pytest.fixture(params=["python", "native"], autouse=True)
+def engine(request, monkeypatch):
+    """Every test here runs on both loops; the compiled one must build on this machine. Every
+    compiled library is loaded afresh before and after (flowSim's fluid loop, which path flowSim
+    under DCQCN's rates runs in, and its max-min too: one a "python" run loads is off for good
+    otherwise, here and in every test after)."""
     if request.param == "python":
         monkeypatch.setenv("M4RAY_NATIVE", "0")
-    native.library.cache_clear()
-    dagloop.library.cache_clear()
+    _reload_native()
     yield request.param
-    native.library.cache_clear()
-    dagloop.library.cache_clear()
+    _reload_native()
     if request.param == "native":
         assert native.library() is not None  # no silent fallback
 
