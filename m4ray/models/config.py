@@ -34,13 +34,9 @@ class ModelConfig:
         return N_FLUID if self.fluid else 0
 
     @property
-    def n_prior(self) -> int:
-        return 1 if self.flow_prior else 0
-
-    @property
     def n_inputs(self) -> int:
         """Per-flow inputs beside the state: params13 and, with ``flow_prior``, the prior."""
-        return self.n_params + self.n_prior
+        return self.n_params + int(self.flow_prior)
 
     @property
     def anchor(self) -> str | None:
