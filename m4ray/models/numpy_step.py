@@ -21,6 +21,12 @@ and share their outputs: every byte of their rows and wiring is compared, so the
 plain pass's (a test holds them equal to the bit); on the default sweep's groups a pass then
 carries ~24 % of the rows.
 
+The float64 pass runs compiled (``_step.c``, built on first use like the engine's core;
+``M4RAY_NATIVE=0`` or :data:`NATIVE_MAX_ROWS` ``= 0`` keeps numpy's, the reference): the same
+arithmetic with each row summed in a fixed order (no BLAS blocking, no fused multiply-add), its
+own vectorised exp, so a graph's answers are the same bits alone or in any batch on a machine,
+and within ~1e-12 of numpy's (a test holds both).
+
 ``precision="float32"`` (``backend_options.m4.precision``) runs the forward pass in float32, as
 the model was trained: products ~2.5x faster, which pays on the large components of MoE jobs at
 scale (Spectrum-X 512 GPUs, MoE, the scale ladder's rung: 82 → 49 s on 2 cores). It gives
@@ -176,6 +182,58 @@ class NumpyModel:
         with np.load(_weights_npz(directory)) as data:
             return cls(cfg, {k: data[k] for k in data.files}, precision)
 
+    @functools.cached_property
+    def _packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The weights as the compiled pass reads them: one float64 buffer, each tensor's
+        offset in :func:`native_layout`'s order, and the dims (hidden, GNN hidden, layers,
+        per-flow inputs, fluid inputs)."""
+        names = native_layout(self.cfg)
+        parts = [
+            _strips(self.w[name]) if self.w[name].ndim == 2 else self.w[name].astype(np.float64)
+            for name in names
+        ]
+        offsets_ = np.concatenate([[0], np.cumsum([len(p) for p in parts])[:-1]])
+        cfg = self.cfg
+        dims = [cfg.hidden, cfg.gnn_hidden, cfg.gnn_layers, cfg.n_inputs, cfg.n_fluid]
+        return (
+            np.concatenate(parts),
+            offsets_.astype(np.int64),
+            np.asarray(dims, dtype=np.int64),
+        )
+
+    def _compiled_pass(  # noqa: PLR0917 (the step's arrays)
+        self, lib, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_pass` in C (``_step.c``): the same arithmetic, each row's sums in a fixed
+        order whatever the batch."""
+        wbuf, offs, dims = self._packed
+        n_f, n_l = len(h_flow), len(h_link)
+        c = np.ascontiguousarray
+        arrays = [
+            c(h_flow, dtype=np.float64),
+            c(h_link, dtype=np.float64),
+            c(dt_flow, dtype=np.float64),
+            c(dt_link, dtype=np.float64),
+            c(incidence[0], dtype=np.int64),
+            c(incidence[1], dtype=np.int64),
+            c(params, dtype=np.float64),
+            c(n_links, dtype=np.float64),
+            c(base, dtype=np.float64) if base is not None else None,
+            c(fluid, dtype=np.float64) if fluid is not None else None,
+        ]
+        new_flow = np.empty((n_f, self.cfg.hidden))
+        new_link = np.empty((n_l, self.cfg.hidden))
+        slowdown = np.empty(n_f)
+        ptrs = [None if a is None else a.ctypes.data for a in arrays]
+        rc = lib.m4ray_m4_pass(
+            dims.ctypes.data, wbuf.ctypes.data, offs.ctypes.data, n_f, n_l, *ptrs[:4],
+            incidence.shape[1], *ptrs[4:], new_flow.ctypes.data, new_link.ctypes.data,
+            slowdown.ctypes.data,
+        )  # fmt: skip
+        if rc:
+            raise MemoryError("compiled m4 step: out of memory")
+        return new_flow, new_link, slowdown
+
     # ------------------------------------------------------------ pieces
     def _linear(self, name: str, x: np.ndarray, bias: bool = True) -> np.ndarray:
         y = x @ self.w[f"{name}.weight"]
@@ -280,6 +338,14 @@ class NumpyModel:
         self, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The forward pass over one union graph: new flow and link states and slowdowns."""
+        if (
+            self.dtype is np.float64
+            and len(h_flow) + len(h_link) <= NATIVE_MAX_ROWS
+            and (lib := native_step_library()) is not None
+        ):
+            return self._compiled_pass(
+                lib, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
+            )
         with np.errstate(over="ignore"):  # the gates' exp(-x) (_sigmoid), once per pass
             return self._pass(
                 h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
@@ -313,6 +379,70 @@ class NumpyModel:
         if self.dtype is not np.float64:  # the engine keeps states in float64
             new_flow, new_link = new_flow.astype(np.float64), new_link.astype(np.float64)
         return new_flow, new_link, slowdown
+
+
+# float64 passes of at most this many rows (flows + links) run compiled (``_step.c``), which
+# on this 2-core machine is at least as fast as numpy at every size measured, 1 to 2,600 rows
+# (2-3x on the few-row passes of a collective's steps, where numpy's few µs per operation are
+# most of the cost; ~1-2x from 40 rows up: bench/m4_step_native.py). A smaller value sends the
+# larger passes to numpy's BLAS products (a machine whose BLAS is far faster than this one's);
+# 0 runs numpy throughout (the reference the tests compare against).
+NATIVE_MAX_ROWS = 1_000_000
+
+_STEP_SOURCE = Path(__file__).with_name("_step.c")
+
+
+@functools.cache
+def native_step_library():
+    """The compiled pass (``_step.c``) with its signature, or ``None`` (one warning; also with
+    ``M4RAY_NATIVE=0``): numpy then runs every pass."""
+    import ctypes
+
+    lib = native.load(_STEP_SOURCE, "compiled m4 step")
+    if lib is None:
+        return None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.m4ray_m4_pass.restype = ctypes.c_int
+    lib.m4ray_m4_pass.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64]
+    lib.m4ray_m4_pass.argtypes += [ptr] * 9
+    return lib
+
+
+def _strips(w: np.ndarray) -> np.ndarray:
+    """An (in, out) matrix as ``_step.c`` reads it: strips of 8 columns (the last zero-padded),
+    each as ``in`` rows of 8, one after another."""
+    n_in, n_out = w.shape
+    padded = np.zeros((n_in, -(-n_out // 8) * 8))
+    padded[:, :n_out] = w
+    return np.ascontiguousarray(padded.reshape(n_in, -1, 8).transpose(1, 0, 2)).ravel()
+
+
+def native_layout(cfg: ModelConfig) -> list[str]:
+    """The weight tensors in the order ``_step.c`` reads them."""
+    names = [
+        f"{cell}.{w}"
+        for cell in ("gru_time", "gru_time_link")
+        for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    ]
+    for i in range(cfg.gnn_layers):
+        names += [
+            f"gnn.{i}.{w}"
+            for w in (
+                "lin.weight",
+                "lin.bias",
+                "lin_l.weight",
+                "lin_l.bias",
+                "lin_r.weight",
+                "norm.weight",
+                "norm.bias",
+            )
+        ]
+    names += [
+        f"{cell}.{w}"
+        for cell in ("gru_rate", "gru_rate_link")
+        for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    ]
+    return [*names, "head.0.weight", "head.0.bias", "head.3.weight", "head.3.bias"]
 
 
 # Passes of fewer flows step every component, identical or not: finding the identical ones

@@ -21,11 +21,11 @@ LOT5 = [10 * G, 40 * G, 40 * G, 10 * G]
 
 
 def _reload_native() -> None:
-    from m4ray.models import core, fairshare, m3_features
+    from m4ray.models import core, fairshare, m3_features, numpy_step
     from m4ray.sim import dagloop
 
     for loader in (native.library, dagloop.library, fairshare._compiled, core.library,
-                   m3_features.library):  # fmt: skip
+                   m3_features.library, numpy_step.native_step_library):  # fmt: skip
         loader.cache_clear()
 
 

@@ -113,6 +113,49 @@ def test_the_float32_step_answers_near_the_float64_step_and_keeps_float64_states
         NumpyModel(f64.cfg, {}, "float16")
 
 
+@pytest.mark.parametrize("fluid", [True, False], ids=["fluid", "m4"])
+def test_the_compiled_pass_equals_numpys_and_does_not_depend_on_the_batch(fluid, monkeypatch):
+    """Small passes run in C (``_step.c``): states and slowdowns within float64 rounding of the
+    numpy pass (rows with Δt 0 and without, several graphs, a model with one more per-flow
+    input), and each graph's answers equal to the bit whether it is stepped alone or in a
+    batch (every row is summed in a fixed order)."""
+    from m4ray.models import numpy_step
+
+    assert numpy_step.native_step_library() is not None  # it must build on this machine
+    for prior in (False, True) if fluid else (False,):  # the prior is read beside the anchor
+        torch.manual_seed(2)
+        cfg = ModelConfig(
+            hidden=16, gnn_hidden=24, gnn_layers=3, dropout=0.0, fluid=fluid, flow_prior=prior
+        )
+        torch_model_ = M4Model(cfg)
+        with torch.no_grad():  # answers past the clamp at 1, as _trained_like's
+            torch_model_.head[-1].weight.normal_(0, 0.3)
+            torch_model_.head[-1].bias.fill_(0.2 if fluid else 2.0)
+        weights = {k: v.double().numpy() for k, v in torch_model_.state_dict().items()}
+        model = NumpyModel(cfg, weights)
+        graphs = _graphs(cfg, np.random.default_rng(11), [(3, 4), (1, 1), (9, 5), (2, 6)])
+        if prior:
+            for g in graphs:
+                g.params = np.random.default_rng(3).random((len(g.h_flow), cfg.n_inputs))
+        monkeypatch.setattr(numpy_step, "NATIVE_MAX_ROWS", 0)
+        reference = model.step(graphs)
+        monkeypatch.setattr(numpy_step, "NATIVE_MAX_ROWS", 10**6)
+        compiled = model.step(graphs)
+        for a, b in zip(reference, compiled, strict=True):
+            for name in ("h_flow", "h_link", "slowdown"):
+                np.testing.assert_allclose(
+                    getattr(b, name), getattr(a, name), rtol=1e-12, atol=1e-13
+                )
+        assert not all(
+            np.array_equal(a.h_flow, b.h_flow) for a, b in zip(reference, compiled, strict=True)
+        )  # the C pass did run (its sums are not BLAS's to the bit)
+        assert len({float(x) for o in compiled for x in o.slowdown}) > 10  # not all clamped
+        for g, together in zip(graphs, compiled, strict=True):
+            (alone,) = model.step([g])
+            for name in ("h_flow", "h_link", "slowdown"):
+                assert np.array_equal(getattr(alone, name), getattr(together, name))
+
+
 def _with_components(graphs: list[StepGraph], cfg: ModelConfig) -> StepGraph:
     """``graphs`` as the components of one graph (rows and wiring concatenated), as the
     engine packs the components an update touched."""
