@@ -2,7 +2,9 @@
 
 Two deployments:
 
-* :class:`M4Model` — the checkpoint's weights and :func:`m4ray.models.step.step`; ``@serve.batch``
+* :class:`M4Model` — the checkpoint's weights and the step: on a CPU the in-process backend's
+  (:mod:`m4ray.models.numpy_step`, its float64 pass compiled; the replica never imports torch),
+  on a GPU :func:`m4ray.models.step.step` in torch; ``@serve.batch``
   gathers the step requests of many concurrent simulations and runs them as one forward pass over
   the disjoint union of their graphs, split into passes of at most ``max_batch_flows`` flows (the
   batch size that matters is flows, not requests). Serve's own ``batch_size_fn`` could count
@@ -48,6 +50,7 @@ from m4ray.models.step import StepGraph, StepOut, chunks, step
 from m4ray.runtime.memory import rss_mb
 from m4ray.sim.m4.backend import (
     DEVICE_PATTERN,
+    checkpoint_dir,
     engine_for,
     load_model,
     resolve_device,
@@ -218,10 +221,20 @@ class M4Model:
     """The neural step, batched across requests (one forward pass per batch)."""
 
     def __init__(self, args: AppArgs) -> None:
-        import torch
+        device = resolve_device(args.device)
+        if device == "cpu":  # the in-process backend's step (numpy, its float64 pass compiled)
+            from m4ray.models.numpy_step import limit_blas_threads, load_numpy_model
 
-        torch.set_num_threads(args.threads)
-        self.model = load_model(args.checkpoint, resolve_device(args.device))
+            limit_blas_threads(args.threads)
+            self.model = load_numpy_model(str(checkpoint_dir(args.checkpoint)))
+            self._step = self.model.step
+        else:
+            import torch
+
+            torch.set_num_threads(args.threads)
+            model = self.model = load_model(args.checkpoint, device)
+            self._step = lambda graphs: step(model, graphs)
+        self.device = device
         self.checkpoint = args.checkpoint
         self.max_batch_flows = args.max_batch_flows
         self.step_batch.set_max_batch_size(args.max_batch_requests)
@@ -236,7 +249,7 @@ class M4Model:
         self._totals["flows"] += sum(g.n_flows for g in graphs)
         outs: list[StepOut] = []
         for chunk in chunks(graphs, self.max_batch_flows):
-            outs += step(self.model, chunk)
+            outs += self._step(chunk)
         result, i = [], 0
         for r in requests:
             result.append(outs[i : i + len(r)])

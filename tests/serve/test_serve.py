@@ -412,7 +412,7 @@ def test_the_app_takes_a_device_and_refuses_an_unknown_one():
 
 def test_several_jobs_replay_on_the_served_backend(url):
     """A multi-job workload (two jobs that share a rail uplink) on m4 over HTTP gives each job
-    the iteration the in-process m4 gives (the served step is torch, the local one numpy)."""
+    the iteration the in-process m4 gives (on a CPU both step through numpy_step)."""
     from m4ray.sim.nccl import SimAISpec
     from m4ray.sim.templates import ClusterTemplateSpec
     from m4ray.workload.multi import MultiJobSpec
