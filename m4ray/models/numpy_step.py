@@ -201,6 +201,28 @@ class NumpyModel:
             np.asarray(dims, dtype=np.int64),
         )
 
+    def _compiled_alone(self, g: StepGraph) -> StepOut | None:
+        """One graph too small to look for identical components in, through the compiled pass
+        on its own arrays (no union to build: the pass is the same, row for row); None where
+        :meth:`step`'s general path applies."""
+        n_f, n_l = len(g.h_flow), len(g.h_link)
+        if (
+            self.dtype is not np.float64
+            or n_f >= DEDUP_MIN_FLOWS
+            or n_f + n_l > NATIVE_MAX_ROWS
+            or (self.cfg.fluid and (g.base is None or g.fluid is None))  # refused there
+        ):
+            return None
+        lib = native_step_library()
+        if lib is None:
+            return None
+        anchor = (g.base, g.fluid) if self.cfg.fluid else (None, None)
+        new_flow, new_link, slowdown = self._compiled_pass(
+            lib, g.h_flow, g.h_link, g.dt_flow_us, g.dt_link_us, np.asarray(g.incidence),
+            g.params, g.n_links, *anchor,
+        )  # fmt: skip
+        return StepOut(h_flow=new_flow, h_link=new_link, slowdown=slowdown)
+
     def _compiled_pass(  # noqa: PLR0917 (the step's arrays)
         self, lib, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -279,6 +301,8 @@ class NumpyModel:
         """:func:`m4ray.models.step.step` in numpy: ``graphs`` advanced in one pass."""
         if not graphs:
             return []
+        if len(graphs) == 1 and (alone := self._compiled_alone(graphs[0])) is not None:
+            return [alone]
         cfg = self.cfg
         n_flow = [len(g.h_flow) for g in graphs]
         n_link = [len(g.h_link) for g in graphs]
