@@ -208,11 +208,18 @@ static void timed(int64_t n, int H, const double *h, const double *dt, const dou
     if (m) gru(m, rows, 1, H, dt, 1, h, w[0], w[1], w[2], w[3], out, xs, hs, gi, gh);
 }
 
-/* A per-thread scratch block of at least `words` 8-byte words, grown (never shrunk) as needed;
- * NULL when memory runs out. */
+/* A per-thread scratch block of at least `words` 8-byte words, grown as needed and kept between
+ * calls up to KEEP_WORDS (a larger one, for a component of thousands of flows, is given back
+ * after its pass: arena_trim); NULL when memory runs out. */
+#define KEEP_WORDS ((int64_t)8 << 20) /* 64 MB */
+static __thread int64_t *block = NULL;
+static __thread int64_t size = 0;
+
+static void arena_trim(void) {
+    if (size > KEEP_WORDS) free(block), block = NULL, size = 0;
+}
+
 static int64_t *arena(int64_t words) {
-    static __thread int64_t *block = NULL;
-    static __thread int64_t size = 0;
     if (words > size) {
         int64_t *grown = realloc(block, words * sizeof *grown);
         if (!grown) return NULL;
@@ -336,6 +343,7 @@ int m4ray_m4_pass(const int64_t *dims, const double *wbuf, const int64_t *off, i
     }
     rc = 0;
 out:
+    arena_trim();
 #undef W
     return rc;
 }
