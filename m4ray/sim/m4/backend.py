@@ -185,7 +185,7 @@ class M4Config:
     network: Ns3Config = field(default_factory=Ns3Config)  # m4-v2 learned ns-3 rdma
     threads: int = 1
     max_flows_per_step: int = 4096
-    share_steps: int = 64
+    share_steps: int = 1  # conf/backend/m4.yaml says why (groups pay on a GPU)
     weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
     precision: str = added_field("float64", "the numpy step's float type (2026-11-26)")
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
