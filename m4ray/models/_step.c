@@ -2,7 +2,7 @@
  * m4ray/models/numpy_step.py NumpyModel._pass (GRU time cells on the rows with dt > 0, SAGE
  * layers with sum aggregation in edge order and LayerNorm, GRU rate cells, the slowdown head),
  * in float64, for the small graphs where numpy's per-operation cost is most of a pass. Built and
- * loaded by m4ray/models/native_step.py; no Python API, called through ctypes.
+ * loaded by numpy_step.py's native_step_library; no Python API, called through ctypes.
  *
  * Every output row is computed by the same loop whatever the other rows are (no blocking that
  * changes a sum's order, no fused multiply-add: -ffp-contract=off), so a graph's answers do not

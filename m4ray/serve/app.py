@@ -187,7 +187,7 @@ class AppArgs(BaseModel):
     max_batch_requests: int = Field(64, ge=1, description="1 disables batching")
     batch_wait_s: float = Field(0.002, ge=0)
     max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")
-    threads: int = Field(1, ge=1, description="torch threads of the model replica")
+    threads: int = Field(1, ge=1, description="BLAS (CPU) or torch (GPU) threads of the replica")
     device: str = Field(
         "cpu",
         pattern=f"^({DEVICE_PATTERN})$",
@@ -234,7 +234,6 @@ class M4Model:
             torch.set_num_threads(args.threads)
             model = self.model = load_model(args.checkpoint, device)
             self._step = lambda graphs: step(model, graphs)
-        self.device = device
         self.checkpoint = args.checkpoint
         self.max_batch_flows = args.max_batch_flows
         self.step_batch.set_max_batch_size(args.max_batch_requests)
