@@ -201,25 +201,22 @@ class NumpyModel:
             np.asarray(dims, dtype=np.int64),
         )
 
-    def _compiled_alone(self, g: StepGraph) -> StepOut | None:
-        """One graph too small to look for identical components in, through the compiled pass
-        on its own arrays (no union to build: the pass is the same, row for row); None where
-        :meth:`step`'s general path applies."""
-        n_f, n_l = len(g.h_flow), len(g.h_link)
+    def _alone(self, g: StepGraph) -> StepOut | None:
+        """One float64 graph too small to look for identical components in, through
+        :meth:`_forward` on its own arrays (no union to build: the pass is the same, row for
+        row); None where :meth:`step`'s general path applies."""
         if (
             self.dtype is not np.float64
-            or n_f >= DEDUP_MIN_FLOWS
-            or n_f + n_l > NATIVE_MAX_ROWS
+            or len(g.h_flow) >= DEDUP_MIN_FLOWS
             or (self.cfg.fluid and (g.base is None or g.fluid is None))  # refused there
         ):
             return None
-        lib = native_step_library()
-        if lib is None:
-            return None
-        anchor = (g.base, g.fluid) if self.cfg.fluid else (None, None)
-        new_flow, new_link, slowdown = self._compiled_pass(
-            lib, g.h_flow, g.h_link, g.dt_flow_us, g.dt_link_us, np.asarray(g.incidence),
-            g.params, g.n_links, *anchor,
+        f64 = np.float64
+        anchor = (np.asarray(g.base, f64), np.asarray(g.fluid, f64)) if self.cfg.fluid else ()
+        new_flow, new_link, slowdown = self._forward(
+            np.asarray(g.h_flow, f64), np.asarray(g.h_link, f64), np.asarray(g.dt_flow_us, f64),
+            np.asarray(g.dt_link_us, f64), np.asarray(g.incidence, np.int64),
+            np.asarray(g.params, f64), np.asarray(g.n_links, f64), *(anchor or (None, None)),
         )  # fmt: skip
         return StepOut(h_flow=new_flow, h_link=new_link, slowdown=slowdown)
 
@@ -301,7 +298,7 @@ class NumpyModel:
         """:func:`m4ray.models.step.step` in numpy: ``graphs`` advanced in one pass."""
         if not graphs:
             return []
-        if len(graphs) == 1 and (alone := self._compiled_alone(graphs[0])) is not None:
+        if len(graphs) == 1 and (alone := self._alone(graphs[0])) is not None:
             return [alone]
         cfg = self.cfg
         n_flow = [len(g.h_flow) for g in graphs]

@@ -46,14 +46,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from m4ray.errors import InputError
 from m4ray.models.components import Batching
 from m4ray.models.config import ParamsRange
-from m4ray.models.step import StepGraph, StepOut, chunks, step
+from m4ray.models.step import StepGraph, StepOut
 from m4ray.runtime.memory import rss_mb
 from m4ray.sim.m4.backend import (
     DEVICE_PATTERN,
-    checkpoint_dir,
     engine_for,
-    load_model,
-    resolve_device,
+    local_stepper,
     trained_params_range,
 )
 from m4ray.sim.m4.engine import Arrival, M4Engine
@@ -221,21 +219,13 @@ class M4Model:
     """The neural step, batched across requests (one forward pass per batch)."""
 
     def __init__(self, args: AppArgs) -> None:
-        device = resolve_device(args.device)
-        if device == "cpu":  # the in-process backend's step (numpy, its float64 pass compiled)
-            from m4ray.models.numpy_step import limit_blas_threads, load_numpy_model
-
-            limit_blas_threads(args.threads)
-            self.model = load_numpy_model(str(checkpoint_dir(args.checkpoint)))
-            self._step = self.model.step
-        else:
-            import torch
-
-            torch.set_num_threads(args.threads)
-            model = self.model = load_model(args.checkpoint, device)
-            self._step = lambda graphs: step(model, graphs)
+        # the in-process backend's stepper: numpy (its float64 pass compiled) on a CPU, torch on
+        # a GPU, in passes of at most max_batch_flows flows
+        self.stepper = local_stepper(
+            args.checkpoint, args.device, max_flows=args.max_batch_flows, threads=args.threads
+        )
+        self.model = self.stepper.model
         self.checkpoint = args.checkpoint
-        self.max_batch_flows = args.max_batch_flows
         self.step_batch.set_max_batch_size(args.max_batch_requests)
         self.step_batch.set_batch_wait_timeout_s(args.batch_wait_s)
         self._totals = {"batches": 0, "requests": 0, "flows": 0}
@@ -246,9 +236,7 @@ class M4Model:
         self._totals["batches"] += 1
         self._totals["requests"] += len(requests)
         self._totals["flows"] += sum(g.n_flows for g in graphs)
-        outs: list[StepOut] = []
-        for chunk in chunks(graphs, self.max_batch_flows):
-            outs += self._step(chunk)
+        outs: list[StepOut] = self.stepper(graphs)
         result, i = [], 0
         for r in requests:
             result.append(outs[i : i + len(r)])

@@ -217,19 +217,14 @@ class M4Config:
         return ("m4", *key), self.share_steps
 
     def _stepper(self):
-        """A stepper of its own over the checkpoint's model: on the CPU the numpy step
-        (:mod:`m4ray.models.numpy_step`; this process never imports torch for it), on a GPU the
-        torch step."""
-        from m4ray.models.numpy_step import NumpyStepper, load_numpy_model
-
-        device = resolve_device(self.device)
-        if device != "cpu":
-            from m4ray.models.step import LocalStepper
-
-            model = load_model(self.checkpoint, device, self.precision)
-            return LocalStepper(model, max_flows=self.max_flows_per_step)
-        model = load_numpy_model(str(checkpoint_dir(self.checkpoint)), self.precision)
-        return NumpyStepper(model, max_flows=self.max_flows_per_step, threads=self.threads)
+        """A stepper of its own over the checkpoint's model (:func:`local_stepper`)."""
+        return local_stepper(
+            self.checkpoint,
+            self.device,
+            precision=self.precision,
+            max_flows=self.max_flows_per_step,
+            threads=self.threads,
+        )
 
     def shared_stepper(self) -> SharedStepper:
         """The stepper a group of this config's scenarios shares (see :meth:`group`)."""
@@ -298,6 +293,30 @@ def trained_params_range(name: str) -> ParamsRange | None:
     for checkpoints that recorded none)."""
     path = checkpoint_dir(name) / "model.json"
     return ParamsRange.of(json.loads(path.read_text()), file=str(path))
+
+
+def local_stepper(
+    checkpoint: str, device: str, *, precision: str = "float64", max_flows: int, threads: int
+):
+    """A stepper over ``checkpoint``'s model in this process, in passes of at most
+    ``max_flows`` flows: on the CPU the numpy step (:mod:`m4ray.models.numpy_step`, its float64
+    pass compiled; this process never imports torch for it) with ``threads`` BLAS threads, on
+    a GPU the torch step with ``threads`` torch threads (0 leaves them). The in-process backend
+    and Serve's model replica both step through it; its ``model`` has the checkpoint's
+    ``cfg``."""
+    device = resolve_device(device)
+    if device != "cpu":
+        import torch
+
+        from m4ray.models.step import LocalStepper
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        return LocalStepper(load_model(checkpoint, device, precision), max_flows=max_flows)
+    from m4ray.models.numpy_step import NumpyStepper, load_numpy_model
+
+    model = load_numpy_model(str(checkpoint_dir(checkpoint)), precision)
+    return NumpyStepper(model, max_flows=max_flows, threads=threads)
 
 
 def resolve_device(device: str) -> str:
