@@ -481,7 +481,10 @@ typedef struct {
     /* completion batching of components above batch_above flows (< 0: off) */
     int64_t batch_above, frozen_above;
     double batch_fraction;
+    struct fused *fused; /* the compiled pass and its memo (m4ray_engine_model), or NULL */
 } engine;
+
+static void fused_free(struct fused *m);
 
 static const ackload *engine_acks(const engine *e) { return e->ack.reverse ? &e->ack : NULL; }
 
@@ -509,6 +512,7 @@ void m4ray_engine_free(engine *e) {
     free(e->touched);
     free((int64_t *)e->ack.reverse);
     free(e->ack.data);
+    fused_free(e->fused);
     free(e);
 }
 
@@ -998,3 +1002,186 @@ void m4ray_engine_finish(engine *e, double t, int64_t k, const int64_t *comps, i
 double m4ray_engine_slowdown(const engine *e, int64_t row) { return e->slow[row]; }
 int64_t m4ray_engine_users(const engine *e, int64_t link) { return e->users[link]; }
 int64_t m4ray_engine_components(const engine *e) { return e->n_live; }
+
+/* ======================================================================================
+ * An update in one call (NativeM4Engine.use_compiled_pass): m4ray_engine_prepare, the forward
+ * pass (numpy_step.py's compiled m4ray_m4_pass, called by address) and m4ray_engine_finish, with
+ * a memo of passes by their input bytes (m4ray/sim/m4/memo.py's, here): the per-update Python
+ * between them was most of a small update's cost. The pass gives the same bits for the same
+ * input bytes (_step.c), so a memo answer is the pass's answer.
+ * ====================================================================================== */
+typedef int (*pass_fn)(const int64_t *, const double *, const int64_t *, int64_t, int64_t,
+                       const double *, const double *, const double *, const double *, int64_t,
+                       const int64_t *, const int64_t *, const double *, const double *,
+                       const double *, const double *, double *, double *, double *);
+
+typedef struct {
+    uint64_t hash;
+    int64_t n_key, n_f, n_l; /* key words; the outputs' flows and links */
+    uint64_t *blob;          /* the key's words, then new_flow, new_link, slowdown */
+} memo_entry;
+
+struct fused {
+    pass_fn pass;
+    const int64_t *dims, *off; /* Python-owned (NumpyModel._packed), as the pass reads them */
+    const double *wbuf, *params_row;
+    int64_t n_params, n_fluid;
+    int64_t memo_flows, memo_bytes, memo_used; /* keep graphs of <= memo_flows flows */
+    memo_entry *table;                         /* open addressing, cap a power of two */
+    int64_t cap, used, hits, misses;
+    uint64_t *scratch;
+    int64_t n_scratch;
+};
+
+static void memo_clear(struct fused *m) {
+    for (int64_t i = 0; i < m->cap; i++) free(m->table[i].blob), m->table[i].blob = NULL;
+    m->used = m->memo_used = 0;
+}
+
+static void fused_free(struct fused *m) {
+    if (!m) return;
+    memo_clear(m);
+    free(m->table);
+    free(m->scratch);
+    free(m);
+}
+
+/* The compiled pass for this engine's updates: the pass's address, the model's packed weights
+ * (dims, wbuf, off as m4ray_m4_pass takes them), the parameter row every flow reads; graphs of
+ * at most memo_flows flows are remembered up to memo_bytes (then the memo starts over).
+ * Returns 0, or 2 when memory runs out. */
+int m4ray_engine_model(engine *e, void *pass, const int64_t *dims, const double *wbuf,
+                       const int64_t *off, const double *params_row, int64_t n_params,
+                       int64_t memo_flows, int64_t memo_bytes) {
+    fused_free(e->fused);
+    struct fused *m = e->fused = calloc(1, sizeof *m);
+    if (!m) return 2;
+    m->pass = (pass_fn)pass;
+    m->dims = dims, m->wbuf = wbuf, m->off = off;
+    m->params_row = params_row, m->n_params = n_params, m->n_fluid = dims[4];
+    m->memo_flows = memo_flows, m->memo_bytes = memo_bytes;
+    return 0;
+}
+
+static uint64_t hash_words(const uint64_t *w, int64_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    for (int64_t i = 0; i < n; i++) {
+        h ^= w[i];
+        h *= 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+    }
+    return h;
+}
+
+static memo_entry *memo_slot(struct fused *m, uint64_t hash, const uint64_t *key, int64_t n) {
+    if (!m->cap) return NULL;
+    for (int64_t i = (int64_t)(hash & (uint64_t)(m->cap - 1));; i = (i + 1) & (m->cap - 1)) {
+        memo_entry *s = &m->table[i];
+        if (!s->blob) return s; /* free: where it would go */
+        if (s->hash == hash && s->n_key == n && !memcmp(s->blob, key, n * sizeof *key)) return s;
+    }
+}
+
+/* Remember the pass's outputs for key (a no-op when they do not fit or memory runs out). */
+static void memo_store(struct fused *m, uint64_t hash, const uint64_t *key, int64_t n,
+                       int64_t n_f, int64_t n_l, int64_t H, const double *new_flow,
+                       const double *new_link, const double *slowdown) {
+    int64_t words = n + (n_f + n_l) * H + n_f, bytes = words * 8 + (int64_t)sizeof(memo_entry);
+    if (bytes > m->memo_bytes) return;
+    if (m->memo_used + bytes > m->memo_bytes) memo_clear(m);
+    if (2 * (m->used + 1) > m->cap) { /* grow (rehash) at half full */
+        int64_t cap = m->cap ? 2 * m->cap : 1024;
+        memo_entry *old = m->table, *table = calloc(cap, sizeof *table);
+        if (!table) return;
+        int64_t old_cap = m->cap;
+        m->table = table, m->cap = cap;
+        for (int64_t i = 0; i < old_cap; i++)
+            if (old[i].blob) *memo_slot(m, old[i].hash, old[i].blob, old[i].n_key) = old[i];
+        free(old);
+    }
+    uint64_t *blob = malloc(words * sizeof *blob);
+    if (!blob) return;
+    memcpy(blob, key, n * sizeof *blob);
+    memcpy(blob + n, new_flow, n_f * H * sizeof(double));
+    memcpy(blob + n + n_f * H, new_link, n_l * H * sizeof(double));
+    memcpy(blob + n + (n_f + n_l) * H, slowdown, n_f * sizeof(double));
+    memo_entry *s = memo_slot(m, hash, key, n);
+    *s = (memo_entry){hash, n, n_f, n_l, blob};
+    m->used++;
+    m->memo_used += bytes;
+}
+
+/* One update at t through the compiled pass: sizes as m4ray_engine_pending gave them (the
+ * touched components that are due); the updated rows into rows[sizes[1]], their predicted
+ * completion times into finish. stats[0] += the components updated, stats[1] += 1 when the memo
+ * answered. Returns the number of flows, -2 when memory runs out, -3 without a model. */
+int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *rows,
+                            double *finish, int64_t *stats) {
+    struct fused *m = e->fused;
+    if (!m) return -3;
+    const int64_t k = sizes[0], F = sizes[1], Lb = sizes[2], E = sizes[3], H = e->hidden;
+    const int64_t P = m->n_params, Q = e->fluid ? m->n_fluid : 0, B = e->fluid ? 1 : 0;
+    /* one scratch block of 8-byte words: what prepare writes (links up to the bound Lb), the
+     * graph packed tight in the pass's order (the memo's key), the pass's outputs */
+    int64_t n_loose = 3 * k + F + Lb + 2 * E + k + (F + Lb) * H + F + Lb + F * P + B * F + Q * F;
+    int64_t n_key = 3 + (F + Lb) * H + F + Lb + 2 * E + F * P + F + B * F + Q * F;
+    int64_t words = n_loose + n_key + (F + Lb) * H + F + 1;
+    if (words > m->n_scratch) {
+        uint64_t *p = realloc(m->scratch, words * sizeof *p);
+        if (!p) return -2;
+        m->scratch = p, m->n_scratch = words;
+    }
+    int64_t *comps = (int64_t *)m->scratch, *n_flows = comps + k, *n_links = n_flows + k;
+    int64_t *plen = n_links + k, *links = plen + F, *incidence = links + Lb;
+    double *dt = (double *)(incidence + 2 * E), *h_flow = dt + k, *h_link = h_flow + F * H;
+    double *dt_flow = h_link + Lb * H, *dt_link = dt_flow + F, *params = dt_link + Lb;
+    double *base = params + F * P, *features = base + B * F;
+    uint64_t *key = (uint64_t *)(features + Q * F);
+    graph_out g = {h_flow, dt_flow, h_link, dt_link, params, m->params_row, P};
+    int64_t L = m4ray_engine_prepare(e, t, comps, n_flows, n_links, dt, rows, plen, links,
+                                     incidence, B ? base : NULL, B ? features : NULL, &g);
+    if (L < 0) return -2;
+    /* the key: the sizes, then each array as the pass reads it */
+    key[0] = (uint64_t)F, key[1] = (uint64_t)L, key[2] = (uint64_t)E;
+    uint64_t *w = key + 3;
+#define PUT(name, src, n)                                    \
+    double *name = (double *)w;                              \
+    memcpy(w, src, (size_t)(n) * sizeof *w), w += (n)
+    PUT(k_flow, h_flow, F * H);
+    PUT(k_link, h_link, L * H);
+    PUT(k_dt_flow, dt_flow, F);
+    PUT(k_dt_link, dt_link, L);
+    PUT(k_inc, incidence, 2 * E);
+    PUT(k_params, params, F * P);
+    double *k_nl = (double *)w;
+    for (int64_t f = 0; f < F; f++) k_nl[f] = (double)plen[f];
+    w += F;
+    PUT(k_base, base, B * F);
+    PUT(k_features, features, Q * F);
+#undef PUT
+    int64_t used = w - key;
+    double *new_flow = (double *)w, *new_link = new_flow + F * H, *slowdown = new_link + L * H;
+    memo_entry *hit = NULL;
+    uint64_t hash = 0;
+    int keep = F <= m->memo_flows;
+    if (keep) {
+        hash = hash_words(key, used);
+        memo_entry *s = memo_slot(m, hash, key, used);
+        if (s && s->blob) hit = s;
+    }
+    if (hit) {
+        memcpy(new_flow, hit->blob + used, ((F + L) * H + F) * sizeof(double));
+        m->hits++, stats[1]++;
+    } else {
+        const int64_t *inc = (const int64_t *)k_inc;
+        int rc = m->pass(m->dims, m->wbuf, m->off, F, L, k_flow, k_link, k_dt_flow, k_dt_link, E,
+                         inc, inc + E, k_params, k_nl, B ? k_base : NULL, Q ? k_features : NULL,
+                         new_flow, new_link, slowdown);
+        if (rc) return -2;
+        m->misses++;
+        if (keep) memo_store(m, hash, key, used, F, L, H, new_flow, new_link, slowdown);
+    }
+    m4ray_engine_finish(e, t, k, comps, F, rows, slowdown, finish, new_flow, L, links, new_link);
+    stats[0] += k;
+    return F;
+}

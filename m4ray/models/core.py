@@ -54,6 +54,11 @@ def library() -> ctypes.CDLL | None:
     lib.m4ray_engine_users.argtypes = [ptr, i64]
     lib.m4ray_engine_components.restype = i64
     lib.m4ray_engine_components.argtypes = [ptr]
+    # an update in one call through the compiled pass (NativeM4Engine.use_compiled_pass)
+    lib.m4ray_engine_model.restype = ctypes.c_int
+    lib.m4ray_engine_model.argtypes = [ptr] * 6 + [i64] * 3
+    lib.m4ray_engine_update.restype = i64
+    lib.m4ray_engine_update.argtypes = [ptr, f64, ptr, ptr, ptr, ptr]
     return lib
 
 

@@ -13,6 +13,7 @@ from m4ray.models.components import Batching
 from m4ray.models.fairshare import Window
 from m4ray.models.fluid import Fluid
 from m4ray.models.m4 import M4Model, ModelConfig
+from m4ray.models.numpy_step import NumpyModel, NumpyStepper
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import LocalStepper, M4Engine
@@ -46,6 +47,16 @@ def _flows(hosts, rng, n: int) -> list[Flow]:
         flows.append(Flow(i, hosts[int(a)], hosts[int(b)], size, float(rng.uniform(0, 4e-4))))
     flows += [Flow(n + i, hosts[i], hosts[0], 200_000, 1e-4) for i in range(1, 9)]  # incast
     return flows
+
+
+def _run(topo, flows, routing, cfgs):
+    """Each config's FCTs over ``flows`` and its engine; the last run's table."""
+    answers, engines = [], []
+    for cfg in cfgs:
+        table = run_trace(topo, flows, cfg, routing)
+        answers.append(table.column("fct_s").to_numpy())
+        engines.append(cfg.engines[0])
+    return answers, engines, table
 
 
 @pytest.mark.parametrize(
@@ -83,20 +94,12 @@ def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(  # noqa: PLR
     hosts = sorted(topo.hosts)
     flows = _flows(hosts, np.random.default_rng(7), 120)
     model = _model(fluid, window, hold, acks)
-    answers, engines = [], []
-    for native_ in (False, True):
-        cfg = _Direct(
-            model,
-            6_000 if window else None,
-            native=native_,
-            window_us=window_us,
-            param=0.1,
-            ack_fraction=0.05 if acks else 0.0,
-            batching=batching,
-        )
-        table = run_trace(topo, flows, cfg, routing)
-        answers.append(table.column("fct_s").to_numpy())
-        engines.append(cfg.engines[0])
+    common = {"window_us": window_us, "param": 0.1, "ack_fraction": 0.05 if acks else 0.0}
+    cfgs = [
+        _Direct(model, 6_000 if window else None, native=n, batching=batching, **common)
+        for n in (False, True)
+    ]
+    answers, engines, table = _run(topo, flows, routing, cfgs)
     assert type(engines[0]) is M4Engine
     assert type(engines[1]) is NativeM4Engine
     assert engines[1].n_updates == engines[0].n_updates > 40
@@ -105,6 +108,69 @@ def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(  # noqa: PLR
     np.testing.assert_array_equal(answers[1], answers[0])
     slowdown = answers[0] / table.column("ideal_fct_s").to_numpy()
     assert slowdown.max() > 1.5  # flows do share
+
+
+class _Fused(_Direct):
+    """:class:`_Direct` stepping the numpy model, its small updates in one core call
+    (``fused``) or through the stepper."""
+
+    def __init__(self, model: M4Model, *args, fused: bool, memo_flows: int = 64, **kwargs):
+        super().__init__(model, *args, **kwargs)
+        weights = {k: v.double().numpy() for k, v in self.model.state_dict().items()}
+        self.numpy_model = NumpyModel(self.model.cfg, weights)
+        self.fused, self.memo_flows = fused, memo_flows
+
+    def build(self, topology, routing):
+        backend = super().build(topology, routing)
+        backend.engine.stepper = NumpyStepper(self.numpy_model)
+        if self.fused:
+            assert backend.engine.use_compiled_pass(self.numpy_model, memo_flows=self.memo_flows)
+        return backend
+
+
+@pytest.mark.parametrize(
+    ("fluid", "window", "acks", "window_us", "batching"),
+    [
+        (True, True, True, 0.0, None),  # m4-v2's engine
+        (True, False, False, None, Batching(4, 0.25, 8)),  # per event, frozen anchors
+        (False, False, False, 10.0, None),  # m4-small's: no anchor
+    ],
+    ids=["v2-acks", "per-event-batched", "no-anchor-10us"],
+)
+def test_an_update_in_one_core_call_answers_as_the_stepper_bit_for_bit(  # noqa: PLR0917
+    fluid, window, acks, window_us, batching, monkeypatch
+):
+    """NativeM4Engine.use_compiled_pass (prepare, the compiled pass, write-back and the memo in
+    one call) gives the FCTs of the same engine stepping through NumpyStepper, exactly; the
+    memo answers repeated graphs (a wrong memo answer would move them), larger updates still
+    go through the stepper, and a float32 model is refused."""
+    from m4ray.models import numpy_step
+
+    assert numpy_step.native_step_library() is not None
+    monkeypatch.setattr(numpy_step, "DEDUP_MIN_FLOWS", 12)  # some updates take the stepper
+    topo = GrayFailure(n_degraded=2, reduction=4).apply(FatTreeSpec(k=4).build())
+    routing = Routing(topo, seed=0)
+    hosts = sorted(topo.hosts)
+    flows = _flows(hosts, np.random.default_rng(7), 120)
+    flows += [
+        Flow(200 + i, hosts[i % 4], hosts[4 + i % 4], 30_000, 2e-3 + 1e-4 * i) for i in range(40)
+    ]  # fmt: skip (alone on idle links, one after another: memo hits)
+    model = _model(fluid, window, acks=acks)
+    common = {"window_us": window_us, "param": 0.1, "ack_fraction": 0.05 if acks else 0.0}
+    cfgs = [
+        _Fused(model, 6_000 if window else None, fused=f, memo_flows=m, batching=batching, **common)
+        for f, m in ((False, 64), (True, 64), (True, 0))
+    ]
+    answers, engines, _ = _run(topo, flows, routing, cfgs)
+    plain, fused_, no_memo = engines
+    assert plain.n_updates == fused_.n_updates == no_memo.n_updates > 40
+    assert plain.n_stepped_flows == fused_.n_stepped_flows
+    assert fused_._stats[0] < fused_.n_updates  # some went through the stepper
+    assert fused_.memo_answers > 5 and no_memo.memo_answers == 0
+    np.testing.assert_array_equal(answers[1], answers[0])
+    np.testing.assert_array_equal(answers[2], answers[0])
+    f32 = NumpyModel(model.cfg, {k: v.numpy() for k, v in model.state_dict().items()}, "float32")
+    assert not fused_.use_compiled_pass(f32)
 
 
 def test_set_bandwidth_resets_an_idle_link_at_once_and_a_busy_one_when_it_idles():

@@ -22,6 +22,7 @@ update (:class:`~m4ray.models.numpy_step.NumpyStepper` in-process, the torch
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,11 @@ Stepper = Callable[[list[StepGraph]], list[StepOut]]
 # that coincide stay together whatever the float rounding of the step (see load_model), so one
 # update covers them however the simulation's steps were batched.
 TICKS_PER_S = 1e12
+
+# the core's memo of compiled passes (NativeM4Engine.use_compiled_pass): graphs of at most this
+# many flows, up to this many bytes (m4ray.sim.m4.memo.StepMemo's defaults)
+MEMO_FLOWS = 64
+MEMO_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,6 +508,64 @@ class NativeM4Engine(M4Engine):
         self._graph_out[5:] = [self._params_row.ctypes.data, len(self._params_row)]
         self._graph_out_ptr = self._graph_out.ctypes.data
         self._buf_ptr = self._buf.ctypes.data
+        self._fused: tuple | None = None  # use_compiled_pass's model and weights
+
+    def use_compiled_pass(
+        self, model, *, memo_flows: int = MEMO_FLOWS, memo_bytes: int = MEMO_BYTES
+    ) -> bool:
+        """Run each update small enough for the step's one-graph path (fewer than
+        ``DEDUP_MIN_FLOWS`` flows) in one call to the core: prepare, ``model``'s compiled float64
+        pass (``_step.c``, by address) and the write-back, with the core's memo of passes by
+        their input bytes (graphs of at most ``memo_flows`` flows, up to ``memo_bytes``: what
+        :class:`~m4ray.sim.m4.memo.StepMemo` does for the Python path). The same pass on the
+        same bytes as :meth:`predict` through the stepper, so the same answers to the bit
+        (``tests/sim/test_m4_native.py``); larger updates still go through the stepper. False
+        (nothing changes) where ``model`` is not a float64 numpy model of this engine's
+        config or the pass is not compiled here."""
+        from m4ray.models import numpy_step
+
+        lib = numpy_step.native_step_library()
+        if lib is None or getattr(model, "dtype", None) is not np.float64 or model.cfg != self.cfg:
+            return False
+        wbuf, offs, dims = model._packed
+        address = ctypes.cast(lib.m4ray_m4_pass, ctypes.c_void_p).value
+        rc = self._lib.m4ray_engine_model(
+            self._core, address, dims.ctypes.data, wbuf.ctypes.data, offs.ctypes.data,
+            self._params_row.ctypes.data, len(self._params_row), memo_flows, memo_bytes,
+        )  # fmt: skip
+        if rc:
+            raise MemoryError("m4 engine core: out of memory")
+        self._fused = (model, wbuf, offs, dims)  # kept alive: the core reads them
+        self._stats = np.zeros(2, dtype=np.int64)  # components updated, memo answers
+        return True
+
+    @property
+    def memo_answers(self) -> int:
+        """Updates the core's memo answered without a pass (:meth:`use_compiled_pass`)."""
+        return int(self._stats[1]) if self._fused else 0
+
+    def predict(self, t: float):
+        if not self._fused:
+            return super().predict(t)
+        from m4ray.models import numpy_step
+
+        self._lib.m4ray_engine_pending(self._core, self._sizes_ptr)
+        k, n_flows, n_links, _ = self._sizes.tolist()
+        if not k:
+            return None
+        if n_flows >= numpy_step.DEDUP_MIN_FLOWS or n_flows + n_links > numpy_step.NATIVE_MAX_ROWS:
+            return super().predict(t)  # the stepper's path (identical components, numpy)
+        rows = np.empty(n_flows, dtype=np.int64)
+        finish = np.empty(n_flows)
+        got = self._lib.m4ray_engine_update(
+            self._core, float(t), self._sizes_ptr, rows.ctypes.data, finish.ctypes.data,
+            self._stats.ctypes.data,
+        )  # fmt: skip
+        if got < 0:
+            raise MemoryError("m4 engine core: out of memory")
+        self.n_updates += k
+        self.n_stepped_flows += n_flows
+        return rows, self._flow_of[rows], finish
 
     def __del__(self) -> None:
         if getattr(self, "_core", None):
