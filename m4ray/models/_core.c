@@ -1114,7 +1114,7 @@ static void memo_store(struct fused *m, uint64_t hash, const uint64_t *key, int6
 /* One update at t through the compiled pass: sizes as m4ray_engine_pending gave them (the
  * touched components that are due); the updated rows into rows[sizes[1]], their predicted
  * completion times into finish. stats[0] += the components updated, stats[1] += 1 when the memo
- * answered. Returns the number of flows, -2 when memory runs out, -3 without a model. */
+ * answered, stats[2] += the flows updated. Returns the number of flows, -2 when memory runs out, -3 without a model. */
 int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *rows,
                             double *finish, int64_t *stats) {
     struct fused *m = e->fused;
@@ -1182,6 +1182,6 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
         if (keep) memo_store(m, hash, key, used, F, L, H, new_flow, new_link, slowdown);
     }
     m4ray_engine_finish(e, t, k, comps, F, rows, slowdown, finish, new_flow, L, links, new_link);
-    stats[0] += k;
+    stats[0] += k, stats[2] += F;
     return F;
 }

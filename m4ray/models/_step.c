@@ -77,16 +77,63 @@ CLONES static void tile1(int in, const double *restrict x, const double *restric
     *(v4 *)y = a0, *(v4 *)(y + 4) = b0;
 }
 
+/* The last rows of a block, 2 or 1, over 2 or 4 strips at once: as many sums in flight as a
+ * 4-row tile has (a sum's adds wait on each other; 2 rows x 8 columns kept the FP units idle
+ * half the time). Each sum's order is a 4-row tile's, so the bits are the same. */
+CLONES static void tile2x16(int in, const double *restrict x, int ldx, const double *restrict ws,
+                            double *restrict y, int ldy) {
+    v4 a0 = {0}, b0 = {0}, c0 = {0}, d0 = {0}, a1 = {0}, b1 = {0}, c1 = {0}, d1 = {0};
+    const double *x0 = x, *x1 = x + ldx, *w2 = ws + 8 * (int64_t)in;
+    for (int i = 0; i < in; i++) {
+        v4 lo = *(const v4 *)(ws + 8 * i), hi = *(const v4 *)(ws + 8 * i + 4);
+        v4 lo2 = *(const v4 *)(w2 + 8 * i), hi2 = *(const v4 *)(w2 + 8 * i + 4);
+        a0 += x0[i] * lo, b0 += x0[i] * hi, c0 += x0[i] * lo2, d0 += x0[i] * hi2;
+        a1 += x1[i] * lo, b1 += x1[i] * hi, c1 += x1[i] * lo2, d1 += x1[i] * hi2;
+    }
+    *(v4 *)y = a0, *(v4 *)(y + 4) = b0, *(v4 *)(y + 8) = c0, *(v4 *)(y + 12) = d0;
+    y += ldy;
+    *(v4 *)y = a1, *(v4 *)(y + 4) = b1, *(v4 *)(y + 8) = c1, *(v4 *)(y + 12) = d1;
+}
+
+CLONES static void tile1x32(int in, const double *restrict x, const double *restrict ws,
+                            double *restrict y) {
+    v4 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    const int64_t s = 8 * (int64_t)in;
+    const double *w1 = ws + s, *w2 = ws + 2 * s, *w3 = ws + 3 * s;
+    for (int i = 0; i < in; i++) {
+        const double v = x[i];
+        a0 += v * *(const v4 *)(ws + 8 * i), b0 += v * *(const v4 *)(ws + 8 * i + 4);
+        a1 += v * *(const v4 *)(w1 + 8 * i), b1 += v * *(const v4 *)(w1 + 8 * i + 4);
+        a2 += v * *(const v4 *)(w2 + 8 * i), b2 += v * *(const v4 *)(w2 + 8 * i + 4);
+        a3 += v * *(const v4 *)(w3 + 8 * i), b3 += v * *(const v4 *)(w3 + 8 * i + 4);
+    }
+    *(v4 *)y = a0, *(v4 *)(y + 4) = b0, *(v4 *)(y + 8) = a1, *(v4 *)(y + 12) = b1;
+    *(v4 *)(y + 16) = a2, *(v4 *)(y + 20) = b2, *(v4 *)(y + 24) = a3, *(v4 *)(y + 28) = b3;
+}
+
 static void matmul(int64_t n, int in, int out, const double *restrict x, int ldx,
                    const double *restrict w, double *restrict y, int ldy) {
     double part[4 * 8]; /* a last strip narrower than 8 columns lands here first */
+    const int full = out / 8 * 8; /* columns in whole strips */
     for (int64_t r0 = 0; r0 < n; r0 += 64) { /* 64 rows of x stay in L2 across the strips */
         int64_t r1 = r0 + 64 < n ? r0 + 64 : n;
+        int64_t r4 = r0 + (r1 - r0) / 4 * 4; /* rows from r4 on: wide tiles where they fit */
+        int j2 = r1 - r4 >= 2 ? full / 16 * 16 : 0, j1 = (r1 - r4) % 2 ? full / 32 * 32 : 0;
+        if (j2)
+            for (int j0 = 0; j0 < j2; j0 += 16)
+                tile2x16(in, x + r4 * ldx, ldx, w + (int64_t)j0 * in, y + r4 * ldy + j0, ldy);
+        if (j1)
+            for (int j0 = 0; j0 < j1; j0 += 32)
+                tile1x32(in, x + (r1 - 1) * ldx, w + (int64_t)j0 * in, y + (r1 - 1) * ldy + j0);
         for (int j0 = 0; j0 < out; j0 += 8) {
             const double *ws = w + (int64_t)j0 * in; /* strip j0 / 8: in rows of 8 */
             int cnt = out - j0 < 8 ? out - j0 : 8;
             for (int64_t r = r0; r < r1;) {
                 int step = r1 - r >= 4 ? 4 : r1 - r >= 2 ? 2 : 1;
+                if ((step == 2 && j0 < j2) || (step == 1 && j0 < j1)) { /* done wide above */
+                    r += step;
+                    continue;
+                }
                 double *yt = cnt == 8 ? y + r * ldy + j0 : part;
                 int ldt = cnt == 8 ? ldy : 8;
                 if (step == 4)

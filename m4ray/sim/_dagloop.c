@@ -6,6 +6,9 @@
  * the same event order (time, then insertion rank, one counter for Python's events and its own),
  * so answers are equal to the bit (tests/sim/test_dagloop.py holds them to it).
  *
+ * In m4 mode (m4ray_loop_m4, below) the m4 backend's events and its engine take the fluid's
+ * place.
+ *
  * What stays in Python: workload nodes (compute, sends, joining collectives), decomposing a
  * collective into transfers, and every callback Python scheduled. m4ray_loop_run returns to
  * Python whenever one of those is due (RET_* below) and picks up where it stopped when called
@@ -16,12 +19,16 @@
 #include "../models/_maxmin.c"
 
 enum { EV_PY = 0, EV_READY = 1, EV_DELIVER = 2, EV_ACKED = 3, EV_PYDONE = 4 };
+enum { EV_M4_UPDATE = 5, EV_M4_DONE = 6 }; /* m4's (m4 mode, below) */
 /* m4ray_loop_run's answers: nothing left (or the horizon), a Python event (id in *a), a flow
  * Python sent through FlowSim.send delivered (its tag in *a), a flow Python started through the
  * loop done (its tag in *a), a rank's part of a collective done (run in *a, rank in *b). */
 enum { RET_DONE = 0, RET_PY = 1, RET_PYDONE = 2, RET_FLOW = 3, RET_FINISH = 4 };
-/* errors: out of memory, active flows with zero rate, no route */
-enum { ERR_MEMORY = -2, ERR_RATE = -3, ERR_ROUTE = -4 };
+/* m4 mode: an update Python runs (a large one: the stepper's path), then m4ray_loop_m4_schedule */
+enum { RET_M4_UPDATE = 5 };
+/* errors: out of memory, active flows with zero rate, no route, a size m4 has no feature of,
+ * the m4 engine refusing a flow's links */
+enum { ERR_MEMORY = -2, ERR_RATE = -3, ERR_ROUTE = -4, ERR_FEATURE = -5, ERR_LINKS = -6 };
 
 typedef struct {
     double t;
@@ -60,21 +67,26 @@ typedef struct {
     crun *runs;
     int64_t n_runs, cap_runs;
     int64_t *links, *stack, cap_stack;
+    struct m4mode *m4; /* m4's engine instead of the fluid (m4ray_loop_m4), or NULL */
 } loop;
+
+static void m4_free(struct m4mode *m);
+static int64_t m4_arrive(loop *L, int64_t id, int64_t n, int64_t wire, double ideal, int64_t size);
 
 /* ------------------------------------------------------------------ events */
 static int ev_less(const event *x, const event *y) {
     return x->t < y->t || (x->t == y->t && x->seq < y->seq);
 }
 
-static int ev_push(loop *L, double t, int kind, int64_t a, int64_t b) {
+/* An event at insertion rank seq (ev_push: the next one; m4's completions: one reserved). */
+static int ev_insert(loop *L, double t, int64_t seq, int kind, int64_t a, int64_t b) {
     if (L->n_ev == L->cap_ev) {
         int64_t c = L->cap_ev ? 2 * L->cap_ev : 256;
         event *q = realloc(L->ev, c * sizeof(event));
         if (!q) return ERR_MEMORY;
         L->ev = q, L->cap_ev = c;
     }
-    event e = {t, L->seq++, a, b, kind};
+    event e = {t, seq, a, b, kind};
     int64_t i = L->n_ev++;
     while (i > 0) {
         int64_t up = (i - 1) / 2;
@@ -84,6 +96,10 @@ static int ev_push(loop *L, double t, int kind, int64_t a, int64_t b) {
     }
     L->ev[i] = e;
     return 0;
+}
+
+static int ev_push(loop *L, double t, int kind, int64_t a, int64_t b) {
+    return ev_insert(L, t, L->seq++, kind, a, b);
 }
 
 static event ev_pop(loop *L) {
@@ -128,6 +144,7 @@ void m4ray_loop_free(loop *L) {
     for (int64_t r = 0; r < L->n_runs; ++r) run_free(&L->runs[r]);
     free(L->runs);
     free(L->links), free(L->stack);
+    m4_free(L->m4);
     free(L);
 }
 
@@ -355,6 +372,10 @@ int64_t m4ray_loop_start_flow(loop *L, int64_t src, int64_t dst, int64_t size, i
     L->f_start[id] = L->now, L->f_finish[id] = NAN, L->f_done[id] = NAN;
     L->f_ideal[id] = ideal, L->f_ack[id] = ack_s;
     L->n_events += 1;
+    if (L->m4) {
+        int64_t rc = m4_arrive(L, id, n, wire, ideal, size);
+        return rc < 0 ? rc : id;
+    }
     if (m4ray_fluidsim_add(L->fluid, id, n, L->links, delay, L->rate_cap, (double)wire * 8.0))
         return ERR_MEMORY;
     return id;
@@ -501,6 +522,239 @@ static int acked(loop *L, int64_t f, double t, int64_t *a, int64_t *b) {
     return transfer_done(L, a, b);
 }
 
+/* ------------------------------------------------------------------ m4 mode */
+/* m4's backend (m4ray.sim.m4.backend.M4Backend with window_us 0) on this loop in place of the
+ * fluid: a flow arriving joins the m4 engine (_core.c, called by address), an update runs once
+ * per instant something changed (an event queued when the first change comes), and its
+ * predicted completions wait in time order as one batch with only its next current one in
+ * the queue (M4Backend._apply / _next_in: the ranks reserved at the update, so the order is
+ * that of one event per flow; a later update supersedes a row's earlier prediction by its
+ * version). Python runs the updates too large for the compiled pass's one-graph path. */
+typedef int64_t (*m4_arrive_fn)(void *, const int64_t *, int64_t, double, double, double, double);
+typedef int (*m4_complete_fn)(void *, int64_t, double);
+typedef void (*m4_pending_fn)(void *, int64_t *);
+typedef int64_t (*m4_update_fn)(void *, double, const int64_t *, int64_t *, double *, int64_t *);
+
+typedef struct {
+    int64_t n, i; /* its flows; the next one to run */
+    double *t;
+    int64_t *row, *version, *rank, *flow; /* one block from t */
+} m4batch;
+
+struct m4mode {
+    void *engine;
+    m4_arrive_fn arrive;
+    m4_complete_fn complete;
+    m4_pending_fn pending;
+    m4_update_fn update;
+    int64_t *stats;              /* the engine's counters (Python-owned, m4ray_engine_update's) */
+    int64_t dedup_min, max_rows; /* updates of >= dedup_min flows or > max_rows rows: Python */
+    int armed;                   /* an update is queued */
+    int64_t *version, *flow_of, n_rows; /* per engine row: its prediction's version, its flow */
+    m4batch *batches;
+    int64_t n_batches, cap_batches, *spare, n_spare; /* batches done, to reuse */
+    int64_t sizes[4];
+    int64_t *rows, cap_out;
+    double *finish;
+    int64_t *key;  /* sizes with a feature (open addressing; 0: empty) */
+    double *value; /* their features */
+    int64_t cap_key, n_key;
+    struct m4order *order;
+    int64_t cap_order;
+};
+
+struct m4order {
+    double t;
+    int64_t i;
+};
+
+static void m4_free(struct m4mode *m) {
+    if (!m) return;
+    for (int64_t b = 0; b < m->n_batches; b++) free(m->batches[b].t);
+    free(m->batches), free(m->spare), free(m->version), free(m->flow_of);
+    free(m->rows), free(m->finish), free(m->key), free(m->value), free(m->order);
+    free(m);
+}
+
+/* m4 mode on: the engine and its functions (m4ray_engine_arrive, _complete, _pending, _update)
+ * by address, its counters, and which updates go to Python. Before any flow. */
+int m4ray_loop_m4(loop *L, void *engine, void *arrive, void *complete, void *pending,
+                  void *update, int64_t *stats, int64_t dedup_min, int64_t max_rows) {
+    struct m4mode *m = calloc(1, sizeof *m);
+    if (!m) return ERR_MEMORY;
+    m->engine = engine, m->arrive = (m4_arrive_fn)arrive, m->complete = (m4_complete_fn)complete;
+    m->pending = (m4_pending_fn)pending, m->update = (m4_update_fn)update, m->stats = stats;
+    m->dedup_min = dedup_min, m->max_rows = max_rows;
+    m4_free(L->m4);
+    L->m4 = m;
+    return 0;
+}
+
+static int64_t *m4_key_slot(const struct m4mode *m, int64_t size) {
+    uint64_t h = (uint64_t)size * 0x9E3779B97F4A7C15ULL;
+    for (int64_t i = (int64_t)(h >> 20) & (m->cap_key - 1);; i = (i + 1) & (m->cap_key - 1))
+        if (m->key[i] == size || m->key[i] == 0) return &m->key[i];
+}
+
+/* The size feature m4 gives a flow of size bytes (m4ray.sim.m4.engine.size_feature: float32
+ * arithmetic Python does, once per size). */
+int m4ray_loop_m4_feature(loop *L, int64_t size, double feature) {
+    struct m4mode *m = L->m4;
+    if (size <= 0) return ERR_FEATURE;
+    if (2 * (m->n_key + 1) > m->cap_key) {
+        int64_t cap = m->cap_key ? 2 * m->cap_key : 64, *old = m->key, old_cap = m->cap_key;
+        double *old_v = m->value;
+        m->key = calloc(cap, sizeof *m->key), m->value = malloc(cap * sizeof *m->value);
+        if (!m->key || !m->value) return ERR_MEMORY;
+        m->cap_key = cap;
+        for (int64_t i = 0; i < old_cap; i++)
+            if (old[i]) {
+                int64_t *slot = m4_key_slot(m, old[i]);
+                *slot = old[i], m->value[slot - m->key] = old_v[i];
+            }
+        free(old), free(old_v);
+    }
+    int64_t *slot = m4_key_slot(m, size);
+    if (!*slot) m->n_key++;
+    *slot = size, m->value[slot - m->key] = feature;
+    return 0;
+}
+
+static int m4_changed(loop *L) { /* M4Backend._changed: one update per instant */
+    if (L->m4->armed) return 0;
+    L->m4->armed = 1;
+    return ev_push(L, L->now, EV_M4_UPDATE, 0, 0);
+}
+
+/* M4Backend.send: flow id (its path in L->links) joins the engine; its row or an error. */
+static int64_t m4_arrive(loop *L, int64_t id, int64_t n, int64_t wire, double ideal, int64_t size) {
+    struct m4mode *m = L->m4;
+    if (!m->cap_key) return ERR_FEATURE;
+    int64_t *slot = m4_key_slot(m, size);
+    if (*slot != size) return ERR_FEATURE;
+    int64_t row = m->arrive(m->engine, L->links, n, (double)wire, ideal, L->now,
+                            m->value[slot - m->key]);
+    if (row < 0) return row == -2 ? ERR_MEMORY : ERR_LINKS;
+    if (row >= m->n_rows) {
+        int64_t c = 2 * row + 64;
+        int64_t *v = realloc(m->version, c * sizeof *v), *f = v ? realloc(m->flow_of, c * sizeof *f) : NULL;
+        if (v) m->version = v;
+        if (!f) return ERR_MEMORY;
+        m->flow_of = f;
+        memset(v + m->n_rows, 0, (c - m->n_rows) * sizeof *v);
+        m->n_rows = c;
+    }
+    m->flow_of[row] = id;
+    return m4_changed(L) ? ERR_MEMORY : row;
+}
+
+static int m4_order_less(const void *x, const void *y) {
+    const struct m4order *a = x, *b = y;
+    return a->t < b->t ? -1 : a->t > b->t ? 1 : (a->i > b->i) - (a->i < b->i);
+}
+
+/* M4Backend._next_in: queue batch b's next current completion, or retire the batch. */
+static int m4_next_in(loop *L, int64_t b) {
+    struct m4mode *m = L->m4;
+    m4batch *B = &m->batches[b];
+    while (B->i < B->n && m->version[B->row[B->i]] != B->version[B->i]) B->i++;
+    if (B->i == B->n) {
+        m->spare[m->n_spare++] = b;
+        return 0;
+    }
+    return ev_insert(L, B->t[B->i], B->rank[B->i], EV_M4_DONE, b, 0); /* its reserved rank */
+}
+
+/* M4Backend._apply: an update's predictions (engine rows, completion times) as one batch. */
+int m4ray_loop_m4_schedule(loop *L, int64_t n, const int64_t *rows, const double *finish) {
+    struct m4mode *m = L->m4;
+    if (!n) return 0;
+    if (n > m->cap_order) {
+        struct m4order *o = realloc(m->order, n * sizeof *o);
+        if (!o) return ERR_MEMORY;
+        m->order = o, m->cap_order = n;
+    }
+    int64_t b;
+    if (m->n_spare) {
+        b = m->spare[--m->n_spare];
+        free(m->batches[b].t);
+    } else {
+        if (m->n_batches == m->cap_batches) {
+            int64_t c = m->cap_batches ? 2 * m->cap_batches : 64;
+            m4batch *q = realloc(m->batches, c * sizeof *q);
+            int64_t *sp = q ? realloc(m->spare, c * sizeof *sp) : NULL;
+            if (q) m->batches = q;
+            if (!sp) return ERR_MEMORY;
+            m->spare = sp, m->cap_batches = c;
+        }
+        b = m->n_batches++;
+    }
+    m4batch *B = &m->batches[b];
+    B->t = malloc(5 * n * sizeof(double));
+    if (!B->t) {
+        B->n = B->i = 0;
+        m->spare[m->n_spare++] = b;
+        return ERR_MEMORY;
+    }
+    B->row = (int64_t *)(B->t + n), B->version = B->row + n, B->rank = B->version + n;
+    B->flow = B->rank + n, B->n = n, B->i = 0;
+    int64_t first = L->seq;
+    L->seq += n;
+    for (int64_t i = 0; i < n; i++) {
+        m->order[i].t = finish[i] > L->now ? finish[i] : L->now; /* np.maximum(times, now) */
+        if (finish[i] != finish[i]) m->order[i].t = finish[i]; /* (a NaN stays one) */
+        m->order[i].i = i;
+        m->version[rows[i]] += 1;
+    }
+    qsort(m->order, n, sizeof *m->order, m4_order_less); /* by time, ties by rank */
+    for (int64_t j = 0; j < n; j++) {
+        int64_t i = m->order[j].i, r = rows[i];
+        B->t[j] = m->order[j].t, B->row[j] = r, B->version[j] = m->version[r];
+        B->rank[j] = first + i, B->flow[j] = m->flow_of[r];
+    }
+    return m4_next_in(L, b);
+}
+
+/* The update queued at an instant: compiled where the engine's one-call path takes it, else
+ * back to Python. */
+static int m4_update(loop *L) {
+    struct m4mode *m = L->m4;
+    m->armed = 0;
+    m->pending(m->engine, m->sizes);
+    int64_t k = m->sizes[0], F = m->sizes[1];
+    if (!k) return -1;
+    if (F >= m->dedup_min || F + m->sizes[2] > m->max_rows) return RET_M4_UPDATE;
+    if (F > m->cap_out) {
+        int64_t *r = realloc(m->rows, F * sizeof *r);
+        double *f = r ? realloc(m->finish, F * sizeof *f) : NULL;
+        if (r) m->rows = r;
+        if (!f) return ERR_MEMORY;
+        m->finish = f, m->cap_out = F;
+    }
+    int64_t got = m->update(m->engine, L->now, m->sizes, m->rows, m->finish, m->stats);
+    if (got < 0) return ERR_MEMORY;
+    int rc = m4ray_loop_m4_schedule(L, got, m->rows, m->finish);
+    return rc ? rc : -1;
+}
+
+/* M4Backend._fire then _finish: batch b's next flow completes now, if still current. */
+static int m4_done(loop *L, int64_t b, int64_t *a, int64_t *bb) {
+    struct m4mode *m = L->m4;
+    m4batch *B = &m->batches[b];
+    int64_t i = B->i++, row = B->row[i], f = B->flow[i];
+    int current = m->version[row] == B->version[i];
+    int rc = m4_next_in(L, b); /* (its rank is reserved: the order is the same either way) */
+    if (rc) return rc;
+    if (!current) return -1;
+    if (m->complete(m->engine, row, L->now)) return ERR_MEMORY;
+    L->n_events += 1;
+    if (m4_changed(L)) return ERR_MEMORY;
+    L->f_finish[f] = L->now; /* Replay's done(): its ACK trip, or acked now */
+    if (L->f_ack[f] != 0.0)
+        return ev_push(L, L->now + L->f_ack[f], EV_ACKED, f, 0) ? ERR_MEMORY : -1;
+    return acked(L, f, L->now, a, bb);
+}
+
 /* One event due now; -1 when Python has nothing to do. */
 static int handle(loop *L, event e, int64_t *a, int64_t *b) {
     switch (e.kind) {
@@ -510,8 +764,14 @@ static int handle(loop *L, event e, int64_t *a, int64_t *b) {
     case EV_PYDONE:
         *a = e.a;
         return RET_PYDONE;
-    case EV_READY:
-        return transfer_ready(L, e.a, e.b) ? ERR_MEMORY : -1;
+    case EV_READY: {
+        int rc = transfer_ready(L, e.a, e.b);
+        return rc ? rc : -1;
+    }
+    case EV_M4_UPDATE:
+        return m4_update(L);
+    case EV_M4_DONE:
+        return m4_done(L, e.a, a, b);
     case EV_DELIVER:
         L->f_finish[e.a] = e.t;
         if (L->f_ack[e.a] != 0.0)
@@ -541,9 +801,9 @@ int m4ray_loop_run(loop *L, double horizon, double *t, int64_t *a, int64_t *b) {
             }
             L->draining = 0;
         }
-        double t_event = ev_peek(L), t_done;
-        int64_t n_fin;
-        rc = m4ray_fluidsim_next(L->fluid, L->now, &t_done, &n_fin);
+        double t_event = ev_peek(L), t_done = INFINITY;
+        int64_t n_fin = 0;
+        rc = L->m4 ? 0 : m4ray_fluidsim_next(L->fluid, L->now, &t_done, &n_fin);
         if (rc) {
             rc = rc == 3 ? ERR_RATE : ERR_MEMORY;
             goto out;
@@ -554,7 +814,7 @@ int m4ray_loop_run(loop *L, double horizon, double *t, int64_t *a, int64_t *b) {
             goto out;
         }
         if (t_next > horizon) {
-            m4ray_fluidsim_advance(L->fluid, horizon - L->now);
+            if (!L->m4) m4ray_fluidsim_advance(L->fluid, horizon - L->now);
             L->now = horizon;
             rc = RET_DONE;
             goto out;
@@ -581,7 +841,7 @@ int m4ray_loop_run(loop *L, double horizon, double *t, int64_t *a, int64_t *b) {
             free(tags), free(delays);
             if (rc) goto out;
         } else {
-            m4ray_fluidsim_advance(L->fluid, t_event - L->now);
+            if (!L->m4) m4ray_fluidsim_advance(L->fluid, t_event - L->now);
             L->now = t_event;
             L->draining = 1;
         }

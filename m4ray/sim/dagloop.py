@@ -10,9 +10,15 @@ Two layers, each the twin of Python code that stays the reference and the fallba
   ECMP hash as :class:`~m4ray.sim.routing.Routing`), ideal FCT and ACK trip, and the flow table.
   Python keeps workload nodes, decomposing collectives, and what they call back.
 
-Answers equal the Python replay's to the bit (``tests/sim/test_dagloop.py``): the same
-arithmetic in the same order, compiled without contraction (``m4ray.native``). A replay runs
-compiled where its backend offers a loop (flowSim in C, without a sender window), with flows
+The loop's other mode runs m4 instead of the fluid (:meth:`NativeLoop.make_m4`): the m4
+backend's per-instant updates and batched completions, calling the m4 engine core's functions
+(``_core.c``: its bookkeeping, the compiled pass and its memo) by address; updates too large
+for the core's one-call path come back to Python's stepper.
+
+Answers equal the Python replay's to the bit (``tests/sim/test_dagloop.py``,
+``tests/sim/test_m4_loop.py``): the same arithmetic in the same order, compiled without
+contraction (``m4ray.native``). A replay runs compiled where its backend offers a loop (flowSim
+in C without a sender window; m4 on a CPU with updates once per instant), with flows
 keyed by id or, up to 2,048 ranks, per rank pair (``pair_keys``: several jobs);
 ``Replay(compiled=False)`` or ``M4RAY_NATIVE=0`` keeps it in
 Python. Units: seconds, bits, bits/s, bytes.
@@ -36,11 +42,13 @@ if TYPE_CHECKING:
     from m4ray.sim.collectives import TransferTable
     from m4ray.sim.replay import FlowLog, Replay, _CollectiveRun
 
-_RET_DONE, _RET_PY, _RET_PYDONE, _RET_FLOW, _RET_FINISH = range(5)
+_RET_DONE, _RET_PY, _RET_PYDONE, _RET_FLOW, _RET_FINISH, _RET_M4 = range(6)
 _ERRORS = {
     -2: (MemoryError, "compiled flowSim loop: out of memory"),
     -3: (SimulationError, "active flows with zero rate: a link has no capacity left"),
     -4: (SimulationError, "compiled replay: a flow found no route (routes not given)"),
+    -5: (SimulationError, "compiled m4 loop: a flow size without its feature (a bug)"),
+    -6: (SimulationError, "compiled m4 loop: the engine refused a flow's links"),
 }
 _MASK = (1 << 64) - 1
 _PAIR_RANKS = 2048  # pair-keyed replays compile up to this many ranks (a counter per pair)
@@ -82,6 +90,9 @@ def library() -> ctypes.CDLL | None:
         "m4ray_fluidsim_set_rtt": (None, [vp, f64, f64]),
         "m4ray_fluidsim_dcqcn": (cint, [vp, f64, f64, i64, f64, f64, cint, f64, vp, vp]),
         "m4ray_fluidsim_trace": (cint, [vp, i64, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp]),
+        "m4ray_loop_m4": (cint, [vp] * 7 + [i64, i64]),
+        "m4ray_loop_m4_feature": (cint, [vp, i64, f64]),
+        "m4ray_loop_m4_schedule": (cint, [vp, i64, vp, vp]),
         "m4ray_route_many": (
             cint,
             [vp, vp, vp, vp, ctypes.c_uint64, i64, i64, vp, vp, vp, i64, vp],
@@ -140,6 +151,8 @@ class NativeLoop:
         self._t, self._a, self._b = ctypes.c_double(), ctypes.c_int64(), ctypes.c_int64()
         self._queue_s = ctypes.c_double()
         self._out = (ctypes.byref(self._t), ctypes.byref(self._a), ctypes.byref(self._b))
+        self.m4 = None  # m4 mode's engine (make_m4), kept alive while the loop calls it
+        self.sizes: set[int] = set()  # m4 mode: flow sizes whose feature the loop has
 
     @classmethod
     def make(cls, capacity: np.ndarray, ack_fraction: float, ack_passes: int, capped: bool):
@@ -156,6 +169,53 @@ class NativeLoop:
         loop = cls(lib, handle)
         weakref.finalize(loop, lib.m4ray_loop_free, handle)
         return loop
+
+    @classmethod
+    def make_m4(cls, engine) -> NativeLoop | None:
+        """A loop in m4 mode over ``engine`` (a :class:`~m4ray.sim.m4.engine.NativeM4Engine`
+        running its small updates compiled): the loop calls the engine core's functions by
+        address and runs ``M4Backend``'s per-instant updates and batched completions itself;
+        updates of at least ``DEDUP_MIN_FLOWS`` flows (or more rows than ``NATIVE_MAX_ROWS``)
+        come back to Python (``M4Backend._m4_update``). None where nothing compiles."""
+        from m4ray.models import numpy_step
+
+        lib = library()
+        if lib is None:
+            return None
+        one = np.ones(1)
+        handle = lib.m4ray_loop_new(1, _ptr(one), 0.0, 0, 0)  # (its fluid stays empty)
+        if not handle:
+            raise MemoryError("compiled m4 loop: out of memory")
+        loop = cls(lib, handle)
+        weakref.finalize(loop, lib.m4ray_loop_free, handle)
+        core = engine._lib
+        address = [
+            ctypes.cast(getattr(core, f"m4ray_engine_{name}"), ctypes.c_void_p).value
+            for name in ("arrive", "complete", "pending", "update")
+        ]
+        _check(
+            lib.m4ray_loop_m4(
+                handle, engine._core, *address, _ptr(engine._stats),
+                numpy_step.DEDUP_MIN_FLOWS, numpy_step.NATIVE_MAX_ROWS,
+            )
+        )  # fmt: skip
+        loop.m4 = engine
+        return loop
+
+    def m4_sizes(self, sizes) -> None:
+        """m4 mode: give the loop the size feature of each of ``sizes`` it lacks."""
+        from m4ray.sim.m4.engine import size_feature
+
+        for size in sizes:
+            if size not in self.sizes:
+                _check(self.lib.m4ray_loop_m4_feature(self.handle, size, size_feature(size)))
+                self.sizes.add(size)
+
+    def m4_schedule(self, rows: np.ndarray, finish: np.ndarray) -> None:
+        """m4 mode: an update Python ran (its rows and predicted completion times)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        finish = np.ascontiguousarray(finish, dtype=np.float64)
+        _check(self.lib.m4ray_loop_m4_schedule(self.handle, len(rows), _ptr(rows), _ptr(finish)))
 
     @property
     def n_events(self) -> int:
@@ -287,6 +347,8 @@ class NativeLoop:
                 flows.pop(a.value)(t.value)
             elif rc == _RET_FINISH:
                 self.on_finish(a.value, b.value)
+            elif rc == _RET_M4:
+                sim._m4_update()
             elif rc == _RET_DONE:
                 return
             else:
@@ -343,15 +405,13 @@ class CompiledFlows:
     @classmethod
     def of(cls, replay: Replay) -> CompiledFlows | None:
         """The replay's flows compiled, where its backend and keys allow (module docstring)."""
-        offer = getattr(replay.backend, "dag_loop", None)
-        loop = offer() if offer is not None else None
-        if loop is None or replay.routing._keys:
+        if replay.routing._keys or replay._acks_itself:
             return None
         if replay._pairs is not None and (replay._pairs or len(replay.host_of) > _PAIR_RANKS):
             return None
-        if replay._acks_itself:
-            return None
-        return cls(replay, loop)
+        offer = getattr(replay.backend, "dag_loop", None)  # (last: m4's moves into the loop)
+        loop = offer() if offer is not None else None
+        return None if loop is None else cls(replay, loop)
 
     # ------------------------------------------------------------------ routes
     def _route(self, pairs: np.ndarray) -> None:
@@ -383,6 +443,8 @@ class CompiledFlows:
     ) -> int:
         """Replay._start_flow for a flow Python starts (a workload's send)."""
         self._route(self.host_of[[[src, dst]]])
+        if self.loop.m4 is not None:
+            self.loop.m4_sizes((size,))
         self.loop.next_tag += 1
         tag = self.loop.next_tag
         self.loop.flows[tag] = on_done
@@ -399,6 +461,8 @@ class CompiledFlows:
         if id(table) not in self.checked:  # the replay hands the same table for a repeat
             if n:
                 self._route(self.host_of[np.stack([table.src, table.dst], axis=1)])
+                if self.loop.m4 is not None:
+                    self.loop.m4_sizes(np.unique(table.size).tolist())
             if len(self.checked) > 64:
                 self.checked.clear()
             self.checked[id(table)] = table

@@ -101,12 +101,9 @@ def test_compiled_replay_equals_the_python_replay_to_the_bit(
         assert max(compiled[0].flows.parent_id) >= 0
 
 
-def test_sends_computes_and_a_failure_mid_run_match_too(monkeypatch):
-    """Point-to-point sends (started from Python into the loop, some received late), compute,
-    a collective, and link rates dropping mid-run (a Python event in the loop's queue)."""
-    base = rail_cluster(servers=2)
-    failure = GrayFailure(n_degraded=4, reduction=8, onset_s=30e-6)
-    nodes = [
+def sends_and_computes() -> list:
+    """Nodes 0-5: point-to-point sends (rank 2 posts its receive late, after compute)."""
+    return [
         Compute(id=0, rank=0, duration_s=5e-6),
         Send(id=1, rank=0, peer=9, size_bytes=3_000_000, tag=1, deps=(0,)),
         Recv(id=2, rank=9, peer=0, size_bytes=3_000_000, tag=1),
@@ -114,6 +111,14 @@ def test_sends_computes_and_a_failure_mid_run_match_too(monkeypatch):
         Compute(id=4, rank=2, duration_s=200e-6),
         Recv(id=5, rank=2, peer=1, size_bytes=700_000, tag=2, deps=(4,)),
     ]
+
+
+def test_sends_computes_and_a_failure_mid_run_match_too(monkeypatch):
+    """Point-to-point sends (started from Python into the loop, some received late), compute,
+    a collective, and link rates dropping mid-run (a Python event in the loop's queue)."""
+    base = rail_cluster(servers=2)
+    failure = GrayFailure(n_degraded=4, reduction=8, onset_s=30e-6)
+    nodes = sends_and_computes()
     group = tuple(range(16))
     nodes += [
         Collective(

@@ -384,7 +384,12 @@ class _Batch:
 
 
 class M4Backend(QueueClock):
-    """Event-driven clock around an m4 engine, implementing ``NetworkBackend`` (seconds)."""
+    """Event-driven clock around an m4 engine, implementing ``NetworkBackend`` (seconds).
+
+    A replay may move it into a compiled loop (:meth:`dag_loop`): its events, updates and
+    batched completions then run in C (``_dagloop.c``'s m4 mode), in the same order."""
+
+    rate_cap_bps = None  # (no per-flow cap: the compiled replay asks)
 
     def __init__(self, engine: Engine, *, window_us: float | None = 0.0) -> None:
         self.engine = engine
@@ -397,9 +402,12 @@ class M4Backend(QueueClock):
         self._version = np.zeros(64, dtype=np.int64)
         self._armed = False
         self.n_events = 0  # arrivals + completions
+        self._loop = None  # the compiled loop it runs in (dag_loop), or None
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
+        if self._loop is not None:
+            raise SimulationError("m4 in a compiled loop takes its replay's flows only")
         baseline = self.engine.arrive(
             Arrival(flow.id, flow.src, flow.dst, flow.size_bytes), self._now
         )
@@ -409,8 +417,32 @@ class M4Backend(QueueClock):
             self._at(flow.id, baseline)
         self._changed()
 
+    def dag_loop(self):
+        """The compiled loop a replay's flows may run in (:mod:`m4ray.sim.dagloop`, its m4
+        mode), entered now, or None: updates other than once per instant (``window_us`` 0), an
+        engine without its compiled one-call updates (``NativeM4Engine.use_compiled_pass``), or
+        flows already sent."""
+        if self._loop is None and self.window_s == 0.0 and not self.n_events:
+            make = getattr(self.engine, "dag_loop", None)
+            loop = make() if make is not None else None
+            if loop is not None:  # what was scheduled so far moves over, in its order
+                for t, _, fn in sorted(self.events._heap, key=lambda e: e[:2]):
+                    loop.queue.push(t, fn)
+                self._loop, self.events = loop, loop.queue
+        return self._loop
+
+    def _m4_update(self) -> None:
+        """An update the compiled loop hands back (a large one: the stepper's path)."""
+        self._loop.m4_schedule(*self.engine.loop_update(self._now))
+
     def run(self, until: float | None = None) -> None:
         horizon = float("inf") if until is None else until
+        if self._loop is not None:
+            self._loop.run(self, horizon)
+            self.n_events = self._loop.n_events
+            if until is None and self.engine.n_components:
+                raise SimulationError(f"{self.engine.n_components} m4 components never ended")
+            return
         while len(self.events):
             t = self.events.peek_time()
             if t > horizon:

@@ -464,6 +464,9 @@ class NativeM4Engine(M4Engine):
     the core writes through) and the flow ids stay here."""
 
     def __init__(self, link_bandwidth_bps, model_cfg, params13, *args, **kwargs) -> None:
+        # the core's counters of its one-call updates: components, memo answers, flows
+        self._stats = np.zeros(3, dtype=np.int64)
+        self._counted = [0, 0]  # the updates through the stepper: components, flows
         super().__init__(link_bandwidth_bps, model_cfg, params13, *args, **kwargs)
         self._h_flow = None  # the core keeps the flows' states
         self._capacity = np.ascontiguousarray(self._capacity, dtype=np.float64)
@@ -536,8 +539,39 @@ class NativeM4Engine(M4Engine):
         if rc:
             raise MemoryError("m4 engine core: out of memory")
         self._fused = (model, wbuf, offs, dims)  # kept alive: the core reads them
-        self._stats = np.zeros(2, dtype=np.int64)  # components updated, memo answers
         return True
+
+    # counted by the core where it updates (use_compiled_pass), here where the stepper does
+    @property
+    def n_updates(self) -> int:
+        return self._counted[0] + int(self._stats[0])
+
+    @n_updates.setter
+    def n_updates(self, value: int) -> None:
+        self._counted[0] = value - int(self._stats[0])
+
+    @property
+    def n_stepped_flows(self) -> int:
+        return self._counted[1] + int(self._stats[2])
+
+    @n_stepped_flows.setter
+    def n_stepped_flows(self, value: int) -> None:
+        self._counted[1] = value - int(self._stats[2])
+
+    def dag_loop(self):
+        """This engine in a compiled loop's m4 mode (:meth:`NativeLoop.make_m4`), or None: its
+        small updates are not compiled (:meth:`use_compiled_pass`), or nothing compiles."""
+        from m4ray.sim.dagloop import NativeLoop
+
+        return NativeLoop.make_m4(self) if self._fused else None
+
+    def loop_update(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """An update the compiled loop hands back (too large for the one-call path), through
+        the stepper: the updated rows and their predicted completion times."""
+        pending = self.prepare(t, ids=False)
+        if pending is None:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        return pending.rows, self._finish_times(pending, self.stepper(pending.graphs))
 
     @property
     def memo_answers(self) -> int:
@@ -563,8 +597,6 @@ class NativeM4Engine(M4Engine):
         )  # fmt: skip
         if got < 0:
             raise MemoryError("m4 engine core: out of memory")
-        self.n_updates += k
-        self.n_stepped_flows += n_flows
         return rows, self._flow_of[rows], finish
 
     def __del__(self) -> None:
@@ -619,7 +651,8 @@ class NativeM4Engine(M4Engine):
         if self._lib.m4ray_engine_users(self._core, link) == 0:
             self._h_link[link] = self._link_init[link]
 
-    def prepare(self, t: float) -> Pending | None:
+    def prepare(self, t: float, *, ids: bool = True) -> Pending | None:
+        """``ids=False``: the flow ids are not looked up (the compiled loop keeps them)."""
         self._lib.m4ray_engine_pending(self._core, self._sizes_ptr)
         k, n_flows, n_links, n_edges = self._sizes.tolist()
         if not k:
@@ -670,7 +703,7 @@ class NativeM4Engine(M4Engine):
         return Pending(
             t=t,
             comps=comps,
-            flow_ids=self._flow_of[rows],
+            flow_ids=self._flow_of[rows] if ids else rows,
             rows=rows,
             links=links[:n_used],
             graphs=[graph],

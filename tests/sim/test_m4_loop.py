@@ -1,0 +1,110 @@
+"""m4 in the compiled loop (``_dagloop.c``'s m4 mode: M4Backend's events, the engine's updates
+and the replay's flows in C) against the same backend stepping in Python: flow for flow, to the
+bit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from m4ray.errors import SimulationError
+from m4ray.models import numpy_step
+from m4ray.sim.collectives import HierarchicalSpec
+from m4ray.sim.dagloop import library
+from m4ray.sim.failures import GrayFailure
+from m4ray.sim.flows import Flow
+from m4ray.sim.m4 import M4Config
+from m4ray.sim.nccl import SimAISpec
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.replay import Replay
+from m4ray.sim.replays import schedule_onset
+from m4ray.sim.routing import Routing
+from m4ray.sim.topologies import rail_cluster
+from m4ray.sim.workload import Collective, CollectiveKind, Workload
+
+from .test_dagloop import sends_and_computes
+
+pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler: m4 runs in Python")
+
+
+def _workload() -> Workload:
+    """Sends started from Python (one received late), compute, and three collectives."""
+    nodes = sends_and_computes()
+    group = tuple(range(16))
+    kinds = (CollectiveKind.ALL_REDUCE, CollectiveKind.ALL_GATHER, CollectiveKind.ALL_REDUCE)
+    for k, (kind, size) in enumerate(zip(kinds, (4_000_000, 1_000_000, 300_000), strict=True)):
+        nodes += [
+            Collective(
+                id=10 + 16 * k + r,
+                rank=r,
+                kind=kind,
+                group=group,
+                size_bytes=size,
+                deps=(10 + 16 * (k - 1) + r,) if k else {0: (1,), 9: (2,)}.get(r, ()),
+            )
+            for r in group
+        ]
+    return Workload(n_ranks=16, nodes=nodes)
+
+
+def both(config: M4Config, algorithm, failure: GrayFailure):
+    """The replay with m4 stepping in Python and in the compiled loop: (result, backend) each."""
+    base = rail_cluster(servers=2)
+    out = []
+    for compiled in (False, True):
+        routing = Routing(base, seed=3)
+        backend = config.build(base, routing)
+        schedule_onset(backend, failure, base)  # link rates drop mid-run: a Python event
+        replay = Replay(_workload(), backend, routing, algorithm.build(base), compiled=compiled)
+        assert (backend._loop is not None) == compiled == (replay._compiled is not None)
+        out.append((replay.run(), backend))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "collective", "dedup_min"),
+    [
+        ("m4-v2", "simai", 128),  # the default: every update compiled
+        ("m4-v2", "simai", 6),  # updates of 6 flows and more back to Python's stepper
+        ("m4-small", "hierarchical", 128),  # no fluid anchor
+    ],
+)
+def test_m4_in_the_compiled_loop_equals_m4_in_python_to_the_bit(
+    monkeypatch, checkpoint, collective, dedup_min
+):
+    """Every flow's ids, hosts, parent, start, finish, ideal FCT and done time, the ranks' and
+    nodes' finish times, the event and update counts: the compiled loop's are Python's."""
+    monkeypatch.setattr(numpy_step, "DEDUP_MIN_FLOWS", dedup_min)
+    algorithm = SimAISpec(channels=2) if collective == "simai" else HierarchicalSpec()
+    failure = GrayFailure(n_degraded=4, reduction=8, onset_s=30e-6)
+    network = Ns3Config(transport="tcp" if checkpoint == "m4-small" else "rdma")  # as learned
+    (a, ba), (b, bb) = both(M4Config(checkpoint=checkpoint, network=network), algorithm, failure)
+    assert dataclasses.asdict(b.flows) == dataclasses.asdict(a.flows)  # every column, exactly
+    assert b.completion_time_s == a.completion_time_s
+    assert b.rank_finish_s == a.rank_finish_s
+    assert b.node_end_s == a.node_end_s
+    assert bb.n_events == ba.n_events == 2 * len(a.flows.flow_id) > 500
+    assert bb.engine.n_updates == ba.engine.n_updates
+    assert bb.engine.n_stepped_flows == ba.engine.n_stepped_flows
+    python_steps = bb.engine._counted[0]  # updates the loop handed back to the stepper
+    assert (python_steps > 0) == (dedup_min < 128) and bb.engine._stats[0] > 0
+    assert b.node_end_s[5] == 200e-6  # posted late: the message was there
+    if collective == "simai":  # the loop followed parents: SimAI's flows wait on them
+        assert max(b.flows.parent_id) >= 0
+
+
+def test_what_keeps_m4_in_python_says_so():
+    """Updates other than once per instant (window_us null or > 0) stay in Python, as does a
+    backend that already sent a flow; in the loop, a flow from outside the replay is refused."""
+    topo = rail_cluster(servers=2)
+    for window_us in (None, 10.0):
+        backend = M4Config(window_us=window_us).build(topo, Routing(topo))
+        assert backend.dag_loop() is None
+    backend = M4Config().build(topo, Routing(topo))
+    backend.send(Flow(0, topo.hosts[0], topo.hosts[1], 1000, 0.0), lambda *_: None)
+    assert backend.dag_loop() is None
+    backend = M4Config().build(topo, Routing(topo))
+    assert backend.dag_loop() is not None
+    with pytest.raises(SimulationError, match="replay's flows only"):
+        backend.send(Flow(0, topo.hosts[0], topo.hosts[1], 1000, 0.0), lambda *_: None)
