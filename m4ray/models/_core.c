@@ -1099,13 +1099,14 @@ static void memo_store(struct fused *m, uint64_t hash, const uint64_t *key, int6
             if (old[i].blob) *memo_slot(m, old[i].hash, old[i].blob, old[i].n_key) = old[i];
         free(old);
     }
+    memo_entry *s = memo_slot(m, hash, key, n);
+    if (s->blob) return; /* known already (the same component twice in one update) */
     uint64_t *blob = malloc(words * sizeof *blob);
     if (!blob) return;
     memcpy(blob, key, n * sizeof *blob);
     memcpy(blob + n, new_flow, n_f * H * sizeof(double));
     memcpy(blob + n + n_f * H, new_link, n_l * H * sizeof(double));
     memcpy(blob + n + (n_f + n_l) * H, slowdown, n_f * sizeof(double));
-    memo_entry *s = memo_slot(m, hash, key, n);
     *s = (memo_entry){hash, n, n_f, n_l, blob};
     m->used++;
     m->memo_used += bytes;
@@ -1113,19 +1114,25 @@ static void memo_store(struct fused *m, uint64_t hash, const uint64_t *key, int6
 
 /* One update at t through the compiled pass: sizes as m4ray_engine_pending gave them (the
  * touched components that are due); the updated rows into rows[sizes[1]], their predicted
- * completion times into finish. stats[0] += the components updated, stats[1] += 1 when the memo
- * answered, stats[2] += the flows updated. Returns the number of flows, -2 when memory runs out, -3 without a model. */
+ * completion times into finish. The memo answers component by component (a component's inputs
+ * in its own local numbering are its key); the components it does not know go through one pass
+ * together, which gives each the bits it gets alone (_step.c). stats[0] += the components
+ * updated, stats[1] += 1 when the memo answered every one (no pass), stats[2] += the flows
+ * updated. Returns the number of flows, -2 when memory runs out, -3 without a model. */
 int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *rows,
                             double *finish, int64_t *stats) {
     struct fused *m = e->fused;
     if (!m) return -3;
     const int64_t k = sizes[0], F = sizes[1], Lb = sizes[2], E = sizes[3], H = e->hidden;
     const int64_t P = m->n_params, Q = e->fluid ? m->n_fluid : 0, B = e->fluid ? 1 : 0;
-    /* one scratch block of 8-byte words: what prepare writes (links up to the bound Lb), the
-     * graph packed tight in the pass's order (the memo's key), the pass's outputs */
+    /* one scratch block of 8-byte words: what prepare writes (links up to the bound Lb); each
+     * component's key (its graph in the pass's order, local numbering); the unknown ones
+     * packed as one graph; the outputs of that pass; the update's outputs; per component its
+     * key's place and hash */
     int64_t n_loose = 3 * k + F + Lb + 2 * E + k + (F + Lb) * H + F + Lb + F * P + B * F + Q * F;
-    int64_t n_key = 3 + (F + Lb) * H + F + Lb + 2 * E + F * P + F + B * F + Q * F;
-    int64_t words = n_loose + n_key + (F + Lb) * H + F + 1;
+    int64_t n_key = 3 * k + (F + Lb) * H + F + Lb + 2 * E + F * P + F + B * F + Q * F;
+    int64_t n_out = (F + Lb) * H + F;
+    int64_t words = n_loose + 2 * n_key + 2 * n_out + 3 * k + 1;
     if (words > m->n_scratch) {
         uint64_t *p = realloc(m->scratch, words * sizeof *p);
         if (!p) return -2;
@@ -1136,50 +1143,107 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
     double *dt = (double *)(incidence + 2 * E), *h_flow = dt + k, *h_link = h_flow + F * H;
     double *dt_flow = h_link + Lb * H, *dt_link = dt_flow + F, *params = dt_link + Lb;
     double *base = params + F * P, *features = base + B * F;
-    uint64_t *key = (uint64_t *)(features + Q * F);
+    uint64_t *keys = (uint64_t *)(features + Q * F), *packed = keys + n_key;
+    double *out_packed = (double *)(packed + n_key), *out = out_packed + n_out;
+    int64_t *key_at = (int64_t *)(out + n_out), *key_len = key_at + k;
+    uint64_t *hashes = (uint64_t *)(key_len + k);
     graph_out g = {h_flow, dt_flow, h_link, dt_link, params, m->params_row, P};
     int64_t L = m4ray_engine_prepare(e, t, comps, n_flows, n_links, dt, rows, plen, links,
                                      incidence, B ? base : NULL, B ? features : NULL, &g);
     if (L < 0) return -2;
-    /* the key: the sizes, then each array as the pass reads it */
-    key[0] = (uint64_t)F, key[1] = (uint64_t)L, key[2] = (uint64_t)E;
-    uint64_t *w = key + 3;
-#define PUT(name, src, n)                                    \
-    double *name = (double *)w;                              \
-    memcpy(w, src, (size_t)(n) * sizeof *w), w += (n)
-    PUT(k_flow, h_flow, F * H);
-    PUT(k_link, h_link, L * H);
-    PUT(k_dt_flow, dt_flow, F);
-    PUT(k_dt_link, dt_link, L);
-    PUT(k_inc, incidence, 2 * E);
-    PUT(k_params, params, F * P);
-    double *k_nl = (double *)w;
-    for (int64_t f = 0; f < F; f++) k_nl[f] = (double)plen[f];
-    w += F;
-    PUT(k_base, base, B * F);
-    PUT(k_features, features, Q * F);
+    double *new_flow = out, *new_link = out + F * H, *slowdown = new_link + L * H;
+    /* each component's key; the memo's answer where it has one */
+    int64_t f0 = 0, l0 = 0, e0 = 0, w = 0, n_known = 0;
+    for (int64_t j = 0; j < k; j++) {
+        int64_t nf = n_flows[j], nl = n_links[j], ne = 0;
+        for (int64_t f = f0; f < f0 + nf; f++) ne += plen[f];
+        uint64_t *key = keys + w;
+        key[0] = (uint64_t)nf, key[1] = (uint64_t)nl, key[2] = (uint64_t)ne;
+        uint64_t *q = key + 3;
+#define PUT(src, n) memcpy(q, src, (size_t)(n) * sizeof *q), q += (n)
+        PUT(h_flow + f0 * H, nf * H);
+        PUT(h_link + l0 * H, nl * H);
+        PUT(dt_flow + f0, nf);
+        PUT(dt_link + l0, nl);
+        for (int64_t x = 0; x < ne; x++) q[x] = (uint64_t)(incidence[e0 + x] - f0);
+        q += ne;
+        for (int64_t x = 0; x < ne; x++) q[x] = (uint64_t)(incidence[E + e0 + x] - l0);
+        q += ne;
+        PUT(params + f0 * P, nf * P);
+        for (int64_t f = 0; f < nf; f++) ((double *)q)[f] = (double)plen[f0 + f];
+        q += nf;
+        PUT(base + f0, B * nf);
+        PUT(features + f0 * Q, Q * nf);
 #undef PUT
-    int64_t used = w - key;
-    double *new_flow = (double *)w, *new_link = new_flow + F * H, *slowdown = new_link + L * H;
-    memo_entry *hit = NULL;
-    uint64_t hash = 0;
-    int keep = F <= m->memo_flows;
-    if (keep) {
-        hash = hash_words(key, used);
-        memo_entry *s = memo_slot(m, hash, key, used);
-        if (s && s->blob) hit = s;
+        key_at[j] = w, key_len[j] = q - key, w += key_len[j];
+        memo_entry *hit = NULL;
+        if (nf <= m->memo_flows) {
+            hashes[j] = hash_words(key, key_len[j]);
+            memo_entry *s = memo_slot(m, hashes[j], key, key_len[j]);
+            if (s && s->blob) hit = s;
+        }
+        if (hit) {
+            const uint64_t *o = hit->blob + key_len[j];
+            memcpy(new_flow + f0 * H, o, nf * H * sizeof(double));
+            memcpy(new_link + l0 * H, o + nf * H, nl * H * sizeof(double));
+            memcpy(slowdown + f0, o + (nf + nl) * H, nf * sizeof(double));
+            n_known++;
+            key_len[j] = -key_len[j] - 1; /* known: no pass */
+        }
+        f0 += nf, l0 += nl, e0 += ne;
     }
-    if (hit) {
-        memcpy(new_flow, hit->blob + used, ((F + L) * H + F) * sizeof(double));
-        m->hits++, stats[1]++;
-    } else {
-        const int64_t *inc = (const int64_t *)k_inc;
-        int rc = m->pass(m->dims, m->wbuf, m->off, F, L, k_flow, k_link, k_dt_flow, k_dt_link, E,
-                         inc, inc + E, k_params, k_nl, B ? k_base : NULL, Q ? k_features : NULL,
-                         new_flow, new_link, slowdown);
+    if (n_known == k) {
+        stats[1]++;
+    } else { /* the unknown components packed as one graph, numbered as in it */
+        int64_t pf = 0, pl = 0, pe = 0;
+        for (int64_t j = 0; j < k; j++)
+            if (key_len[j] >= 0) pf += n_flows[j], pl += n_links[j], pe += keys[key_at[j] + 2];
+        double *ph_flow = (double *)packed, *ph_link = ph_flow + pf * H;
+        double *pdt_flow = ph_link + pl * H, *pdt_link = pdt_flow + pf;
+        int64_t *pinc = (int64_t *)(pdt_link + pl);
+        double *pparams = (double *)(pinc + 2 * pe), *pnl = pparams + pf * P;
+        double *pbase = pnl + pf, *pfeat = pbase + B * pf;
+        int64_t af = 0, al = 0, ae = 0;
+        for (int64_t j = 0; j < k; j++) {
+            if (key_len[j] < 0) continue;
+            const uint64_t *key = keys + key_at[j];
+            int64_t nf = (int64_t)key[0], nl = (int64_t)key[1], ne = (int64_t)key[2];
+            const double *c = (const double *)(key + 3);
+            memcpy(ph_flow + af * H, c, nf * H * sizeof(double)), c += nf * H;
+            memcpy(ph_link + al * H, c, nl * H * sizeof(double)), c += nl * H;
+            memcpy(pdt_flow + af, c, nf * sizeof(double)), c += nf;
+            memcpy(pdt_link + al, c, nl * sizeof(double)), c += nl;
+            const int64_t *ci = (const int64_t *)c;
+            for (int64_t x = 0; x < ne; x++) pinc[ae + x] = ci[x] + af;
+            for (int64_t x = 0; x < ne; x++) pinc[pe + ae + x] = ci[ne + x] + al;
+            c += 2 * ne;
+            memcpy(pparams + af * P, c, nf * P * sizeof(double)), c += nf * P;
+            memcpy(pnl + af, c, nf * sizeof(double)), c += nf;
+            memcpy(pbase + af, c, B * nf * sizeof(double)), c += B * nf;
+            memcpy(pfeat + af * Q, c, Q * nf * sizeof(double));
+            af += nf, al += nl, ae += ne;
+        }
+        double *o_flow = out_packed, *o_link = o_flow + pf * H, *o_slow = o_link + pl * H;
+        int rc = m->pass(m->dims, m->wbuf, m->off, pf, pl, ph_flow, ph_link, pdt_flow, pdt_link,
+                         pe, pinc, pinc + pe, pparams, pnl, B ? pbase : NULL, Q ? pfeat : NULL,
+                         o_flow, o_link, o_slow);
         if (rc) return -2;
         m->misses++;
-        if (keep) memo_store(m, hash, key, used, F, L, H, new_flow, new_link, slowdown);
+        /* the pass's answers to their places, and into the memo */
+        f0 = l0 = af = al = 0;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t nf = n_flows[j], nl = n_links[j];
+            if (key_len[j] >= 0) {
+                memcpy(new_flow + f0 * H, o_flow + af * H, nf * H * sizeof(double));
+                memcpy(new_link + l0 * H, o_link + al * H, nl * H * sizeof(double));
+                memcpy(slowdown + f0, o_slow + af, nf * sizeof(double));
+                if (nf <= m->memo_flows)
+                    memo_store(m, hashes[j], keys + key_at[j], key_len[j], nf, nl, H,
+                               new_flow + f0 * H, new_link + l0 * H, slowdown + f0);
+                af += nf, al += nl;
+            }
+            f0 += nf, l0 += nl;
+        }
     }
     m4ray_engine_finish(e, t, k, comps, F, rows, slowdown, finish, new_flow, L, links, new_link);
     stats[0] += k, stats[2] += F;
