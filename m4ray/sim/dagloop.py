@@ -175,10 +175,8 @@ class NativeLoop:
         """A loop in m4 mode over ``engine`` (a :class:`~m4ray.sim.m4.engine.NativeM4Engine`
         running its small updates compiled): the loop calls the engine core's functions by
         address and runs ``M4Backend``'s per-instant updates and batched completions itself;
-        updates of at least ``DEDUP_MIN_FLOWS`` flows (or more rows than ``NATIVE_MAX_ROWS``)
-        come back to Python (``M4Backend._m4_update``). None where nothing compiles."""
-        from m4ray.models import numpy_step
-
+        updates beyond the engine's ``compiled_limits`` come back to Python
+        (``M4Backend._m4_update``). None where nothing compiles."""
         lib = library()
         if lib is None:
             return None
@@ -195,8 +193,7 @@ class NativeLoop:
         ]
         _check(
             lib.m4ray_loop_m4(
-                handle, engine._core, *address, _ptr(engine._stats),
-                numpy_step.DEDUP_MIN_FLOWS, numpy_step.NATIVE_MAX_ROWS,
+                handle, engine._core, *address, _ptr(engine._stats), *engine.compiled_limits,
             )
         )  # fmt: skip
         loop.m4 = engine

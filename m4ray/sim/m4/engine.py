@@ -517,11 +517,13 @@ class NativeM4Engine(M4Engine):
         self, model, *, memo_flows: int = MEMO_FLOWS, memo_bytes: int = MEMO_BYTES
     ) -> bool:
         """Run each update small enough for the step's one-graph path (fewer than
-        ``DEDUP_MIN_FLOWS`` flows) in one call to the core: prepare, ``model``'s compiled float64
-        pass (``_step.c``, by address) and the write-back, with the core's memo of passes by
-        their input bytes (graphs of at most ``memo_flows`` flows, up to ``memo_bytes``: what
-        :class:`~m4ray.sim.m4.memo.StepMemo` does for the Python path). The same pass on the
-        same bytes as :meth:`predict` through the stepper, so the same answers to the bit
+        ``DEDUP_MIN_FLOWS`` flows, at most ``NATIVE_MAX_ROWS`` rows, as they are now) in one
+        call to the core: prepare, ``model``'s compiled float64 pass (``_step.c``, by address)
+        and the write-back, with the core's memo of passes by their input bytes, component by
+        component (components of at most ``memo_flows`` flows, up to ``memo_bytes``; what
+        :class:`~m4ray.sim.m4.memo.StepMemo` does for whole graphs on the Python path). The
+        compiled pass gives each component the same bits alone or beside others, so the
+        answers are those of :meth:`predict` through the stepper, to the bit
         (``tests/sim/test_m4_native.py``); larger updates still go through the stepper. False
         (nothing changes) where ``model`` is not a float64 numpy model of this engine's
         config or the pass is not compiled here."""
@@ -539,6 +541,9 @@ class NativeM4Engine(M4Engine):
         if rc:
             raise MemoryError("m4 engine core: out of memory")
         self._fused = (model, wbuf, offs, dims)  # kept alive: the core reads them
+        # which updates the core runs: below this many flows, up to this many rows (the
+        # compiled loop applies the same)
+        self.compiled_limits = (numpy_step.DEDUP_MIN_FLOWS, numpy_step.NATIVE_MAX_ROWS)
         return True
 
     # counted by the core where it updates (use_compiled_pass), here where the stepper does
@@ -575,19 +580,18 @@ class NativeM4Engine(M4Engine):
 
     @property
     def memo_answers(self) -> int:
-        """Updates the core's memo answered without a pass (:meth:`use_compiled_pass`)."""
+        """Updates the core's memo answered whole, without a pass (:meth:`use_compiled_pass`)."""
         return int(self._stats[1]) if self._fused else 0
 
     def predict(self, t: float):
         if not self._fused:
             return super().predict(t)
-        from m4ray.models import numpy_step
-
         self._lib.m4ray_engine_pending(self._core, self._sizes_ptr)
         k, n_flows, n_links, _ = self._sizes.tolist()
         if not k:
             return None
-        if n_flows >= numpy_step.DEDUP_MIN_FLOWS or n_flows + n_links > numpy_step.NATIVE_MAX_ROWS:
+        below, rows_max = self.compiled_limits
+        if n_flows >= below or n_flows + n_links > rows_max:
             return super().predict(t)  # the stepper's path (identical components, numpy)
         rows = np.empty(n_flows, dtype=np.int64)
         finish = np.empty(n_flows)
