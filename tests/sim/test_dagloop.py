@@ -223,6 +223,23 @@ def test_what_stays_in_python_says_so(monkeypatch):
     assert Replay(workload, plain, routing, Ring(), pair_keys=True)._compiled is None
 
 
+def deadlocking() -> tuple[Topology, Workload]:
+    """Two hosts on a switch and a job whose second receive never matches: one flow, then a
+    deadlock."""
+    star = Topology(
+        n_nodes=3, switches=(2,), cables=(Cable(0, 2, 100e9, 1e-6), Cable(1, 2, 100e9, 1e-6))
+    )
+    stuck = Workload(
+        n_ranks=2,
+        nodes=[
+            Send(id=0, rank=0, peer=1, size_bytes=50_000, tag=0),
+            Recv(id=1, rank=1, peer=0, size_bytes=50_000, tag=0),
+            Recv(id=2, rank=1, peer=0, size_bytes=50_000, tag=9, deps=(1,)),
+        ],
+    )
+    return star, stuck
+
+
 def test_bad_hosts_and_deadlocks_fail_as_in_python_keeping_the_flows():
     """Ranks on hosts that cannot reach each other are named as Routing names them; a
     deadlock after some flows still hands back the flows delivered before it."""
@@ -238,17 +255,7 @@ def test_bad_hosts_and_deadlocks_fail_as_in_python_keeping_the_flows():
         with pytest.raises(InputError, match="hosts 0 and 1 are not connected"):
             Replay(lonely, backend, routing, Ring(), compiled=compiled).run()
 
-    star = Topology(
-        n_nodes=3, switches=(2,), cables=(Cable(0, 2, 100e9, 1e-6), Cable(1, 2, 100e9, 1e-6))
-    )
-    stuck = Workload(
-        n_ranks=2,
-        nodes=[
-            Send(id=0, rank=0, peer=1, size_bytes=50_000, tag=0),
-            Recv(id=1, rank=1, peer=0, size_bytes=50_000, tag=0),
-            Recv(id=2, rank=1, peer=0, size_bytes=50_000, tag=9, deps=(1,)),
-        ],
-    )
+    star, stuck = deadlocking()
     kept = []
     for compiled in (False, True):
         routing = Routing(star)

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from m4ray.errors import SimulationError
+from m4ray.errors import InputError, SimulationError
 from m4ray.models import numpy_step
-from m4ray.sim.collectives import HierarchicalSpec
+from m4ray.sim.collectives import HierarchicalSpec, Ring
 from m4ray.sim.dagloop import library
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flows import Flow
@@ -21,9 +21,10 @@ from m4ray.sim.replay import Replay
 from m4ray.sim.replays import schedule_onset
 from m4ray.sim.routing import Routing
 from m4ray.sim.topologies import rail_cluster
+from m4ray.sim.topology import Cable, Topology
 from m4ray.sim.workload import Collective, CollectiveKind, Workload
 
-from .test_dagloop import sends_and_computes
+from .test_dagloop import deadlocking, sends_and_computes
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler: m4 runs in Python")
 
@@ -108,3 +109,26 @@ def test_what_keeps_m4_in_python_says_so():
     assert backend.dag_loop() is not None
     with pytest.raises(SimulationError, match="replay's flows only"):
         backend.send(Flow(0, topo.hosts[0], topo.hosts[1], 1000, 0.0), lambda *_: None)
+
+
+def test_bad_hosts_and_deadlocks_fail_as_in_python_keeping_the_flows():
+    """Ranks on hosts that cannot reach each other are named as Routing names them (m4 meets
+    them when built, before any loop); a deadlock after some flows hands back those flows in
+    the compiled loop as in Python."""
+    cut = Topology(
+        n_nodes=4, switches=(2, 3), cables=(Cable(0, 2, 100e9, 1e-6), Cable(1, 3, 100e9, 1e-6))
+    )
+    star, stuck = deadlocking()
+    with pytest.raises(InputError, match="hosts 0 and 1 are not connected"):
+        M4Config().build(cut, Routing(cut))  # m4 reads the network's paths here
+    kept = []
+    for compiled in (False, True):
+        routing = Routing(star)
+        backend = M4Config().build(star, routing)
+        replay = Replay(stuck, backend, routing, Ring(), compiled=compiled)
+        assert (backend._loop is not None) == compiled
+        with pytest.raises(SimulationError, match="deadlocked"):
+            replay.run()
+        kept.append(dataclasses.asdict(replay.flows))
+    assert kept[0] == kept[1]
+    assert len(kept[1]["flow_id"]) == 1 and kept[1]["done_s"][0] > 0
