@@ -6,19 +6,20 @@
         --transports rdma     # the full-size study's packets (ns-3 ~3-5 min)
 
 Table 1, the user's view: ``python -m m4ray.sweeps +experiment=gray_failure backends=[B]`` (the
-default 105-scenario grid, workload.scale 0.08), run as whole commands for B = flowsim, m4 (its
-scenarios in groups sharing forward passes, the default), m4 with ``share_steps=1`` (each
-alone), and flowsim and m4 with ``workload.lockstep=true``, alternating, ``--repeat`` times; min
-and median wall time and the ratio to flowSim (full replay).
+default 105-scenario grid, workload.scale 0.08), run as whole commands for B = flowsim, m4
+(each scenario alone, in the compiled loop: the default), m4 with ``share_steps=64`` (groups
+sharing forward passes through Python's scheduler), and flowsim and m4 with
+``workload.lockstep=true``, alternating, ``--repeat`` times; min and median wall time and the
+ratio to flowSim (full replay).
 
-Table 2, in one process (no Ray): seconds per scenario for the first ``--group`` scenarios of
-that grid, at scale 0.08 and at full scale: flowSim; m4 alone; m4 as one group (wall ÷ group
-size); flowSim and m4 in lockstep (``workload.lockstep``: each distinct collective step run once,
-no per-flow table; ``m4ray.sim.lockstep``), with their largest iteration difference from the full
-replay; and ns-3 on the N=8, R=4 scenario at full scale, RDMA (the default ground truth; each
-backend's speed-up is over it, and its iteration error on that scenario) and TCP DCTCP (the
-default before 2026-11, which the issue's 1,000x bar was written against). Also checks that
-grouped m4 equals m4 alone, flow by flow.
+Table 2, in one process (no Ray): seconds per scenario for the first ``--group`` scenarios of that
+grid, at scale 0.08 and at full scale: flowSim; m4 alone (the compiled loop); m4 as one group (wall
+÷ group size); flowSim and m4 in lockstep (``workload.lockstep``: each distinct collective step run
+once, no per-flow table; ``m4ray.sim.lockstep``), with their largest iteration difference from the
+full replay; and ns-3 on the N=8, R=4 scenario at full scale, RDMA (the default ground truth; each
+backend's speed-up is over it, and its iteration error on that scenario) and TCP DCTCP (the default
+before 2026-11, which the issue's 1,000x bar was written against). Also checks that grouped m4
+equals m4 alone, flow by flow.
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ from m4ray.workload.simai import SimAIWorkloadSpec  # noqa: E402
 # the hierarchical collective throughout: lockstep refuses collective=simai (no step barrier)
 COMMANDS = {
     "flowsim": ["backends=[flowsim]", "collective=hierarchical"],
-    "m4 (groups)": ["backends=[m4]", "collective=hierarchical"],
-    "m4 (alone)": ["backends=[m4]", "backend_options.m4.share_steps=1", "collective=hierarchical"],
+    "m4 (alone, the default)": ["backends=[m4]", "collective=hierarchical"],
+    "m4 (groups of 64)": [
+        "backends=[m4]",
+        "backend_options.m4.share_steps=64",
+        "collective=hierarchical",
+    ],
     "flowsim (lockstep)": [
         "backends=[flowsim]",
         "workload.lockstep=true",
