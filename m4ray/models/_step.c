@@ -111,7 +111,7 @@ CLONES static void tile1x32(int in, const double *restrict x, const double *rest
     *(v4 *)(y + 16) = a2, *(v4 *)(y + 20) = b2, *(v4 *)(y + 24) = a3, *(v4 *)(y + 28) = b3;
 }
 
-static void matmul(int64_t n, int in, int out, const double *restrict x, int ldx,
+CLONES static void matmul(int64_t n, int in, int out, const double *restrict x, int ldx,
                    const double *restrict w, double *restrict y, int ldy) {
     double part[4 * 8]; /* a last strip narrower than 8 columns lands here first */
     const int full = out / 8 * 8; /* columns in whole strips */
@@ -151,7 +151,7 @@ static void matmul(int64_t n, int in, int out, const double *restrict x, int ldx
     }
 }
 
-static void add_bias(int64_t n, int out, double *y, int ldy, const double *b) {
+CLONES static void add_bias(int64_t n, int out, double *y, int ldy, const double *b) {
     for (int64_t r = 0; r < n; r++)
         for (int j = 0; j < out; j++) y[r * ldy + j] += b[j];
 }
@@ -211,7 +211,7 @@ CLONES static void exp_array(double *restrict v, int n) {
 /* One GRU cell (torch.nn.GRUCell) on the n rows listed in rows (NULL: rows 0..n-1): input x
  * (width in, stride ldx), state h (width H), new state into out (stride H); gi, gh: scratch of
  * n x 3H. A row not listed keeps nothing here: the caller copies it. */
-static void gru(int64_t n, const int64_t *rows, int in, int H, const double *x, int ldx,
+CLONES static void gru(int64_t n, const int64_t *rows, int in, int H, const double *x, int ldx,
                 const double *h, const double *w_ih, const double *w_hh, const double *b_ih,
                 const double *b_hh, double *out, double *xs, double *hs, double *gi,
                 double *gh) {
@@ -246,7 +246,7 @@ static void gru(int64_t n, const int64_t *rows, int in, int H, const double *x, 
 }
 
 /* The GRU time cell on the rows with dt > 0; the others keep their state. */
-static void timed(int64_t n, int H, const double *h, const double *dt, const double *const *w,
+CLONES static void timed(int64_t n, int H, const double *h, const double *dt, const double *const *w,
                   double *out, int64_t *rows, double *xs, double *hs, double *gi, double *gh) {
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++)
@@ -278,7 +278,7 @@ static int64_t *arena(int64_t words) {
 /* dims: H (hidden), G (GNN hidden), layers, P (per-flow inputs), F (fluid inputs, 0 without the
  * anchor). Rows: n_f flows, n_l links, n_e (flow, link) edges (inc_f[e], inc_l[e], local rows).
  * Outputs: new_flow (n_f x H), new_link (n_l x H), slowdown (n_f). */
-int m4ray_m4_pass(const int64_t *dims, const double *wbuf, const int64_t *off, int64_t n_f,
+CLONES int m4ray_m4_pass(const int64_t *dims, const double *wbuf, const int64_t *off, int64_t n_f,
                   int64_t n_l, const double *h_flow, const double *h_link, const double *dt_flow,
                   const double *dt_link, int64_t n_e, const int64_t *inc_f,
                   const int64_t *inc_l, const double *params, const double *n_links,
