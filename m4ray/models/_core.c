@@ -1017,8 +1017,8 @@ typedef int (*pass_fn)(const int64_t *, const double *, const int64_t *, int64_t
 
 typedef struct {
     uint64_t hash;
-    int64_t n_key, n_f, n_l; /* key words; the outputs' flows and links */
-    uint64_t *blob;          /* the key's words, then new_flow, new_link, slowdown */
+    int64_t n_key;  /* key words (the outputs' sizes are in the key's first words) */
+    uint64_t *blob; /* the key's words, then new_flow, new_link, slowdown */
 } memo_entry;
 
 struct fused {
@@ -1107,7 +1107,7 @@ static void memo_store(struct fused *m, uint64_t hash, const uint64_t *key, int6
     memcpy(blob + n, new_flow, n_f * H * sizeof(double));
     memcpy(blob + n + n_f * H, new_link, n_l * H * sizeof(double));
     memcpy(blob + n + (n_f + n_l) * H, slowdown, n_f * sizeof(double));
-    *s = (memo_entry){hash, n, n_f, n_l, blob};
+    *s = (memo_entry){hash, n, blob};
     m->used++;
     m->memo_used += bytes;
 }

@@ -75,6 +75,13 @@ class EventQueue:
         t, _, fn = heapq.heappop(self._heap)
         return t, fn
 
+    def drain(self) -> list[tuple[float, Callable[[], None]]]:
+        """Every queued callback with its time, in the order they would run; the queue is left
+        empty (to move them into another queue: M4Backend.dag_loop)."""
+        out = [(t, fn) for t, _, fn in sorted(self._heap, key=lambda e: e[:2])]
+        self._heap.clear()
+        return out
+
     def __len__(self) -> int:
         return len(self._heap)
 

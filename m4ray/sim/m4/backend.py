@@ -426,7 +426,7 @@ class M4Backend(QueueClock):
             make = getattr(self.engine, "dag_loop", None)
             loop = make() if make is not None else None
             if loop is not None:  # what was scheduled so far moves over, in its order
-                for t, _, fn in sorted(self.events._heap, key=lambda e: e[:2]):
+                for t, fn in self.events.drain():
                     loop.queue.push(t, fn)
                 self._loop, self.events = loop, loop.queue
         return self._loop

@@ -38,6 +38,7 @@ from m4ray.models.fairshare import Window, reverse_links
 from m4ray.models.fluid import N_FEATURES, Fluid, offsets
 from m4ray.models.graph import StepGraph, StepOut
 from m4ray.models.numpy_step import initial_link_state
+from m4ray.sim.m4 import memo
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.routing import Routing, WireFormat
 
@@ -47,11 +48,6 @@ Stepper = Callable[[list[StepGraph]], list[StepOut]]
 # that coincide stay together whatever the float rounding of the step (see load_model), so one
 # update covers them however the simulation's steps were batched.
 TICKS_PER_S = 1e12
-
-# the core's memo of compiled passes (NativeM4Engine.use_compiled_pass): graphs of at most this
-# many flows, up to this many bytes (m4ray.sim.m4.memo.StepMemo's defaults)
-MEMO_FLOWS = 64
-MEMO_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +133,10 @@ class M4Engine:
         self._links_of: dict[int, tuple[int, ...]] = {}  # active flow id -> its path
         self._fresh: dict[int, tuple[int, int]] = {}  # rows awaiting their initial state
         self._alloc(64, 8)
-        self.n_updates = 0  # component updates that ran the model
-        self.n_stepped_flows = 0  # Σ flows over all of them
+        # counts of component updates that ran the model, those the compiled core's memo
+        # answered whole, Σ flows over them, and of the components the stepper updated (the
+        # compiled core adds to the first three itself: NativeM4Engine.use_compiled_pass)
+        self._stats = np.zeros(4, dtype=np.int64)
 
     # ------------------------------------------------------------ events
     def arrive(self, flow: Arrival, t: float) -> float:
@@ -328,8 +326,8 @@ class M4Engine:
         if len(outs) != len(pending.graphs):
             raise SimulationError(f"{len(outs)} step outputs for {len(pending.graphs)} graphs")
         (out,) = outs
-        self.n_updates += len(pending.comps)
-        self.n_stepped_flows += len(pending.rows)
+        self._stats[[0, 3]] += len(pending.comps)
+        self._stats[2] += len(pending.rows)
         return out
 
     def _write_back(self, pending: Pending, outs: list[StepOut]) -> np.ndarray:
@@ -353,6 +351,16 @@ class M4Engine:
             self._components.comps[c].t_last = pending.t
         finish = self._start[rows] + slowdown * self._ideal[rows]
         return np.round(finish * TICKS_PER_S) / TICKS_PER_S  # see TICKS_PER_S
+
+    @property
+    def n_updates(self) -> int:
+        """Component updates that ran the model."""
+        return int(self._stats[0])
+
+    @property
+    def n_stepped_flows(self) -> int:
+        """Σ flows over those updates."""
+        return int(self._stats[2])
 
     @property
     def n_active(self) -> int:
@@ -464,9 +472,6 @@ class NativeM4Engine(M4Engine):
     the core writes through) and the flow ids stay here."""
 
     def __init__(self, link_bandwidth_bps, model_cfg, params13, *args, **kwargs) -> None:
-        # the core's counters of its one-call updates: components, memo answers, flows
-        self._stats = np.zeros(3, dtype=np.int64)
-        self._counted = [0, 0]  # the updates through the stepper: components, flows
         super().__init__(link_bandwidth_bps, model_cfg, params13, *args, **kwargs)
         self._h_flow = None  # the core keeps the flows' states
         self._capacity = np.ascontiguousarray(self._capacity, dtype=np.float64)
@@ -514,7 +519,7 @@ class NativeM4Engine(M4Engine):
         self._fused: tuple | None = None  # use_compiled_pass's model and weights
 
     def use_compiled_pass(
-        self, model, *, memo_flows: int = MEMO_FLOWS, memo_bytes: int = MEMO_BYTES
+        self, model, *, memo_flows: int = memo.MAX_FLOWS, memo_bytes: int = memo.MAX_BYTES
     ) -> bool:
         """Run each update small enough for the step's one-graph path (fewer than
         ``DEDUP_MIN_FLOWS`` flows, at most ``NATIVE_MAX_ROWS`` rows, as they are now) in one
@@ -546,23 +551,6 @@ class NativeM4Engine(M4Engine):
         self.compiled_limits = (numpy_step.DEDUP_MIN_FLOWS, numpy_step.NATIVE_MAX_ROWS)
         return True
 
-    # counted by the core where it updates (use_compiled_pass), here where the stepper does
-    @property
-    def n_updates(self) -> int:
-        return self._counted[0] + int(self._stats[0])
-
-    @n_updates.setter
-    def n_updates(self, value: int) -> None:
-        self._counted[0] = value - int(self._stats[0])
-
-    @property
-    def n_stepped_flows(self) -> int:
-        return self._counted[1] + int(self._stats[2])
-
-    @n_stepped_flows.setter
-    def n_stepped_flows(self, value: int) -> None:
-        self._counted[1] = value - int(self._stats[2])
-
     def dag_loop(self):
         """This engine in a compiled loop's m4 mode (:meth:`NativeLoop.make_m4`), or None: its
         small updates are not compiled (:meth:`use_compiled_pass`), or nothing compiles."""
@@ -581,7 +569,7 @@ class NativeM4Engine(M4Engine):
     @property
     def memo_answers(self) -> int:
         """Updates the core's memo answered whole, without a pass (:meth:`use_compiled_pass`)."""
-        return int(self._stats[1]) if self._fused else 0
+        return int(self._stats[1])
 
     def predict(self, t: float):
         if not self._fused:

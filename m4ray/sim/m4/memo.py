@@ -30,10 +30,16 @@ def _frozen(a) -> np.ndarray:
     return copy
 
 
+# graphs of at most this many flows are kept, up to this many bytes (the compiled engine's memo
+# of components too: NativeM4Engine.use_compiled_pass)
+MAX_FLOWS = 64
+MAX_BYTES = 64 << 20
+
+
 class StepMemo:
     """Step outputs by the bytes of their graphs (see the module docstring)."""
 
-    def __init__(self, *, max_flows: int = 64, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, *, max_flows: int = MAX_FLOWS, max_bytes: int = MAX_BYTES) -> None:
         self.max_flows = max_flows
         self.max_bytes = max_bytes
         self.table: dict[bytes, StepOut] = {}
@@ -83,4 +89,4 @@ class StepMemo:
             self.bytes += size
 
 
-__all__ = ["StepMemo"]
+__all__ = ["MAX_BYTES", "MAX_FLOWS", "StepMemo"]
