@@ -1010,7 +1010,7 @@ int64_t m4ray_engine_components(const engine *e) { return e->n_live; }
  * between them was most of a small update's cost. The pass gives the same bits for the same
  * input bytes (_step.c), so a memo answer is the pass's answer.
  * ====================================================================================== */
-typedef int (*pass_fn)(const int64_t *, const double *, const int64_t *, int64_t, int64_t,
+typedef int (*pass_fn)(const int64_t *, const void *, const int64_t *, int64_t, int64_t,
                        const double *, const double *, const double *, const double *, int64_t,
                        const int64_t *, const int64_t *, const double *, const double *,
                        const double *, const double *, double *, double *, double *);
@@ -1024,7 +1024,8 @@ typedef struct {
 struct fused {
     pass_fn pass;
     const int64_t *dims, *off; /* Python-owned (NumpyModel._packed), as the pass reads them */
-    const double *wbuf, *params_row;
+    const void *wbuf; /* the pass's own float type */
+    const double *params_row;
     int64_t n_params, n_fluid;
     int64_t memo_flows, memo_bytes, memo_used; /* keep graphs of <= memo_flows flows */
     memo_entry *table;                         /* open addressing, cap a power of two */
@@ -1047,10 +1048,10 @@ static void fused_free(struct fused *m) {
 }
 
 /* The compiled pass for this engine's updates: the pass's address, the model's packed weights
- * (dims, wbuf, off as m4ray_m4_pass takes them), the parameter row every flow reads; graphs of
+ * (dims, wbuf, off as m4ray_m4_pass or its float32 twin takes them), the parameter row every flow reads; graphs of
  * at most memo_flows flows are remembered up to memo_bytes (then the memo starts over).
  * Returns 0, or 2 when memory runs out. */
-int m4ray_engine_model(engine *e, void *pass, const int64_t *dims, const double *wbuf,
+int m4ray_engine_model(engine *e, void *pass, const int64_t *dims, const void *wbuf,
                        const int64_t *off, const double *params_row, int64_t n_params,
                        int64_t memo_flows, int64_t memo_bytes) {
     fused_free(e->fused);

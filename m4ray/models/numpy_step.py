@@ -21,20 +21,25 @@ and share their outputs: every byte of their rows and wiring is compared, so the
 plain pass's (a test holds them equal to the bit); on the default sweep's groups a pass then
 carries ~24 % of the rows.
 
-The float64 pass runs compiled (``_step.c``, built on first use like the engine's core;
+The pass runs compiled (``_step.c``, built on first use like the engine's core;
 ``M4RAY_NATIVE=0`` or :data:`NATIVE_MAX_ROWS` ``= 0`` keeps numpy's, the reference): the same
 arithmetic with each row summed in a fixed order (no BLAS blocking, no fused multiply-add), its
 own vectorised exp, so a graph's answers are the same bits alone or in any batch on a machine,
-and within ~1e-12 of numpy's (a test holds both).
+and within the type's rounding of numpy's (~1e-12 in float64; a test holds both).
 
 ``precision="float32"`` (``backend_options.m4.precision``) runs the forward pass in float32, as
-the model was trained: products ~2.5x faster, which pays on the large components of MoE jobs at
-scale (Spectrum-X 512 GPUs, MoE, the scale ladder's rung: 82 → 49 s on 2 cores). It gives
-up the property above: float32 rounding (~1e-7 of a slowdown) is above the picosecond, so
-grouped and alone may differ in the last digits, and so do the answers: finish times within
-1e-9 of float64's on the gray-failure grid, but +0.37 % on that MoE iteration, where thousands
-of flows finish picoseconds apart and a last-digit change reorders them. Deduplication still
-compares the float64 rows, and the slowdown is formed in float64 from the anchor.
+the model was trained (its weights are float32 values): twice the lanes per vector and half the
+weights' bytes, 1.5x faster on a pass of 5 rows, 2.1x from 300 rows, ~1.8x on a whole replay
+(the full-size gray-failure grid). Compiled, it keeps the property above (the same bits alone
+or in any batch); numpy's float32 (without a compiler) does not. Its answers are not float64's
+to the bit: float32 rounding (~1e-7 of a slowdown) is above the picosecond the engine rounds
+times to, so some flows finish a picosecond apart and the order of later events changes. On
+the full-size grid's 14 points (SimAI's collectives) the iteration moved by 1.0 % on average,
+5.3 % at most, against float64; nudging float64's weights by 1e-7 of themselves moves it by
+0.7 % and 2.2 % (by 1e-15: not at all), so that is how far m4's answers there are defined by
+its float32-valued weights in the first place. The mean error against ns-3 on that grid: 14.4 %
+in float32, 14.9 % in float64. Deduplication compares the float64 rows, and the slowdown is
+formed in float64 from the anchor.
 
 Weights are read from the checkpoint's ``model.pt`` once per content and kept as ``.npz`` in
 the native cache (:func:`m4ray.native.cache_dir`); only that first read imports torch.
@@ -184,30 +189,31 @@ class NumpyModel:
 
     @functools.cached_property
     def _packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The weights as the compiled pass reads them: one float64 buffer, each tensor's
-        offset in :func:`native_layout`'s order, and the dims (hidden, GNN hidden, layers,
-        per-flow inputs, fluid inputs)."""
+        """The weights as the compiled pass reads them: one buffer of the model's float type
+        (matrices in strips of 2 vectors' columns: :func:`_strips`), each tensor's offset in
+        :func:`native_layout`'s order, and the dims (hidden, GNN hidden, layers, per-flow
+        inputs, fluid inputs)."""
         names = native_layout(self.cfg)
+        width = STRIP_COLUMNS[np.dtype(self.dtype).name]
         parts = [
-            _strips(self.w[name]) if self.w[name].ndim == 2 else self.w[name].astype(np.float64)
+            _strips(self.w[name], width) if self.w[name].ndim == 2 else self.w[name]
             for name in names
         ]
         offsets_ = np.concatenate([[0], np.cumsum([len(p) for p in parts])[:-1]])
         cfg = self.cfg
         dims = [cfg.hidden, cfg.gnn_hidden, cfg.gnn_layers, cfg.n_inputs, cfg.n_fluid]
         return (
-            np.concatenate(parts),
+            np.concatenate(parts).astype(self.dtype),
             offsets_.astype(np.int64),
             np.asarray(dims, dtype=np.int64),
         )
 
     def _alone(self, g: StepGraph) -> StepOut | None:
-        """One float64 graph too small to look for identical components in, through
-        :meth:`_forward` on its own arrays (no union to build: the pass is the same, row for
-        row); None where :meth:`step`'s general path applies."""
+        """One graph too small to look for identical components in, through :meth:`_forward`
+        on its own arrays (no union to build: the pass is the same, row for row); None where
+        :meth:`step`'s general path applies."""
         if (
-            self.dtype is not np.float64
-            or len(g.h_flow) >= DEDUP_MIN_FLOWS
+            len(g.h_flow) >= DEDUP_MIN_FLOWS
             or (self.cfg.fluid and (g.base is None or g.fluid is None))  # refused there
         ):
             return None
@@ -223,8 +229,8 @@ class NumpyModel:
     def _compiled_pass(  # noqa: PLR0917 (the step's arrays)
         self, lib, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`_pass` in C (``_step.c``): the same arithmetic, each row's sums in a fixed
-        order whatever the batch."""
+        """:meth:`_pass` in C (``_step.c``, in the model's float type): the same arithmetic,
+        each row's sums in a fixed order whatever the batch; float64 arrays in and out."""
         wbuf, offs, dims = self._packed
         n_f, n_l = len(h_flow), len(h_link)
         c = np.ascontiguousarray
@@ -244,7 +250,7 @@ class NumpyModel:
         new_link = np.empty((n_l, self.cfg.hidden))
         slowdown = np.empty(n_f)
         ptrs = [None if a is None else a.ctypes.data for a in arrays]
-        rc = lib.m4ray_m4_pass(
+        rc = getattr(lib, PASS_FUNCTIONS[np.dtype(self.dtype).name])(
             dims.ctypes.data, wbuf.ctypes.data, offs.ctypes.data, n_f, n_l, *ptrs[:4],
             incidence.shape[1], *ptrs[4:], new_flow.ctypes.data, new_link.ctypes.data,
             slowdown.ctypes.data,
@@ -339,11 +345,6 @@ class NumpyModel:
             h_flow, dt_flow, params, n_links, *anchor = (a[keep_flows] for a in flow_rows)
             base, fluid = anchor or (None, None)
             h_link, dt_link = h_link[keep_links], dt_link[keep_links]
-        if self.dtype is not f64:  # the anchor's base stays float64 (the slowdown is formed in it)
-            h_flow, h_link, dt_flow, dt_link, params, n_links = (
-                a.astype(self.dtype) for a in (h_flow, h_link, dt_flow, dt_link, params, n_links)
-            )
-            fluid = None if fluid is None else fluid.astype(self.dtype)
         new_flow, new_link, slowdown = self._forward(
             h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
         )
@@ -358,15 +359,21 @@ class NumpyModel:
     def _forward(  # noqa: PLR0917 (the step's arrays)
         self, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The forward pass over one union graph: new flow and link states and slowdowns."""
+        """The forward pass over one union graph (float64 arrays): new flow and link states and
+        slowdowns, compiled or in numpy, in the model's float type."""
         if (
-            self.dtype is np.float64
-            and len(h_flow) + len(h_link) <= NATIVE_MAX_ROWS
+            len(h_flow) + len(h_link) <= NATIVE_MAX_ROWS
             and (lib := native_step_library()) is not None
         ):
             return self._compiled_pass(
                 lib, h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
             )
+        if self.dtype is not np.float64:  # the anchor's base stays float64 (the slowdown is
+            # formed in it)
+            h_flow, h_link, dt_flow, dt_link, params, n_links = (
+                a.astype(self.dtype) for a in (h_flow, h_link, dt_flow, dt_link, params, n_links)
+            )
+            fluid = None if fluid is None else fluid.astype(self.dtype)
         with np.errstate(over="ignore"):  # the gates' exp(-x) (_sigmoid), once per pass
             return self._pass(
                 h_flow, h_link, dt_flow, dt_link, incidence, params, n_links, base, fluid
@@ -411,6 +418,10 @@ class NumpyModel:
 NATIVE_MAX_ROWS = 1_000_000
 
 _STEP_SOURCE = Path(__file__).with_name("_step.c")
+_STEP_INCLUDES = (Path(__file__).with_name("_step_pass.h"),)
+# the compiled pass of each precision, and its weights' strip width (2 AVX vectors of the type)
+PASS_FUNCTIONS = {"float64": "m4ray_m4_pass", "float32": "m4ray_m4_pass_f32"}
+STRIP_COLUMNS = {"float64": 8, "float32": 16}
 
 
 @functools.cache
@@ -419,23 +430,24 @@ def native_step_library():
     ``M4RAY_NATIVE=0``): numpy then runs every pass."""
     import ctypes
 
-    lib = native.load(_STEP_SOURCE, "compiled m4 step")
+    lib = native.load(_STEP_SOURCE, "compiled m4 step", _STEP_INCLUDES)
     if lib is None:
         return None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.m4ray_m4_pass.restype = ctypes.c_int
-    lib.m4ray_m4_pass.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64]
-    lib.m4ray_m4_pass.argtypes += [ptr] * 9
+    for name in PASS_FUNCTIONS.values():
+        function = getattr(lib, name)
+        function.restype = ctypes.c_int
+        function.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, *[ptr] * 9]
     return lib
 
 
-def _strips(w: np.ndarray) -> np.ndarray:
-    """An (in, out) matrix as ``_step.c`` reads it: strips of 8 columns (the last zero-padded),
-    each as ``in`` rows of 8, one after another."""
+def _strips(w: np.ndarray, width: int = 8) -> np.ndarray:
+    """An (in, out) matrix as ``_step.c`` reads it: strips of ``width`` columns (the last
+    zero-padded), each as ``in`` rows of ``width``, one after another."""
     n_in, n_out = w.shape
-    padded = np.zeros((n_in, -(-n_out // 8) * 8))
+    padded = np.zeros((n_in, -(-n_out // width) * width), dtype=w.dtype)
     padded[:, :n_out] = w
-    return np.ascontiguousarray(padded.reshape(n_in, -1, 8).transpose(1, 0, 2)).ravel()
+    return np.ascontiguousarray(padded.reshape(n_in, -1, width).transpose(1, 0, 2)).ravel()
 
 
 def native_layout(cfg: ModelConfig) -> list[str]:

@@ -64,23 +64,26 @@ def both(config: M4Config, algorithm, failure: GrayFailure):
 
 
 @pytest.mark.parametrize(
-    ("checkpoint", "collective", "dedup_min"),
+    ("checkpoint", "collective", "dedup_min", "precision"),
     [
-        ("m4-v2", "simai", 128),  # the default: every update compiled
-        ("m4-v2", "simai", 6),  # updates of 6 flows and more back to Python's stepper
-        ("m4-small", "hierarchical", 128),  # no fluid anchor
+        ("m4-v2", "simai", 128, "float64"),  # the default: every update compiled
+        ("m4-v2", "simai", 6, "float64"),  # updates of 6 flows and more back to Python's stepper
+        ("m4-v2", "simai", 6, "float32"),  # the float32 pass, both ways
+        ("m4-small", "hierarchical", 128, "float64"),  # no fluid anchor
     ],
 )
 def test_m4_in_the_compiled_loop_equals_m4_in_python_to_the_bit(
-    monkeypatch, checkpoint, collective, dedup_min
+    monkeypatch, checkpoint, collective, dedup_min, precision
 ):
     """Every flow's ids, hosts, parent, start, finish, ideal FCT and done time, the ranks' and
-    nodes' finish times, the event and update counts: the compiled loop's are Python's."""
+    nodes' finish times, the event and update counts: the compiled loop's are Python's, in
+    either float type."""
     monkeypatch.setattr(numpy_step, "DEDUP_MIN_FLOWS", dedup_min)
     algorithm = SimAISpec(channels=2) if collective == "simai" else HierarchicalSpec()
     failure = GrayFailure(n_degraded=4, reduction=8, onset_s=30e-6)
     network = Ns3Config(transport="tcp" if checkpoint == "m4-small" else "rdma")  # as learned
-    (a, ba), (b, bb) = both(M4Config(checkpoint=checkpoint, network=network), algorithm, failure)
+    config = M4Config(checkpoint=checkpoint, network=network, precision=precision)
+    (a, ba), (b, bb) = both(config, algorithm, failure)
     assert dataclasses.asdict(b.flows) == dataclasses.asdict(a.flows)  # every column, exactly
     assert b.completion_time_s == a.completion_time_s
     assert b.rank_finish_s == a.rank_finish_s

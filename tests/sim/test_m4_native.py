@@ -114,10 +114,18 @@ class _Fused(_Direct):
     """:class:`_Direct` stepping the numpy model, its small updates in one core call
     (``fused``) or through the stepper."""
 
-    def __init__(self, model: M4Model, *args, fused: bool, memo_flows: int = 64, **kwargs):
+    def __init__(
+        self,
+        model: M4Model,
+        *args,
+        fused: bool,
+        memo_flows: int = 64,
+        precision: str = "float64",
+        **kwargs,
+    ):
         super().__init__(model, *args, **kwargs)
         weights = {k: v.double().numpy() for k, v in self.model.state_dict().items()}
-        self.numpy_model = NumpyModel(self.model.cfg, weights)
+        self.numpy_model = NumpyModel(self.model.cfg, weights, precision)
         self.fused, self.memo_flows = fused, memo_flows
 
     def build(self, topology, routing):
@@ -129,21 +137,22 @@ class _Fused(_Direct):
 
 
 @pytest.mark.parametrize(
-    ("fluid", "window", "acks", "window_us", "batching"),
+    ("fluid", "window", "acks", "window_us", "batching", "precision"),
     [
-        (True, True, True, 0.0, None),  # m4-v2's engine
-        (True, False, False, None, Batching(4, 0.25, 8)),  # per event, frozen anchors
-        (False, False, False, 10.0, None),  # m4-small's: no anchor
+        (True, True, True, 0.0, None, "float64"),  # m4-v2's engine
+        (True, True, True, 0.0, None, "float32"),  # ... with the float32 pass
+        (True, False, False, None, Batching(4, 0.25, 8), "float64"),  # per event, frozen anchors
+        (False, False, False, 10.0, None, "float64"),  # m4-small's: no anchor
     ],
-    ids=["v2-acks", "per-event-batched", "no-anchor-10us"],
+    ids=["v2-acks", "v2-acks-float32", "per-event-batched", "no-anchor-10us"],
 )
 def test_an_update_in_one_core_call_answers_as_the_stepper_bit_for_bit(  # noqa: PLR0917
-    fluid, window, acks, window_us, batching, monkeypatch
+    fluid, window, acks, window_us, batching, precision, monkeypatch
 ):
     """NativeM4Engine.use_compiled_pass (prepare, the compiled pass, write-back and the memo in
-    one call) gives the FCTs of the same engine stepping through NumpyStepper, exactly; the
-    memo answers repeated graphs (a wrong memo answer would move them), larger updates still
-    go through the stepper, and a float32 model is refused."""
+    one call) gives the FCTs of the same engine stepping through NumpyStepper, exactly, in
+    either float type; the memo answers repeated graphs (a wrong memo answer would move them),
+    larger updates still go through the stepper, and a model of another config is refused."""
     from m4ray.models import numpy_step
 
     assert numpy_step.native_step_library() is not None
@@ -158,7 +167,15 @@ def test_an_update_in_one_core_call_answers_as_the_stepper_bit_for_bit(  # noqa:
     model = _model(fluid, window, acks=acks)
     common = {"window_us": window_us, "param": 0.1, "ack_fraction": 0.05 if acks else 0.0}
     cfgs = [
-        _Fused(model, 6_000 if window else None, fused=f, memo_flows=m, batching=batching, **common)
+        _Fused(
+            model,
+            6_000 if window else None,
+            fused=f,
+            memo_flows=m,
+            batching=batching,
+            precision=precision,
+            **common,
+        )
         for f, m in ((False, 64), (True, 64), (True, 0))
     ]
     answers, engines, _ = _run(topo, flows, routing, cfgs)
@@ -169,8 +186,9 @@ def test_an_update_in_one_core_call_answers_as_the_stepper_bit_for_bit(  # noqa:
     assert fused_.memo_answers > 5 and no_memo.memo_answers == 0
     np.testing.assert_array_equal(answers[1], answers[0])
     np.testing.assert_array_equal(answers[2], answers[0])
-    f32 = NumpyModel(model.cfg, {k: v.numpy() for k, v in model.state_dict().items()}, "float32")
-    assert not fused_.use_compiled_pass(f32)
+    other = _model(not fluid, window, acks=acks)
+    other = NumpyModel(other.cfg, {k: v.numpy() for k, v in other.state_dict().items()})
+    assert not fused_.use_compiled_pass(other)
 
 
 def test_set_bandwidth_resets_an_idle_link_at_once_and_a_busy_one_when_it_idles():

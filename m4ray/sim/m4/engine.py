@@ -523,22 +523,24 @@ class NativeM4Engine(M4Engine):
     ) -> bool:
         """Run each update small enough for the step's one-graph path (fewer than
         ``DEDUP_MIN_FLOWS`` flows, at most ``NATIVE_MAX_ROWS`` rows, as they are now) in one
-        call to the core: prepare, ``model``'s compiled float64 pass (``_step.c``, by address)
-        and the write-back, with the core's memo of passes by their input bytes, component by
-        component (components of at most ``memo_flows`` flows, up to ``memo_bytes``; what
-        :class:`~m4ray.sim.m4.memo.StepMemo` does for whole graphs on the Python path). The
-        compiled pass gives each component the same bits alone or beside others, so the
-        answers are those of :meth:`predict` through the stepper, to the bit
+        call to the core: prepare, ``model``'s compiled pass (``_step.c``, by address, in the
+        model's float type) and the write-back, with the core's memo of passes by their input
+        bytes, component by component (components of at most ``memo_flows`` flows, up to
+        ``memo_bytes``; what :class:`~m4ray.sim.m4.memo.StepMemo` does for whole graphs on the
+        Python path). The compiled pass gives each component the same bits alone or beside
+        others, so the answers are those of :meth:`predict` through the stepper, to the bit
         (``tests/sim/test_m4_native.py``); larger updates still go through the stepper. False
-        (nothing changes) where ``model`` is not a float64 numpy model of this engine's
-        config or the pass is not compiled here."""
+        (nothing changes) where ``model`` is not a numpy model of this engine's config or the
+        pass is not compiled here."""
         from m4ray.models import numpy_step
 
         lib = numpy_step.native_step_library()
-        if lib is None or getattr(model, "dtype", None) is not np.float64 or model.cfg != self.cfg:
+        dtype = getattr(model, "dtype", None)
+        if lib is None or dtype not in (np.float64, np.float32) or model.cfg != self.cfg:
             return False
         wbuf, offs, dims = model._packed
-        address = ctypes.cast(lib.m4ray_m4_pass, ctypes.c_void_p).value
+        function = getattr(lib, numpy_step.PASS_FUNCTIONS[np.dtype(dtype).name])
+        address = ctypes.cast(function, ctypes.c_void_p).value
         rc = self._lib.m4ray_engine_model(
             self._core, address, dims.ctypes.data, wbuf.ctypes.data, offs.ctypes.data,
             self._params_row.ctypes.data, len(self._params_row), memo_flows, memo_bytes,
