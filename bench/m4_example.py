@@ -111,12 +111,26 @@ def tail_row(name: str, slowdown: np.ndarray, size: np.ndarray, ref: np.ndarray 
     return cells
 
 
+def m4_config(entry: str, network):
+    """``--m4``'s ``checkpoint[:precision]`` as an m4 backend imitating ``network``."""
+    from m4ray.sim.m4.backend import M4Config
+
+    checkpoint, _, precision = entry.partition(":")
+    return M4Config(
+        checkpoint=checkpoint, network=network, **({"precision": precision} if precision else {})
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="the m4_example folder (shared/data)")
     parser.add_argument("--tcp", action="store_true", help="also run ns-3 TCP DCTCP (~10 min)")
     parser.add_argument(
-        "--m4", nargs="+", default=[], metavar="CHECKPOINT", help="also run these m4 checkpoints"
+        "--m4",
+        nargs="+",
+        default=[],
+        metavar="CHECKPOINT[:PRECISION]",
+        help="also run these m4 checkpoints (m4-v2:float64 for its float64 pass)",
     )
     args = parser.parse_args()
 
@@ -146,10 +160,7 @@ def main() -> None:
         import dataclasses
 
         backends["ns-3 tcp"] = dataclasses.replace(ns3, transport="tcp")
-    for checkpoint in args.m4:
-        from m4ray.sim.m4.backend import M4Config
-
-        backends[f"m4 ({checkpoint})"] = M4Config(checkpoint=checkpoint, network=ns3)
+    backends.update({f"m4 ({entry})": m4_config(entry, ns3) for entry in args.m4})
 
     ids = [f.id for f in flows]
     size = np.array([ref[i][0] for i in ids])

@@ -12,11 +12,25 @@ from typing import Any
 # at its default it is left out of the hash, so every existing scenario, run and dataset keeps its
 # id (and a resumed sweep its finished rows).
 SINCE = "m4ray.fingerprint.added"
+# ... and where the field's default changed later, the value the ids were made with (left out
+# of the hash, so old ids still name what they ran; the new default is hashed)
+BEFORE = "m4ray.fingerprint.before"
 
 
-def added_field(default: Any, why: str) -> Any:
-    """A dataclass field that leaves ids unchanged while it holds ``default``."""
-    return dataclasses.field(default=default, metadata={SINCE: why})
+def added_field(default: Any, why: str, *, ids_had: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that leaves ids unchanged while it holds ``default``, or ``ids_had``
+    where given: the value every id was made with before the default changed to ``default``."""
+    metadata = {SINCE: why}
+    if ids_had is not dataclasses.MISSING:
+        metadata[BEFORE] = ids_had
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _left_out(field: dataclasses.Field, value: Any) -> bool:
+    """Whether ``value`` of ``field`` stays out of the hash (module docstring)."""
+    if not field.metadata.get(SINCE):
+        return False
+    return value == field.metadata.get(BEFORE, field.default)
 
 
 def canonical(obj: Any) -> Any:
@@ -25,7 +39,7 @@ def canonical(obj: Any) -> Any:
         fields = {
             f.name: canonical(getattr(obj, f.name))
             for f in dataclasses.fields(obj)
-            if not (f.metadata.get(SINCE) and getattr(obj, f.name) == f.default)
+            if not _left_out(f, getattr(obj, f.name))
         }
         return {"__type__": type(obj).__qualname__, **fields}
     if isinstance(obj, enum.Enum):

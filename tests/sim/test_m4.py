@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -209,17 +210,20 @@ def test_trace_mode_update_policies():
 
 
 def test_the_float32_step_runs_a_trace_near_float64():
-    """``precision=float32``: the same trace within float32 rounding of float64's; the option
-    names its run (a float64 run's id is unchanged); a bad precision is a clear error."""
-    from m4ray.fingerprint import fingerprint
+    """``precision=float32`` (the default): the same trace within float32 rounding of
+    float64's; float32 names its runs, and a float64 run keeps the id it had when float64 was
+    the default; a bad precision is a clear error."""
+    from m4ray.fingerprint import canonical, fingerprint
 
     topo, routing, hosts = _rail()
     flows = [Flow(i, hosts[i], hosts[(i + 9) % 32], 100_000 * (i + 1), 0.0) for i in range(8)]
-    f64 = run_trace(topo, flows, M4Config(), routing).column("fct_s").to_numpy()
-    f32 = run_trace(topo, flows, M4Config(precision="float32"), routing).column("fct_s").to_numpy()
-    np.testing.assert_allclose(f32, f64, rtol=1e-5)
-    assert fingerprint(M4Config(precision="float64")) == fingerprint(M4Config())
-    assert fingerprint(M4Config(precision="float32")) != fingerprint(M4Config())
+    f64 = run_trace(topo, flows, M4Config(precision="float64"), routing).column("fct_s")
+    f32 = run_trace(topo, flows, M4Config(), routing).column("fct_s").to_numpy()
+    np.testing.assert_allclose(f32, f64.to_numpy(), rtol=1e-5)
+    assert M4Config().precision == "float32"
+    assert fingerprint(M4Config(precision="float32")) == fingerprint(M4Config())
+    assert canonical(M4Config())["precision"] == "float32"  # hashed: a new run
+    assert "precision" not in canonical(M4Config(precision="float64"))  # the id it had
     with pytest.raises(InputError, match="unknown precision 'half'"):
         M4Config(precision="half")
 
@@ -233,10 +237,12 @@ def test_the_device_option_runs_the_torch_step_and_refuses_a_missing_gpu(monkeyp
 
     topo, routing, hosts = _rail()
     flows = [Flow(i, hosts[i], hosts[(i + 9) % 32], 100_000 * (i + 1), 0.0) for i in range(8)]
-    numpy_run = run_trace(topo, flows, M4Config(), routing).column("fct_s").to_numpy()
+    f64 = M4Config(precision="float64")
+    numpy_run = run_trace(topo, flows, f64, routing).column("fct_s").to_numpy()
     monkeypatch.setattr(backend, "resolve_device", lambda device: "cpu-torch")
     monkeypatch.setattr(backend, "load_model", lambda name, device, precision: load_model(name))
-    torch_run = run_trace(topo, flows, M4Config(device="cuda"), routing).column("fct_s").to_numpy()
+    on_gpu = dataclasses.replace(f64, device="cuda")
+    torch_run = run_trace(topo, flows, on_gpu, routing).column("fct_s").to_numpy()
     np.testing.assert_allclose(torch_run, numpy_run, rtol=1e-12)
     monkeypatch.undo()
     assert backend.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")

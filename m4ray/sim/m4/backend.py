@@ -159,8 +159,8 @@ class M4Config:
     ``max_flows_per_step``: cap on flows in one forward pass; ``share_steps``: a sweep task runs
     up to this many m4 scenarios together in one process, their updates batched into shared
     forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone;
-    ``precision``: the numpy step's float type (float64; float32's forward passes are ~1.7x
-    faster on the large components of MoE jobs at scale, its answers not the same to the bit:
+    ``precision``: the step's float type (float32, as the model was trained: its compiled
+    passes are ~1.8x float64's speed; float64's answers are not the same to the bit:
     :mod:`~m4ray.models.numpy_step` says by how much); ``device``: ``cpu`` steps in numpy,
     ``cuda`` (or ``cuda:N``) runs the torch step on that GPU (:func:`~m4ray.models.step.step`,
     in ``precision``; the same answers to float rounding), ``auto`` picks ``cuda`` where torch
@@ -187,7 +187,9 @@ class M4Config:
     max_flows_per_step: int = 4096
     share_steps: int = 1  # conf/backend/m4.yaml says why (groups pay on a GPU)
     weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
-    precision: str = added_field("float64", "the numpy step's float type (2026-11-26)")
+    precision: str = added_field(
+        "float32", "the numpy step's float type (2026-11-26)", ids_had="float64"
+    )  # float32 by default since 2026-11-29: runs before then were float64, and keep their ids
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
     batch_above_flows: int | None = 128
     batch_fraction: float = 0.1
