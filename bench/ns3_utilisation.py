@@ -11,7 +11,9 @@ back, GPU to rail switch and back, rail to spine and back; degraded GPUs apart),
 the run each kept its wire busy: ``8 * bytes sent / (bandwidth * completion time)`` (ns-3 counts
 every frame it sends, ACKs included; flowSim's bytes are its flows' wire bytes). A link that must
 carry the same bytes in both and is busy for a smaller share in ns-3 sat idle for the rest.
-Beside it, how many data packets ns-3's ports of each kind marked CE (all links of the kind).
+Beside it, how many data packets ns-3's ports of each kind marked CE (all links of the kind),
+and under the table ns-3's transport counters (PFC pauses, drops, marks, ...) and rank 0's
+finish beside the last rank's.
 """
 
 from __future__ import annotations
@@ -52,6 +54,26 @@ def link_kinds(topo, degraded: set[int]) -> dict[int, str]:
     return kinds
 
 
+def report(busy: dict, backends: list[str], counters: dict, title: str) -> None:
+    """The table of busy shares per link kind, then ns-3's counters."""
+    rows = []
+    for kind, per in busy.items():
+        cells = []
+        for name in backends:
+            value, _ = per[name]
+            cells.append(f"{value:.2f}" if kind.endswith("(ms)") else f"{value:.0%}")
+        if kind.endswith("(ms)"):
+            cells += ["", ""]
+        else:
+            ratio = per["ns3"][1] / per["flowsim"][1] if per["flowsim"][1] else float("nan")
+            cells += [f"{ratio:.3f}", f"{per['marks'][0]:,.0f}"]
+        rows.append([kind, *cells])
+    print(f"{title}: busy share of the run per link kind")
+    header = ["link kind", "ns-3 busy", "flowSim busy", "bytes ns-3 / flowSim", "ns-3 CE marks"]
+    print(format_table(header, rows))
+    print("ns-3 counters:", ", ".join(f"{k} {v:,}" for k, v in counters.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("n", type=int)
@@ -87,6 +109,7 @@ def main() -> None:
         if scenario.backend == "ns3":
             sent = backend.sent_bytes().astype(float)
             marked = backend.marked_packets()
+            counters = backend.counters()
         else:  # the flows' wire bytes on every link of their paths
             sent = np.zeros(topo.n_links)
             for src, dst, size, fid in zip(
@@ -106,21 +129,11 @@ def main() -> None:
             if scenario.backend == "ns3":
                 busy[kind]["marks"] = (float(marked[links].sum()), None)
         busy.setdefault("completion (ms)", {})[scenario.backend] = (t * 1e3, None)
-    rows = []
-    for kind, per in busy.items():
-        cells = []
-        for name in backends:
-            value, _ = per[name]
-            cells.append(f"{value:.2f}" if kind.startswith("completion") else f"{value:.0%}")
-        if kind.startswith("completion"):
-            cells += ["", ""]
-        else:
-            ratio = per["ns3"][1] / per["flowsim"][1] if per["flowsim"][1] else float("nan")
-            cells += [f"{ratio:.3f}", f"{per['marks'][0]:,.0f}"]
-        rows.append([kind, *cells])
-    print(f"N = {args.n}, R = {args.r}, scale {args.scale}: busy share of the run per link kind")
-    header = ["link kind", "ns-3 busy", "flowSim busy", "bytes ns-3 / flowSim", "ns-3 CE marks"]
-    print(format_table(header, rows))
+        busy.setdefault("rank 0's finish (ms)", {})[scenario.backend] = (
+            row["rank0_time_s"] * 1e3,
+            None,
+        )
+    report(busy, backends, counters, f"N = {args.n}, R = {args.r}, scale {args.scale}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Two deployments:
 
 * :class:`M4Model` — the checkpoint's weights and the step: on a CPU the in-process backend's
-  (:mod:`m4ray.models.numpy_step`, its float64 pass compiled; the replica never imports torch),
+  (:mod:`m4ray.models.numpy_step`, its pass compiled, in ``precision``; the replica never
+  imports torch),
   on a GPU :func:`m4ray.models.step.step` in torch; ``@serve.batch``
   gathers the step requests of many concurrent simulations and runs them as one forward pass over
   the disjoint union of their graphs, split into passes of at most ``max_batch_flows`` flows (the
@@ -191,6 +192,11 @@ class AppArgs(BaseModel):
         pattern=f"^({DEVICE_PATTERN})$",
         description="the model replica's device: cpu, cuda[:N] or auto (cuda where Ray has a GPU)",
     )
+    precision: str = Field(
+        "float32",
+        pattern="^(float32|float64)$",
+        description="the step's float type: float32 (as m4 was trained; the in-process default)",
+    )
     session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")
     max_request_bytes: int = Field(8 << 20, ge=1, description="larger bodies get 413")
     max_events_per_request: int = Field(100_000, ge=1, description="more events get 413")
@@ -219,10 +225,14 @@ class M4Model:
     """The neural step, batched across requests (one forward pass per batch)."""
 
     def __init__(self, args: AppArgs) -> None:
-        # the in-process backend's stepper: numpy (its float64 pass compiled) on a CPU, torch on
-        # a GPU, in passes of at most max_batch_flows flows
+        # the in-process backend's stepper: numpy (its pass compiled) on a CPU, torch on a GPU,
+        # in passes of at most max_batch_flows flows
         self.stepper = local_stepper(
-            args.checkpoint, args.device, max_flows=args.max_batch_flows, threads=args.threads
+            args.checkpoint,
+            args.device,
+            precision=args.precision,
+            max_flows=args.max_batch_flows,
+            threads=args.threads,
         )
         self.model = self.stepper.model
         self.checkpoint = args.checkpoint

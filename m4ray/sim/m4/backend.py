@@ -300,14 +300,14 @@ def trained_params_range(name: str) -> ParamsRange | None:
 
 
 def local_stepper(
-    checkpoint: str, device: str, *, precision: str = "float64", max_flows: int, threads: int
+    checkpoint: str, device: str, *, precision: str = "float32", max_flows: int, threads: int
 ):
     """A stepper over ``checkpoint``'s model in this process, in passes of at most
-    ``max_flows`` flows: on the CPU the numpy step (:mod:`m4ray.models.numpy_step`, its float64
-    pass compiled; this process never imports torch for it) with ``threads`` BLAS threads, on
-    a GPU the torch step with ``threads`` torch threads (0 leaves them). The in-process backend
-    and Serve's model replica both step through it; its ``model`` has the checkpoint's
-    ``cfg``."""
+    ``max_flows`` flows, in ``precision``: on the CPU the numpy step
+    (:mod:`m4ray.models.numpy_step`, its pass compiled; this process never imports torch for
+    it) with ``threads`` BLAS threads, on a GPU the torch step with ``threads`` torch threads
+    (0 leaves them). The in-process backend and Serve's model replica both step through it; its
+    ``model`` has the checkpoint's ``cfg``."""
     device = resolve_device(device)
     if device != "cpu":
         import torch
