@@ -3,7 +3,7 @@ per-flow answers against m4 updated at every completion, beside flowSim, in one 
 
     .venv/bin/python bench/m4_batching.py                           # MoE, Spectrum-X 512 GPUs
     .venv/bin/python bench/m4_batching.py --gpus 1024               # the rung (~4 min)
-    .venv/bin/python bench/m4_batching.py --configs 0:0.1 64:0.1 128:0.1 256:0.1 128:0.1:float32
+    .venv/bin/python bench/m4_batching.py --configs 0:0.1 64:0.1 128:0.1 256:0.1 128:0.1:float64
     .venv/bin/python bench/m4_batching.py --gpus 1024 --lockstep    # rounds, not flows (~15 s)
 
 The job is the scale ladder's MoE job (``conf/experiment/scale.yaml``: Mixtral-like, TP 4,
@@ -129,19 +129,15 @@ def lockstep_table(gpus: int, runs: list) -> None:
 
 def parse(entry: str) -> tuple[str, M4Config]:
     above, fraction, *rest = entry.split(":")
-    precision = rest[0] if rest else "float64"
-    config = M4Config(
-        batch_above_flows=int(above), batch_fraction=float(fraction), precision=precision
-    )
-    return f"m4, batched above {above} flows at {fraction}" + (
-        f", {precision}" if rest else ""
-    ), config
+    precision = {"precision": rest[0]} if rest else {}  # else M4Config's (float32)
+    config = M4Config(batch_above_flows=int(above), batch_fraction=float(fraction), **precision)
+    return f"m4, batched above {above} flows at {fraction}, {config.precision}", config
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpus", type=int, default=512)
-    parser.add_argument("--configs", nargs="*", default=["128:0.1", "128:0.1:float32"])
+    parser.add_argument("--configs", nargs="*", default=["128:0.1", "128:0.1:float64"])
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--lockstep", action="store_true", help="replay by rank symmetry")
     args = parser.parse_args()
