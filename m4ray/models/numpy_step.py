@@ -409,7 +409,7 @@ class NumpyModel:
         return new_flow, new_link, slowdown
 
 
-# float64 passes of at most this many rows (flows + links) run compiled (``_step.c``), which
+# passes of at most this many rows (flows + links) run compiled (``_step.c``), which in float64
 # on this 2-core machine is at least as fast as numpy at every size measured, 1 to 2,600 rows
 # (2-3x on the few-row passes of a collective's steps, where numpy's few µs per operation are
 # most of the cost; ~1-2x from 40 rows up: bench/m4_step_native.py). A smaller value sends the
