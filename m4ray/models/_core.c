@@ -66,12 +66,12 @@ static int max_min(int64_t n, const int64_t *sel, const int64_t *off, const int6
     double *load = malloc(sizeof(double) * (n_edges + 1));
     double *used_bw = malloc(sizeof(double) * (n_edges + 1));
     double *counts = malloc(sizeof(double) * (n_edges + 1));
-    char *open_edge = malloc(n_edges + 1);
-    char *open_flow = malloc(n + 1);
+    int64_t *open_links = malloc(sizeof(int64_t) * (n_edges + 1));
+    int64_t *open_flows = malloc(sizeof(int64_t) * (n + 1));
     char *hit = malloc(n + 1);
     int rc = 0;
     if (!used || !flow_of || !link_of || !remaining || !load || !used_bw || !counts ||
-        !open_edge || !open_flow || !hit) {
+        !open_links || !open_flows || !hit) {
         rc = 2;
         goto out;
     }
@@ -89,64 +89,85 @@ static int max_min(int64_t n, const int64_t *sel, const int64_t *off, const int6
             flow_of[e] = i;
             link_of[e] = slot[link];
             load[slot[link]] += 1.0;
-            open_edge[e] = 1;
         }
     }
     for (int64_t l = 0; l < n_used; l++) slot[used[l]] = -1;
     for (int64_t i = 0; i < n; i++) {
-        open_flow[i] = 1;
+        open_flows[i] = i;
         rate[i] = 0.0;
+        hit[i] = 0;
     }
+    /* Each round scans only what is still open: the open edges (flow_of / link_of compacted in
+     * place, in their order), the links some open edge crosses and the open flows, each in its
+     * original order, so every sum and minimum is the full scan's (a closed edge added nothing
+     * to counts or used_bw; a link without load shares INFINITY and is never the level). */
+    int64_t n_open = n_edges, n_links_open = 0, n_flows_open = n;
+    for (int64_t l = 0; l < n_used; l++)
+        if (load[l] > 0) open_links[n_links_open++] = l;
     for (;;) {
         double level = INFINITY;
-        for (int64_t l = 0; l < n_used; l++) {
-            double share = load[l] > 0 ? remaining[l] / load[l] : INFINITY;
+        for (int64_t q = 0; q < n_links_open; q++) {
+            int64_t l = open_links[q];
+            double share = remaining[l] / load[l];
             if (share < level) level = share;
         }
-        memset(hit, 0, n);
         double capped = INFINITY;
-        for (int64_t i = 0; i < n; i++)
-            if (open_flow[i] && caps[i] < capped) capped = caps[i];
+        for (int64_t q = 0; q < n_flows_open; q++) {
+            int64_t i = open_flows[q];
+            if (caps[i] < capped) capped = caps[i];
+        }
         int by_cap = capped < level;
         double lvl = level > 0 ? level : 0.0;
         if (by_cap) {
             /* the lowest caps bind before any link does: those flows freeze at their cap */
-            for (int64_t i = 0; i < n; i++)
-                if (open_flow[i] && caps[i] <= capped * (1 + REL_TIE)) {
+            for (int64_t q = 0; q < n_flows_open; q++) {
+                int64_t i = open_flows[q];
+                if (caps[i] <= capped * (1 + REL_TIE)) {
                     hit[i] = 1;
                     rate[i] = caps[i];
                 }
-            for (int64_t l = 0; l < n_used; l++) used_bw[l] = 0.0;
+            }
+            for (int64_t q = 0; q < n_links_open; q++) used_bw[open_links[q]] = 0.0;
         } else {
             /* every unfrozen flow crossing a bottleneck link freezes at its fair share */
-            for (int64_t k = 0; k < n_edges; k++) {
-                if (!open_edge[k]) continue;
+            for (int64_t k = 0; k < n_open; k++) {
                 int64_t l = link_of[k];
                 double share = load[l] > 0 ? remaining[l] / load[l] : INFINITY;
                 if (share <= level * (1 + REL_TIE)) hit[flow_of[k]] = 1;
             }
-            for (int64_t i = 0; i < n; i++)
-                if (hit[i]) rate[i] = lvl;
+            for (int64_t q = 0; q < n_flows_open; q++)
+                if (hit[open_flows[q]]) rate[open_flows[q]] = lvl;
         }
-        for (int64_t l = 0; l < n_used; l++) counts[l] = 0.0;
-        int any_open = 0;
-        for (int64_t k = 0; k < n_edges; k++) {
-            if (!open_edge[k]) continue;
-            if (hit[flow_of[k]]) {
-                open_edge[k] = 0;
-                counts[link_of[k]] += 1.0;
-                if (by_cap) used_bw[link_of[k]] += rate[flow_of[k]];
+        for (int64_t q = 0; q < n_links_open; q++) counts[open_links[q]] = 0.0;
+        int64_t kept = 0;
+        for (int64_t k = 0; k < n_open; k++) {
+            int64_t f = flow_of[k], l = link_of[k];
+            if (hit[f]) {
+                counts[l] += 1.0;
+                if (by_cap) used_bw[l] += rate[f];
             } else {
-                any_open = 1;
+                flow_of[kept] = f, link_of[kept] = l, kept++;
             }
         }
-        for (int64_t l = 0; l < n_used; l++) {
+        n_open = kept;
+        int64_t links_kept = 0;
+        for (int64_t q = 0; q < n_links_open; q++) {
+            int64_t l = open_links[q];
             load[l] -= counts[l];
             remaining[l] -= by_cap ? used_bw[l] : counts[l] * lvl;
+            if (load[l] > 0) open_links[links_kept++] = l;
         }
-        if (!any_open) break;
-        for (int64_t i = 0; i < n; i++)
-            if (hit[i]) open_flow[i] = 0;
+        n_links_open = links_kept;
+        if (!n_open) break;
+        int64_t flows_kept = 0;
+        for (int64_t q = 0; q < n_flows_open; q++) {
+            int64_t i = open_flows[q];
+            if (hit[i])
+                hit[i] = 0;
+            else
+                open_flows[flows_kept++] = i;
+        }
+        n_flows_open = flows_kept;
     }
 out:
     free(used);
@@ -156,8 +177,8 @@ out:
     free(load);
     free(used_bw);
     free(counts);
-    free(open_edge);
-    free(open_flow);
+    free(open_links);
+    free(open_flows);
     free(hit);
     return rc;
 }
