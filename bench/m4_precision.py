@@ -31,7 +31,6 @@ from simai_flows import study_ns3
 
 from m4ray.models import numpy_step
 from m4ray.sim.m4 import M4Config
-from m4ray.sim.m4 import backend as m4_backend
 from m4ray.sim.scenario import simulate
 from m4ray.sweeps.report import format_table
 
@@ -73,11 +72,9 @@ def nudged(scale: float):
 
 
 def clear_model_caches() -> None:
-    """Models are loaded once per process: forget them, so the next run loads afresh."""
-    for module in (numpy_step, m4_backend):
-        for value in vars(module).values():
-            if callable(getattr(value, "cache_clear", None)):
-                value.cache_clear()
+    """Models are loaded once per process (load_numpy_model): forget them, so the next run
+    loads afresh."""
+    numpy_step.load_numpy_model.cache_clear()
 
 
 def main() -> None:

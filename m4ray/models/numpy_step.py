@@ -162,6 +162,7 @@ class NumpyModel:
         self, cfg: ModelConfig, weights: dict[str, np.ndarray], precision: str = "float64"
     ) -> None:
         self.dtype = dtype = float_type(precision)
+        self.precision = precision
         self.cfg = cfg
         for name, shape in _expected_shapes(cfg).items():
             if name not in weights:
@@ -194,7 +195,7 @@ class NumpyModel:
         :func:`native_layout`'s order, and the dims (hidden, GNN hidden, layers, per-flow
         inputs, fluid inputs)."""
         names = native_layout(self.cfg)
-        width = STRIP_COLUMNS[np.dtype(self.dtype).name]
+        width = STRIP_COLUMNS[self.precision]
         parts = [
             _strips(self.w[name], width) if self.w[name].ndim == 2 else self.w[name]
             for name in names
@@ -207,6 +208,11 @@ class NumpyModel:
             offsets_.astype(np.int64),
             np.asarray(dims, dtype=np.int64),
         )
+
+    def pass_function(self, lib):
+        """This model's compiled pass in ``lib`` (:func:`native_step_library`): float64's or
+        float32's, as :attr:`_packed` lays the weights out for it."""
+        return getattr(lib, PASS_FUNCTIONS[self.precision])
 
     def _alone(self, g: StepGraph) -> StepOut | None:
         """One graph too small to look for identical components in, through :meth:`_forward`
@@ -250,7 +256,7 @@ class NumpyModel:
         new_link = np.empty((n_l, self.cfg.hidden))
         slowdown = np.empty(n_f)
         ptrs = [None if a is None else a.ctypes.data for a in arrays]
-        rc = getattr(lib, PASS_FUNCTIONS[np.dtype(self.dtype).name])(
+        rc = self.pass_function(lib)(
             dims.ctypes.data, wbuf.ctypes.data, offs.ctypes.data, n_f, n_l, *ptrs[:4],
             incidence.shape[1], *ptrs[4:], new_flow.ctypes.data, new_link.ctypes.data,
             slowdown.ctypes.data,

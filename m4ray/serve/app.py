@@ -47,9 +47,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from m4ray.errors import InputError
 from m4ray.models.components import Batching
 from m4ray.models.config import ParamsRange
+from m4ray.models.numpy_step import PRECISIONS
 from m4ray.models.step import StepGraph, StepOut
 from m4ray.runtime.memory import rss_mb
 from m4ray.sim.m4.backend import (
+    DEFAULT_PRECISION,
     DEVICE_PATTERN,
     engine_for,
     local_stepper,
@@ -193,8 +195,8 @@ class AppArgs(BaseModel):
         description="the model replica's device: cpu, cuda[:N] or auto (cuda where Ray has a GPU)",
     )
     precision: str = Field(
-        "float32",
-        pattern="^(float32|float64)$",
+        DEFAULT_PRECISION,
+        pattern=f"^({'|'.join(PRECISIONS)})$",
         description="the step's float type: float32 (as m4 was trained; the in-process default)",
     )
     session_idle_s: float = Field(3600.0, gt=0, description="close sessions idle this long")

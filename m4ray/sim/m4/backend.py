@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # torch is imported when a model is built, not with the confi
 
 CHECKPOINTS = Path(__file__).resolve().parents[3] / "checkpoints"
 DEVICE_PATTERN = r"cpu|auto|cuda(:[0-9]+)?"  # where m4's step may run (M4Config, Serve's app)
+DEFAULT_PRECISION = "float32"  # the step's float type unless set (M4Config, Serve's app)
 
 
 def weights_digest(name: str) -> str:
@@ -188,7 +189,7 @@ class M4Config:
     share_steps: int = 1  # conf/backend/m4.yaml says why (groups pay on a GPU)
     weights: str = added_field("", "a run's id names its checkpoint's weights (2026-11-26)")
     precision: str = added_field(
-        "float32", "the numpy step's float type (2026-11-26)", ids_had="float64"
+        DEFAULT_PRECISION, "the numpy step's float type (2026-11-26)", ids_had="float64"
     )  # float32 by default since 2026-11-29: runs before then were float64, and keep their ids
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
     batch_above_flows: int | None = 128
@@ -299,9 +300,7 @@ def trained_params_range(name: str) -> ParamsRange | None:
     return ParamsRange.of(json.loads(path.read_text()), file=str(path))
 
 
-def local_stepper(
-    checkpoint: str, device: str, *, precision: str = "float32", max_flows: int, threads: int
-):
+def local_stepper(checkpoint: str, device: str, *, precision: str, max_flows: int, threads: int):
     """A stepper over ``checkpoint``'s model in this process, in passes of at most
     ``max_flows`` flows, in ``precision``: on the CPU the numpy step
     (:mod:`m4ray.models.numpy_step`, its pass compiled; this process never imports torch for

@@ -535,12 +535,10 @@ class NativeM4Engine(M4Engine):
         from m4ray.models import numpy_step
 
         lib = numpy_step.native_step_library()
-        dtype = getattr(model, "dtype", None)
-        if lib is None or dtype not in (np.float64, np.float32) or model.cfg != self.cfg:
+        if lib is None or not isinstance(model, numpy_step.NumpyModel) or model.cfg != self.cfg:
             return False
         wbuf, offs, dims = model._packed
-        function = getattr(lib, numpy_step.PASS_FUNCTIONS[np.dtype(dtype).name])
-        address = ctypes.cast(function, ctypes.c_void_p).value
+        address = ctypes.cast(model.pass_function(lib), ctypes.c_void_p).value
         rc = self._lib.m4ray_engine_model(
             self._core, address, dims.ctypes.data, wbuf.ctypes.data, offs.ctypes.data,
             self._params_row.ctypes.data, len(self._params_row), memo_flows, memo_bytes,
