@@ -5,12 +5,15 @@ The driver creates the MLflow run (params: the flattened config, dataset version
 the tracking store — by default ``sqlite:///<run_dir>/mlflow.db`` — then fits a ``TorchTrainer``
 whose rank-0 worker logs per-epoch metrics into that run. Ray Train keeps its checkpoints under
 ``<run_dir>/ray`` with the run named by config, so re-running the same command resumes from the
-last finished epoch. At the end: per-flow slowdown error on the test scenarios for m4 and flowSim
-side by side (table, CDF plot, MLflow metrics) and the exported checkpoint (also an artifact).
+last finished epoch; a run that finished every epoch is not fitted again (its ``finished.json``
+names the checkpoint), only evaluated and exported. At the end: per-flow slowdown error on the
+test scenarios for m4 and flowSim side by side (table, CDF plot, MLflow metrics) and the
+exported checkpoint (also an artifact).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -61,10 +64,34 @@ def mlflow_run(uri: str, experiment: str, name: str, raw_config: dict, version: 
         return run.info.run_id
 
 
+FINISHED = "finished.json"
+
+
+def finished_fit(cfg, trial_dir: Path):
+    """A fit of ``cfg.epochs`` epochs that already finished in ``trial_dir`` (its
+    :data:`FINISHED` record): its last checkpoint, whether GPUs ran and its wall time; None
+    when there is none (never run, stopped early, or run for fewer epochs than asked now)."""
+    try:
+        done = json.loads((trial_dir / FINISHED).read_text())
+    except (OSError, ValueError):
+        return None
+    path = trial_dir / str(done.get("checkpoint", ""))
+    if done.get("epochs") != cfg.epochs or not (path / "state.pt").is_file():
+        return None
+    from ray.train import Checkpoint
+
+    return Checkpoint.from_directory(str(path)), bool(done["use_gpu"]), float(done["wall_s"])
+
+
 def fit(loop, loop_config: dict, cfg, ray_cfg, *, name: str, run_dir: Path):
     """Fit a ``TorchTrainer`` running ``loop`` on ``cfg.num_workers`` workers (GPUs when
     ``cfg.use_gpu``, or when the cluster has them if None), checkpoints under ``<run_dir>/ray``
-    named ``name`` (a re-run resumes). Returns the result, whether GPUs ran, and the wall time."""
+    named ``name`` (a re-run resumes; a finished one is not fitted again). Returns the last
+    checkpoint, whether GPUs ran, and the wall time (the first fit's, for a finished run)."""
+    trial_dir = run_dir / "ray" / name
+    if (done := finished_fit(cfg, trial_dir)) is not None:
+        print(f"training: all {cfg.epochs} epochs already done ({trial_dir}), not fitted again")
+        return done
     ray = start_ray(ray_cfg)
     use_gpu = cfg.use_gpu
     if use_gpu is None:
@@ -94,7 +121,11 @@ def fit(loop, loop_config: dict, cfg, ray_cfg, *, name: str, run_dir: Path):
     wall = time.perf_counter() - started
     if result.error is not None:
         raise result.error
-    return result, use_gpu, wall
+    last = Path(result.checkpoint.path)
+    if last.parent == trial_dir:  # kept on this machine (not in a cluster's remote storage)
+        record = {"epochs": cfg.epochs, "use_gpu": use_gpu, "wall_s": wall, "checkpoint": last.name}
+        (trial_dir / FINISHED).write_text(json.dumps(record))
+    return result.checkpoint, use_gpu, wall
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,7 +170,7 @@ def train(sweep, raw_config: dict, cfg, loop, build, *, version: str, run_dir: P
     name = f"{sweep.name}-{fingerprint([raw_config.get('train'), version], 8)}"
     run_id = mlflow_run(uri, cfg.experiment, name, raw_config, version)
     print(f"{what}; MLflow {uri} run {name}")
-    result, use_gpu, wall = fit(
+    last, use_gpu, wall = fit(
         loop,
         {"cfg": cfg, "mlflow_run_id": run_id, "tracking_uri": uri},
         cfg,
@@ -147,7 +178,7 @@ def train(sweep, raw_config: dict, cfg, loop, build, *, version: str, run_dir: P
         name=name,
         run_dir=run_dir,
     )
-    with result.checkpoint.as_directory() as d:
+    with last.as_directory() as d:
         state = torch.load(Path(d) / "state.pt", map_location="cpu", weights_only=False)
     model = build(cfg.model)
     model.load_state_dict(state["model"])

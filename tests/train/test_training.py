@@ -16,8 +16,9 @@ import torch
 from m4ray.errors import InputError
 from m4ray.models import checkpoint
 from m4ray.models.config import ParamsRange
+from m4ray.train import job
 from m4ray.train.data import DataConfig, load_splits
-from m4ray.train.loop import flow_errors
+from m4ray.train.loop import TrainConfig, flow_errors
 from tests.conftest import PYTHON, REPO
 
 TINY_MODEL = ["train.model.hidden=16", "train.model.gnn_hidden=24"]
@@ -101,10 +102,31 @@ def test_rerun_resumes_instead_of_retraining(trained):
     run_dir, dataset, _ = trained
     proc = train(run_dir.parent, dataset)  # same command: every epoch is already done
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "all 1 epochs already done" in proc.stdout  # no trainer started again
+    assert "Started a local Ray instance" not in proc.stdout + proc.stderr
+    meta = json.loads((run_dir / "export" / "model.json").read_text())
+    assert meta["epochs"] == 1 and meta["train_wall_s"] > 1  # the first fit's wall, kept
     client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("m4").experiment_id])
     assert len(runs) == 1  # the same MLflow run, no second one
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == [0]
+
+
+def test_a_finished_fit_is_found_only_for_the_epochs_asked(trained, tmp_path):
+    """``finished.json`` names the last checkpoint of a fit of so many epochs: asked for more,
+    or with its checkpoint gone, the run is fitted (resumed) again."""
+    run_dir, _, _ = trained
+    [trial] = (run_dir / "ray").glob("train-*")
+    done = job.finished_fit(TrainConfig(epochs=1), trial)
+    assert done is not None and done[1] is False
+    assert (Path(done[0].path) / "state.pt").is_file()
+    assert job.finished_fit(TrainConfig(epochs=2), trial) is None
+    copy = tmp_path / trial.name
+    shutil.copytree(trial, copy)
+    shutil.rmtree(copy / json.loads((copy / job.FINISHED).read_text())["checkpoint"])
+    assert job.finished_fit(TrainConfig(epochs=1), copy) is None
+    (trial.parent / "nothing").mkdir()
+    assert job.finished_fit(TrainConfig(epochs=1), trial.parent / "nothing") is None
 
 
 def test_corrupt_or_mismatched_checkpoints_are_named(trained, tmp_path):
