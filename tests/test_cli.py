@@ -1,4 +1,5 @@
-"""The main job end to end, as a user runs it (subprocesses, real local Ray)."""
+"""The main job end to end, as a user runs it (subprocesses, each on its own embedded local Ray:
+not the tests' shared head)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 from m4ray.config import CONF_DIR
-from tests.conftest import PYTHON, REPO
+from tests.conftest import PYTHON, REPO, without_ray_address
 
 
 def sweep(tmp_path, *overrides):
@@ -27,6 +28,7 @@ def sweep(tmp_path, *overrides):
         capture_output=True,
         text=True,
         cwd=REPO,
+        env=without_ray_address(),
         timeout=600,
         check=False,
     )

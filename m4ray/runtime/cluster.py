@@ -59,14 +59,16 @@ def cluster_nodes() -> list[dict]:
 
 
 def start_ray(cfg: RayConfig):
-    """Initialise Ray once per process (idempotent) and return the ``ray`` module."""
+    """Initialise Ray once per process (idempotent) and return the ``ray`` module: the cluster
+    at ``cfg.address``, else at ``$RAY_ADDRESS`` (Ray's own variable, as ``ray job submit`` and
+    Ray's CLI read it), else a new local one (never a cluster found running on the machine)."""
     set_ray_env()
     import ray
 
     if ray.is_initialized():
         return ray
-    if cfg.address:
-        ray.init(address=cfg.address, log_to_driver=True)
+    if address := cfg.address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, log_to_driver=True)
     else:
         ray.init(
             address="local",

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -17,56 +16,24 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import PYTHON, REPO
-
-RAY = str(Path(PYTHON).parent / "ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _node(args: list[str], env: dict) -> subprocess.Popen:
-    """A blocking ``ray start`` in its own process group: killing the group kills that node only
-    (never ``ray stop``, which would stop every Ray on the machine, the test session's too).
-    Its agents get ports of their own: a killed node's agents may still hold the defaults."""
-    agents = [
-        f"--{name}={_free_port()}"
-        for name in (
-            "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port",
-            "metrics-export-port",
-            "runtime-env-agent-port",
-        )
-    ]
-    return subprocess.Popen(
-        [RAY, "start", *args, *agents, "--block"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
-def _wait_for_port(port: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"no Ray head on port {port}")
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    free_port,
+    ray_node,
+    stop_nodes,
+    wait_for_port,
+    without_ray_address,
+)
 
 
 @contextlib.contextmanager
 def _two_nodes(dashboard_port: int | None = None):
     """Head (1 CPU; with the dashboard and its job server when given a port) and a worker node
     (1 CPU, resource 'worker_node')."""
-    port = _free_port()
+    port = free_port()
     env = {
-        **os.environ,
+        **without_ray_address(),  # drivers here name this cluster: the shared head is not it
         "RAY_health_check_period_ms": "500",
         "RAY_health_check_failure_threshold": "4",
     }
@@ -76,20 +43,17 @@ def _two_nodes(dashboard_port: int | None = None):
         if dashboard_port
         else ["--include-dashboard=false"]
     )
-    head = _node(["--head", f"--port={port}", "--num-cpus=1", *dashboard], env)
+    head = ray_node(["--head", f"--port={port}", "--num-cpus=1", *dashboard], env)
     nodes = [head]
     try:
-        _wait_for_port(port)
-        worker = _node(
+        wait_for_port(port)
+        worker = ray_node(
             [f"--address={address}", "--num-cpus=1", '--resources={"worker_node": 1}'], env
         )
         nodes.append(worker)
         yield address, worker, env
     finally:
-        for node in nodes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pid, signal.SIGKILL)
-            node.wait(timeout=60)
+        stop_nodes(nodes)
 
 
 @pytest.fixture
@@ -159,11 +123,11 @@ def test_submit_sh_runs_a_sweep_as_a_ray_job(tmp_path, monkeypatch):
     # the head's virtualenv named as a remote head's is, by a variable that only the cluster's
     # environment expands (the default for a remote address is ${HOME}/m4ray/.venv)
     monkeypatch.setenv("M4RAY_HEAD_VENV", str(REPO / ".venv"))
-    dashboard_port = _free_port()
+    dashboard_port = free_port()
     with _two_nodes(dashboard_port) as (_, _, cluster_env):
         env = {**cluster_env, "M4RAY_VENV": "${M4RAY_HEAD_VENV}"}
         del env["M4RAY_HEAD_VENV"]  # the submitting side does not know it
-        _wait_for_port(dashboard_port)
+        wait_for_port(dashboard_port)
         out = tmp_path / "outputs"
         job = subprocess.run(
             [
