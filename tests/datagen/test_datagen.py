@@ -29,6 +29,8 @@ def read(run_dir, table):
 
 def test_dataset_layout_schema_and_manifest(first):
     run_dir, proc = first
+    # the sweep joined the session's Ray head through RAY_ADDRESS (conftest.shared_ray_head)
+    assert "Connecting to existing Ray cluster" in proc.stderr + proc.stdout
     dataset = run_dir / "dataset"
     scenarios = pq.read_table(dataset / "scenarios.parquet")
     assert scenarios.schema.equals(SCENARIOS, check_metadata=False)

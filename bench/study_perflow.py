@@ -1,0 +1,121 @@
+"""Where the fluid and learned backends go wrong per flow on a gray-failure sweep: each flow's FCT
+against ns-3's (flows matched by DAG node, endpoints, size and occurrence), by class of flow —
+its size, whether it crosses servers, whether its sender or receiver is a degraded GPU — beside
+each point's iteration (rank 0's finish) against ns-3's.
+
+    .venv/bin/python bench/study_perflow.py outputs/fullsize_f32            # every (N, R)
+    .venv/bin/python bench/study_perflow.py outputs/fullsize_f32 --points 8:4 16:4
+
+The folder is a sweep's run directory (``results.parquet`` and ``flows/``) with ns-3 among its
+backends and GPU-targeted failures (the server-aligned sets of ``m4ray.sim.failures``). A ratio
+above 1 is a backend slower than ns-3. Per class the table gives the median over the points of
+each point's median ratio, its range over the points, the median of each point's p10 and p90
+(the spread of the ratio within a class), and the flows per point; then the iteration ratio
+per point. A flow's FCT here is its own (start to last ACK). Flows start when their parents
+finish, so the same flow starts at another time in each simulation and meets other flows there:
+a class's median says whether a backend is biased on that kind of flow, its p10-p90 mostly how
+differently the two runs unfolded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from m4ray.sim.failures import gray_failure_gpus
+from m4ray.sweeps.report import format_table
+
+MATCH = ["node_id", "src", "dst", "size_bytes"]
+GPUS_PER_SERVER, SERVERS = 8, 4  # the study's rail cluster
+
+
+def flows(run_dir: Path, run_id: str) -> pd.DataFrame:
+    """A run's per-flow table indexed by (node, src, dst, size, occurrence)."""
+    table = pd.read_parquet(run_dir / "flows" / f"{run_id}.parquet")
+    table["k"] = table.groupby(MATCH).cumcount()
+    return table.set_index([*MATCH, "k"])[["fct_s"]]
+
+
+def point_ratios(run_dir: Path, runs: pd.DataFrame, n: int) -> dict[str, pd.Series]:
+    """Per backend (not ns-3), its median FCT / ns-3's per class of flow at one point."""
+    by = dict(zip(runs.backend, runs.run_id, strict=True))
+    reference = flows(run_dir, by["ns3"])
+    degraded = set(gray_failure_gpus(n, GPUS_PER_SERVER, SERVERS))
+    out = {}
+    for backend, run_id in by.items():
+        if backend == "ns3":
+            continue
+        both = reference.join(flows(run_dir, run_id).add_suffix("_b"), how="inner").reset_index()
+        src, dst = both.src.to_numpy(), both.dst.to_numpy()
+        frame = pd.DataFrame({
+            "size": both.size_bytes,
+            "path": np.where(src // GPUS_PER_SERVER != dst // GPUS_PER_SERVER, "cross", "intra"),
+            "sender": np.where(np.isin(src, list(degraded)), "degraded", "healthy"),
+            "receiver": np.where(np.isin(dst, list(degraded)), "degraded", "healthy"),
+            "log_ratio": np.log(both.fct_s_b / both.fct_s),
+        })  # fmt: skip
+        grouped = frame.groupby(["size", "path", "sender", "receiver"]).log_ratio
+        quantiles = [np.exp(grouped.quantile(q)).rename(str(q)) for q in (0.1, 0.5, 0.9)]
+        out[backend] = pd.concat([*quantiles, grouped.size().rename("flows")], axis=1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--points", nargs="*", default=None, help="N:R points (default: all)")
+    args = parser.parse_args()
+    results = pd.read_parquet(args.run_dir / "results.parquet")
+    results = results[results.status == "ok"]
+    if "ns3" not in set(results.backend):
+        raise SystemExit(f"{args.run_dir}: no ns-3 runs to compare with")
+    wanted = {tuple(int(v) for v in p.split(":")) for p in args.points} if args.points else None
+    classes: dict[str, list[pd.DataFrame]] = {}
+    iterations = []
+    for (n, r), runs in results.groupby(["n_degraded", "reduction"]):
+        if wanted is not None and (n, r) not in wanted:
+            continue
+        time = runs.set_index("backend")["rank0_time_s"]
+        row = [f"{n}, {r}", f"{time['ns3'] * 1e3:.2f}"]
+        for backend, ratios in point_ratios(args.run_dir, runs, n).items():
+            classes.setdefault(backend, []).append(ratios.assign(point=f"{n}:{r}"))
+            row.append(f"{time[backend] / time['ns3']:.3f}")
+        iterations.append(row)
+    for backend, parts in classes.items():
+        frame = pd.concat(parts).reset_index()
+        frame.columns = [
+            "size",
+            "path",
+            "sender",
+            "receiver",
+            "p10",
+            "p50",
+            "p90",
+            "flows",
+            "point",
+        ]
+        rows = []
+        for key, part in frame.groupby(["size", "path", "sender", "receiver"]):
+            rows.append([
+                f"{key[0] / 1024:.0f} KiB", *key[1:], f"{part.p50.median():.3f}",
+                f"{part.p50.min():.3f}-{part.p50.max():.3f}",
+                f"{part.p10.median():.3f}-{part.p90.median():.3f}", f"{part.flows.median():.0f}",
+                str(len(part)),
+            ])  # fmt: skip
+        print(f"\n{backend}: per-flow FCT / ns-3's by class: the median over the points of each")
+        print("point's median (its range over the points), and of each point's p10 and p90")
+        header = ["size", "path", "sender", "receiver", "median", "range", "p10-p90", "flows",
+                  "points"]  # fmt: skip
+        print(format_table(header, rows))
+    print("\niteration (rank 0) / ns-3's")
+    print(format_table(["N, R", "ns-3 ms", *classes], iterations))
+
+
+if __name__ == "__main__":
+    main()
