@@ -84,6 +84,27 @@ def test_datagen_v2_weights_every_family_and_holds_out_the_evaluation_topologies
     )
 
 
+def test_datagen_v4_adds_the_studys_network_regime_and_holds_out_its_failures():
+    """data v4's rail_study family: SimAI's collectives only, on the study's 1,000 B payload
+    with RED per link rate and ~100 MB buffers; random degraded GPUs, never a server-aligned
+    set of the sweep; data v3's families as they were."""
+    from m4ray.sim.failures import gray_failure_gpus
+
+    sweep = resolve(sweep_cfg("+experiment=datagen_v4"))
+    counts = sweep.datagen.counts()
+    assert counts["rail_study"] == 200 and sum(counts.values()) == 800
+    assert sweep.datagen.families["rail"].wire.mtu_bytes == 8948
+    study = sweep.datagen.families["rail_study"]
+    aligned = {tuple(sorted(gray_failure_gpus(n, 8, 4))) for n in range(2, 17)}
+    for index in range(8):
+        scenario = study.sample("rail_study", index, seed=index, wall_limit_s=60)
+        assert scenario.traffic.algorithm == "simai" and scenario.wire.mtu_bytes == 1000
+        rdma = scenario.ns3.rdma
+        assert rdma.ecn_p_max == 0.2 and rdma.ecn_k_max_bytes  # RED, not a step
+        assert 50e6 <= rdma.buffer_bytes <= 100e6
+        assert tuple(scenario.degraded) not in aligned
+
+
 def test_datagen_m3_v6_keeps_v4s_networks_and_adds_small_flow_mixes():
     """v6 adds the measured mixes without moving v4's counts (seeds are per family, so v4's
     networks are v6's first 210); the mix family is network_paths' ranges with other sizes,
