@@ -30,10 +30,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from m4ray.sim.failures import gray_failure_gpus
+from m4ray.sim.topology import read_topology
 from m4ray.sweeps.report import format_table
 
 MATCH = ["node_id", "src", "dst", "size_bytes"]
-GPUS_PER_SERVER, SERVERS = 8, 4  # the study's rail cluster
 
 
 def flows(run_dir: Path, run_id: str) -> pd.DataFrame:
@@ -51,7 +51,10 @@ def point_classes(run_dir: Path, runs: pd.DataFrame, n: int) -> dict[str, pd.Dat
     median and p90 (µs) and the median of each matched flow's FCT / ns-3's."""
     by = dict(zip(runs.backend, runs.run_id, strict=True))
     reference = flows(run_dir, by["ns3"])
-    degraded = list(gray_failure_gpus(n, GPUS_PER_SERVER, SERVERS))
+    r = int(runs.reduction.iloc[0])  # the cluster's shape from the run's own topology file
+    topo = read_topology(run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt")
+    per_server = topo.gpus_per_server
+    degraded = list(gray_failure_gpus(n, per_server, len(topo.hosts) // per_server))
     out = {}
     for backend, run_id in by.items():
         if backend == "ns3":
@@ -60,7 +63,7 @@ def point_classes(run_dir: Path, runs: pd.DataFrame, n: int) -> dict[str, pd.Dat
         src, dst = both.src.to_numpy(), both.dst.to_numpy()
         frame = pd.DataFrame({
             "size": both.size_bytes,
-            "path": np.where(src // GPUS_PER_SERVER != dst // GPUS_PER_SERVER, "cross", "intra"),
+            "path": np.where(src // per_server != dst // per_server, "cross", "intra"),
             "sender": np.where(np.isin(src, degraded), "degraded", "healthy"),
             "receiver": np.where(np.isin(dst, degraded), "degraded", "healthy"),
             "ns3": both.fct_s * 1e6,
