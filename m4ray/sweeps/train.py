@@ -38,7 +38,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         sweep, raw_config, cfg, train_loop, M4Model,
         version=version, run_dir=run_dir, what=f"train: dataset {version}",
     )  # fmt: skip
-    splits = load_splits(cfg.data)
+    splits = load_splits(cfg.data, cfg.model.anchor)
     errors = flow_errors(trained.model, splits["test"])
     table = error_table(errors)
     metrics = {

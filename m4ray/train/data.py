@@ -6,6 +6,13 @@ contention) or with ``max_active`` or more flows active at once are dropped (m4 
 ``n_samples`` periods are drawn without replacement with equal total weight per occupied size bin
 (``reference/m4.md`` §6.2; we give the smallest occupied bin its share instead of weight 0, since
 single-flow periods are already excluded).
+
+With ``components`` the chosen periods (up to ``max_period_flows`` flows, whatever their peak)
+are cut into the engine's components (:func:`~m4ray.train.periods.split_components`) and those
+become the samples, filtered by ``max_flows`` and ``max_active`` in turn: a busy period of
+thousands of flows across a cluster is mostly hundreds of independent components, which the
+model steps apart online, and lockstep over the whole period costs memory and time that grow
+with the period (at 3,054 flows, 24 GB and 95 s a step), not the component.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import torch
 from m4ray.errors import InputError
 from m4ray.models.fairshare import ACK_BYTES, Window, ack_fraction
 from m4ray.models.wire import WireFormat
-from m4ray.train.periods import PeriodSample
+from m4ray.train.periods import PeriodSample, split_components
 
 SIZE_BINS = (2, 4, 6, 8, 10, 15, 20, 30, 40, 50, 75, 100)
 TABLES = ("flows", "events", "remaining", "queues", "periods", "links")
@@ -39,6 +46,10 @@ class DataConfig:
     max_flows: int = 400
     n_samples: list[int] | None = None  # None: every eligible period
     seed: int = 0
+    # cut periods into the engine's components (module docstring); periods up to this many
+    # flows are chosen, their components then filtered by max_flows and max_active
+    components: bool = False
+    max_period_flows: int = 4000
 
     def __post_init__(self) -> None:
         if not 0 <= self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
@@ -55,6 +66,7 @@ class Sample:
     period_id: int
     period: PeriodSample
     flowsim_slowdown: torch.Tensor
+    component: int = -1  # its index among the period's components (DataConfig.components)
 
     @property
     def n_flows(self) -> int:
@@ -102,8 +114,39 @@ def eligible_periods(path: str | Path, scenario_id: str, cfg: DataConfig) -> pd.
 
 
 def _eligible(periods: pd.DataFrame, cfg: DataConfig) -> pd.DataFrame:
+    if cfg.components:  # their components are filtered once cut (components_of)
+        keep = periods[(periods.n_flows >= 2) & (periods.n_flows <= cfg.max_period_flows)]
+        return keep[["period_id", "n_flows"]]
     keep = periods[(periods.n_flows >= 2) & (periods.n_flows <= cfg.max_flows)]
     return keep[keep.max_active < cfg.max_active][["period_id", "n_flows"]]
+
+
+def components_of(sample: Sample, cfg: DataConfig, anchor: str | None = None) -> list[Sample]:
+    """``sample``'s period cut into the engine's components (with ``anchor``'s schedule, the
+    model's :attr:`~m4ray.models.config.ModelConfig.anchor`), those with 2 to ``max_flows``
+    flows and fewer than ``max_active`` active at once, as samples."""
+    out = []
+    for k, (flows, part) in enumerate(split_components(sample.period, anchor)):
+        if not 2 <= len(flows) <= cfg.max_flows or peak_active(part) >= cfg.max_active:
+            continue
+        out.append(
+            Sample(
+                scenario_id=sample.scenario_id,
+                period_id=sample.period_id,
+                period=part,
+                flowsim_slowdown=sample.flowsim_slowdown[flows],
+                component=k,
+            )
+        )
+    return out
+
+
+def peak_active(period: PeriodSample) -> int:
+    """The most flows active at once in ``period``."""
+    delta = np.zeros(len(period.dt_us) + 1, dtype=np.int64)
+    np.add.at(delta, period.arrival.cpu().numpy(), 1)
+    np.add.at(delta, period.departure.cpu().numpy(), -1)
+    return int(np.cumsum(delta).max())
 
 
 def scenario_samples(
@@ -273,9 +316,10 @@ def balanced_choice(n_flows: list[int], n: int | None, seed: int) -> list[int]:
     return sorted(picked.tolist())
 
 
-def load_splits(cfg: DataConfig) -> dict[str, list[Sample]]:
+def load_splits(cfg: DataConfig, anchor: str | None = None) -> dict[str, list[Sample]]:
     """Samples per split (train, val, test), balanced-sampled when ``n_samples`` is set: the
-    choice is made on the periods table, so only the chosen periods are built."""
+    choice is made on the periods table, so only the chosen periods are built (and, with
+    ``components``, cut with ``anchor``'s schedule, which the samples then carry)."""
     splits = split_scenarios(cfg.dataset, cfg)
     out = {}
     for index, name in enumerate(("train", "val", "test")):
@@ -295,6 +339,8 @@ def load_splits(cfg: DataConfig) -> dict[str, list[Sample]]:
             if sid in wanted
             for sample in scenario_samples(cfg.dataset, sid, cfg, wanted[sid])
         ]
+        if cfg.components:
+            out[name] = [p for sample in out[name] for p in components_of(sample, cfg, anchor)]
     return out
 
 
@@ -303,6 +349,7 @@ __all__ = [
     "Sample",
     "balanced",
     "balanced_choice",
+    "components_of",
     "dataset_version",
     "eligible_periods",
     "load_splits",

@@ -249,7 +249,7 @@ class M4Task:
 
     def __init__(self, cfg: TrainConfig, device) -> None:
         self.cfg, self.device = cfg, device
-        self.splits = load_splits(cfg.data)
+        self.splits = load_splits(cfg.data, cfg.model.anchor)
         self.model = M4Model(cfg.model)
         self.module = PeriodLoss(self.model)
         self.ddp_kwargs = {"find_unused_parameters": True}

@@ -212,6 +212,120 @@ def _schedule(s: PeriodSample, fluid: bool | str | None) -> list[EventUpdate]:
     return out
 
 
+def split_components(
+    s: PeriodSample, fluid: bool | str | None = False
+) -> list[tuple[np.ndarray, PeriodSample]]:
+    """A period cut into the engine's components: groups of flows that never shared a
+    component with a flow of another group (the union of every update's flows), each as a
+    :class:`PeriodSample` of its own with the rows of its flows (ascending; returned beside it)
+    and only its events, carrying its part of the whole period's :func:`engine_schedule`
+    (``fluid``'s; the anchor is computed over the whole period first, so one component's ACKs
+    still load another's links, as online).
+
+    Replayed alone, each group's flows and links take the same updates as in the whole
+    period, so their slowdowns (at departure and at every update) are the whole period's, to
+    float rounding (``tests/train/test_split.py``), at a cost that grows with the group, not
+    the period: a 3,000-flow busy period of the study's collectives is hundreds of
+    independent rings, and lockstep over the whole of it copies every state at every event.
+    The one difference: a remaining-size target recorded at another group's event is read at
+    the group's last event before it, after the time step and before that event's spatial
+    step (the auxiliary head's input is the flow's state a step earlier)."""
+    schedule = engine_schedule(s, fluid)
+    n_flows = len(s.size_bytes)
+    arrival, departure = s.arrival.cpu().numpy(), s.departure.cpu().numpy()
+    event_flow = np.full(len(schedule), -1, dtype=np.int64)
+    event_flow[arrival] = np.arange(n_flows)
+    event_flow[departure] = np.arange(n_flows)
+    if (event_flow < 0).any() or len(schedule) != 2 * n_flows:
+        raise ValueError("a period to split needs one arrival and one departure event per flow")
+    parent = np.arange(n_flows)
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = int(parent[x])
+        return x
+
+    for update in schedule:
+        if len(update.flows) > 1:
+            root = find(int(update.flows[0]))
+            for f in update.flows[1:].tolist():
+                parent[find(f)] = root
+    group = np.fromiter((find(f) for f in range(n_flows)), np.int64, n_flows)
+    t_us = np.cumsum(s.dt_us.double().cpu().numpy())
+    flow_of, link_of = s.incidence.cpu().numpy()
+    reverse = None if s.link_reverse is None else s.link_reverse.cpu().numpy()
+    remain, queue = s.remain.cpu().numpy(), s.queue.cpu().numpy()
+    out = []
+    for root in np.unique(group):
+        flows = np.flatnonzero(group == root)
+        events = np.flatnonzero(group[event_flow] == root)
+        edges = np.isin(flow_of, flows)
+        links = np.unique(link_of[edges])
+        flow_local = np.full(n_flows, -1, dtype=np.int64)
+        flow_local[flows] = np.arange(len(flows))
+        link_local = np.full(s.n_link_rows, -1, dtype=np.int64)
+        link_local[links] = np.arange(len(links))
+        rem = remain[np.isin(remain[:, 1].astype(np.int64), flows)]
+        rem_event = np.searchsorted(events, rem[:, 0].astype(np.int64), side="right") - 1
+        que = queue[np.isin(queue[:, 0].astype(np.int64), flows)]
+        t = t_us[events]
+        part = PeriodSample(
+            size_bytes=s.size_bytes[flows],
+            n_links=s.n_links[flows],
+            arrival=torch.from_numpy(np.searchsorted(events, arrival[flows])),
+            departure=torch.from_numpy(np.searchsorted(events, departure[flows])),
+            dt_us=torch.from_numpy(np.diff(t, prepend=t[0]).astype(np.float32)),
+            incidence=torch.from_numpy(
+                np.stack([flow_local[flow_of[edges]], link_local[link_of[edges]]])
+            ),
+            link_bandwidth=s.link_bandwidth[links],
+            params=s.params,
+            slowdown=s.slowdown[flows],
+            remain=torch.from_numpy(
+                np.stack([rem_event, flow_local[rem[:, 1].astype(np.int64)], rem[:, 2]], axis=1)
+            ).to(s.remain.dtype),
+            queue=torch.from_numpy(
+                np.stack(
+                    [
+                        flow_local[que[:, 0].astype(np.int64)],
+                        link_local[que[:, 1].astype(np.int64)],
+                        que[:, 2],
+                    ],
+                    axis=1,
+                )
+            ).to(s.queue.dtype),
+            ideal_s=None if s.ideal_s is None else s.ideal_s[flows],
+            wire_bytes=None if s.wire_bytes is None else s.wire_bytes[flows],
+            window=None if s.window is None else s.window[flows],
+            link_reverse=(
+                None
+                if reverse is None
+                else torch.from_numpy(
+                    np.where(reverse[links] >= 0, link_local[np.maximum(reverse[links], 0)], -1)
+                )
+            ),
+            ack_fraction=s.ack_fraction,
+            prior=None if s.prior is None else s.prior[flows],
+        )
+        part.schedules[fluid] = [_local(schedule[j], flow_local, link_local) for j in events]
+        out.append((flows, part))
+    return out
+
+
+def _local(u: EventUpdate, flow_local: np.ndarray, link_local: np.ndarray) -> EventUpdate:
+    """``u`` with its flow and link rows renumbered (a component's own rows)."""
+    return EventUpdate(
+        flows=flow_local[u.flows],
+        links=link_local[u.links],
+        dt_flow=u.dt_flow,
+        dt_link=u.dt_link,
+        reset=link_local[u.reset],
+        base=u.base,
+        fluid=u.fluid,
+    )
+
+
 @dataclass(kw_only=True, slots=True)
 class PeriodBatch:
     """Busy periods side by side as one disjoint graph (flow and link rows offset per period).
@@ -520,4 +634,5 @@ __all__ = [
     "forward_period",
     "period_losses",
     "relative_l1",
+    "split_components",
 ]
