@@ -3,6 +3,8 @@ control, the family and the flow size could take back (issue 32's m4 bar: ≤ ½
 
     .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_cc/dataset
     .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_cc/dataset --m4 <checkpoint>
+    .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_v4/dataset --components \
+        --m4 v4=outputs/train_m4_v4/export v5=outputs/train_m4_v5/export
 
 On a dataset's periods, split by scenario as training splits them (``train.data.seed`` 0), the
 anchor of a fluid-anchored checkpoint (``--anchor``, default m4-v3: its correction zeroed, so
@@ -11,13 +13,18 @@ flowSim are scored per flow against ns-3, ``|ŝ/s − 1|``, per family and conge
 Beside them, the **bucket oracle**: the anchor times the median of ``s / anchor`` over the
 training periods' flows of the same (CC, family, size bucket). It is the best a constant per
 bucket can do: where it gains little, the residual is per flow (which flow met a queue or a cut),
-and no feature the bucket names can halve it. With ``--m4`` a trained checkpoint is scored too.
+and no feature the bucket names can halve it. With ``--m4`` trained checkpoints are scored too
+(``name=path`` or a path). ``--components`` scores the engine's components of periods up to
+``--max-period-flows`` flows (``train.data.components``; components of up to 600 flows with
+fewer than 300 active), so the held-out flows include the large busy periods that training
+without it drops; a model's answers on a component are its answers on the whole period.
 The signed table prints the median ``log(s / anchor)`` per size bucket: > 0 where ns-3 is slower.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -82,10 +89,17 @@ def anchored_splits(args) -> tuple:
         sid: (fam, json.loads(p).get("cc", "dctcp"))
         for sid, fam, p in zip(table.scenario_id, table.family, table.params, strict=True)
     }
-    splits = load_splits(
-        DataConfig(dataset=str(args.dataset), n_samples=[args.n_train, 0, args.n_test])
-    )
     model, _ = load(checkpoint_dir(args.anchor))
+    data = DataConfig(dataset=str(args.dataset), n_samples=[args.n_train, 0, args.n_test])
+    if args.components:
+        data = dataclasses.replace(
+            data,
+            components=True,
+            max_period_flows=args.max_period_flows,
+            max_flows=600,
+            max_active=300,
+        )
+    splits = load_splits(data, model.cfg.anchor)
     return table, scenario, splits, fluid_anchor(model.eval())
 
 
@@ -98,7 +112,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True, type=Path, help="a datagen dataset folder")
     parser.add_argument("--anchor", default="m4-v3", help="a fluid-anchored checkpoint")
-    parser.add_argument("--m4", help="also score this checkpoint")
+    parser.add_argument("--m4", nargs="*", default=[], help="also score these (name=path)")
+    parser.add_argument("--components", action="store_true", help="score periods' components")
+    parser.add_argument("--max-period-flows", type=int, default=4000)
     parser.add_argument("--n-train", type=int, default=2400, help="training periods (balanced)")
     parser.add_argument("--n-test", type=int, default=600, help="held-out periods (balanced)")
     args = parser.parse_args()
@@ -108,9 +124,10 @@ def main() -> None:
 
     _, scenario, splits, anchor = anchored_splits(args)
     train, test = (flows(anchor, splits[k], scenario) for k in ("train", "test"))
-    if args.m4:
-        trained, _ = load(checkpoint_dir(args.m4))
-        test["m4"] = flows(trained.eval(), splits["test"], scenario)["pred"]
+    models = dict(m.split("=", 1) if "=" in m else (Path(m).name, m) for m in args.m4)
+    for name, path in models.items():
+        trained, _ = load(checkpoint_dir(path))
+        test[name] = flows(trained.eval(), splits["test"], scenario)["pred"]
     keys = ["cc", "family", "bucket"]
     train["log"] = np.log(train.ns3 / train.pred)
     median = train.groupby(keys, observed=True)["log"].median().rename("shift")
@@ -121,8 +138,10 @@ def main() -> None:
         f"{len(splits['train'])} training / {len(splits['test'])} held-out periods of "
         f"{args.dataset}; anchor of {args.anchor}. Per-flow |ŝ/s − 1|, mean / p90\n"
     )
-    who = ["anchor", "bucket oracle", "flowSim"] + (["m4"] if args.m4 else [])
-    cols = {"anchor": "pred", "bucket oracle": "oracle", "flowSim": "flowsim", "m4": "m4"}
+    who = ["anchor", "bucket oracle", "flowSim", *models]
+    cols = {"anchor": "pred", "bucket oracle": "oracle", "flowSim": "flowsim"} | {
+        name: name for name in models
+    }
     print(f"{'family':<14}{'cc':<8}{'flows':>7}" + "".join(f"{w:>18}" for w in who))
     groups = [*test.groupby(["family", "cc"]), (("all", ""), test)]
     for (fam, cc), x in groups:
