@@ -15,9 +15,10 @@ training periods' flows of the same (CC, family, size bucket). It is the best a 
 bucket can do: where it gains little, the residual is per flow (which flow met a queue or a cut),
 and no feature the bucket names can halve it. With ``--m4`` trained checkpoints are scored too
 (``name=path`` or a path). ``--components`` scores the engine's components of periods up to
-``--max-period-flows`` flows (``train.data.components``; components of up to 600 flows with
-fewer than 300 active), so the held-out flows include the large busy periods that training
-without it drops; a model's answers on a component are its answers on the whole period.
+``--max-period-flows`` flows (``train.data.components``; components of up to ``--max-flows``
+flows with fewer than ``--max-active`` active, train_m4_v5's 600 and 300 by default), so the
+held-out flows include the large busy periods that training without it drops; a model's
+answers on a component are its answers on the whole period.
 The signed table prints the median ``log(s / anchor)`` per size bucket: > 0 where ns-3 is slower.
 """
 
@@ -96,8 +97,8 @@ def anchored_splits(args) -> tuple:
             data,
             components=True,
             max_period_flows=args.max_period_flows,
-            max_flows=600,
-            max_active=300,
+            max_flows=args.max_flows,
+            max_active=args.max_active,
         )
     splits = load_splits(data, model.cfg.anchor)
     return table, scenario, splits, fluid_anchor(model.eval())
@@ -115,6 +116,8 @@ def main() -> None:
     parser.add_argument("--m4", nargs="*", default=[], help="also score these (name=path)")
     parser.add_argument("--components", action="store_true", help="score periods' components")
     parser.add_argument("--max-period-flows", type=int, default=4000)
+    parser.add_argument("--max-flows", type=int, default=600, help="per component")
+    parser.add_argument("--max-active", type=int, default=300, help="per component")
     parser.add_argument("--n-train", type=int, default=2400, help="training periods (balanced)")
     parser.add_argument("--n-test", type=int, default=600, help="held-out periods (balanced)")
     args = parser.parse_args()
@@ -125,6 +128,8 @@ def main() -> None:
     _, scenario, splits, anchor = anchored_splits(args)
     train, test = (flows(anchor, splits[k], scenario) for k in ("train", "test"))
     models = dict(m.split("=", 1) if "=" in m else (Path(m).name, m) for m in args.m4)
+    if taken := set(models) & {*test.columns, "oracle", "anchor", "bucket oracle", "flowSim"}:
+        parser.error(f"--m4: {', '.join(sorted(taken))} is a column already; name it otherwise")
     for name, path in models.items():
         trained, _ = load(checkpoint_dir(path))
         test[name] = flows(trained.eval(), splits["test"], scenario)["pred"]

@@ -225,8 +225,10 @@ def split_components(
     Replayed alone, each group's flows and links take the same updates as in the whole
     period, so their slowdowns (at departure and at every update) are the whole period's, to
     float rounding (``tests/train/test_split.py``), at a cost that grows with the group, not
-    the period: a 3,000-flow busy period of the study's collectives is hundreds of
-    independent rings, and lockstep over the whole of it copies every state at every event.
+    the period. A recorded busy period also joins flows whose data share a cable with another's
+    ACKs (:func:`~m4ray.datagen.periods.ack_coupled`), which chains the study's rings into
+    periods of thousands of flows; their components are hundreds of rings, and lockstep over
+    the whole period copies every state at every event.
     The one difference: a remaining-size target recorded at another group's event is read at
     the group's last event before it, after the time step and before that event's spatial
     step (the auxiliary head's input is the flow's state a step earlier)."""
@@ -251,24 +253,27 @@ def split_components(
             root = find(int(update.flows[0]))
             for f in update.flows[1:].tolist():
                 parent[find(f)] = root
-    group = np.fromiter((find(f) for f in range(n_flows)), np.int64, n_flows)
+    roots, group = np.unique(
+        np.fromiter((find(f) for f in range(n_flows)), np.int64, n_flows), return_inverse=True
+    )
     t_us = np.cumsum(s.dt_us.double().cpu().numpy())
     flow_of, link_of = s.incidence.cpu().numpy()
     reverse = None if s.link_reverse is None else s.link_reverse.cpu().numpy()
     remain, queue = s.remain.cpu().numpy(), s.queue.cpu().numpy()
-    out = []
-    for root in np.unique(group):
-        flows = np.flatnonzero(group == root)
-        events = np.flatnonzero(group[event_flow] == root)
-        edges = np.isin(flow_of, flows)
-        links = np.unique(link_of[edges])
-        flow_local = np.full(n_flows, -1, dtype=np.int64)
+    rem_flow, que_flow = remain[:, 1].astype(np.int64), queue[:, 0].astype(np.int64)
+    # per group: its flows, events, incidence rows, remaining-size rows and queue rows
+    cuts = [
+        _by_group(group[x], len(roots))
+        for x in (np.arange(n_flows), event_flow, flow_of, rem_flow, que_flow)
+    ]
+    flow_local = np.empty(n_flows, dtype=np.int64)  # a flow's row in its group (one array: the
+    for flows in cuts[0]:  # groups partition the flows)
         flow_local[flows] = np.arange(len(flows))
-        link_local = np.full(s.n_link_rows, -1, dtype=np.int64)
-        link_local[links] = np.arange(len(links))
-        rem = remain[np.isin(remain[:, 1].astype(np.int64), flows)]
+    out = []
+    for flows, events, edges, rem_rows, que_rows in zip(*cuts, strict=True):
+        links = np.unique(link_of[edges])  # sorted: a link's row is its rank here
+        rem, que = remain[rem_rows], queue[que_rows]
         rem_event = np.searchsorted(events, rem[:, 0].astype(np.int64), side="right") - 1
-        que = queue[np.isin(queue[:, 0].astype(np.int64), flows)]
         t = t_us[events]
         part = PeriodSample(
             size_bytes=s.size_bytes[flows],
@@ -277,19 +282,19 @@ def split_components(
             departure=torch.from_numpy(np.searchsorted(events, departure[flows])),
             dt_us=torch.from_numpy(np.diff(t, prepend=t[0]).astype(np.float32)),
             incidence=torch.from_numpy(
-                np.stack([flow_local[flow_of[edges]], link_local[link_of[edges]]])
+                np.stack([flow_local[flow_of[edges]], np.searchsorted(links, link_of[edges])])
             ),
             link_bandwidth=s.link_bandwidth[links],
             params=s.params,
             slowdown=s.slowdown[flows],
             remain=torch.from_numpy(
-                np.stack([rem_event, flow_local[rem[:, 1].astype(np.int64)], rem[:, 2]], axis=1)
+                np.stack([rem_event, flow_local[rem_flow[rem_rows]], rem[:, 2]], axis=1)
             ).to(s.remain.dtype),
             queue=torch.from_numpy(
                 np.stack(
                     [
-                        flow_local[que[:, 0].astype(np.int64)],
-                        link_local[que[:, 1].astype(np.int64)],
+                        flow_local[que_flow[que_rows]],
+                        np.searchsorted(links, que[:, 1].astype(np.int64)),
                         que[:, 2],
                     ],
                     axis=1,
@@ -298,29 +303,37 @@ def split_components(
             ideal_s=None if s.ideal_s is None else s.ideal_s[flows],
             wire_bytes=None if s.wire_bytes is None else s.wire_bytes[flows],
             window=None if s.window is None else s.window[flows],
-            link_reverse=(
-                None
-                if reverse is None
-                else torch.from_numpy(
-                    np.where(reverse[links] >= 0, link_local[np.maximum(reverse[links], 0)], -1)
-                )
-            ),
+            link_reverse=None if reverse is None else torch.from_numpy(_rows_in(links, reverse)),
             ack_fraction=s.ack_fraction,
             prior=None if s.prior is None else s.prior[flows],
         )
-        part.schedules[fluid] = [_local(schedule[j], flow_local, link_local) for j in events]
+        part.schedules[fluid] = [_local(schedule[j], flow_local, links) for j in events]
         out.append((flows, part))
     return out
 
 
-def _local(u: EventUpdate, flow_local: np.ndarray, link_local: np.ndarray) -> EventUpdate:
-    """``u`` with its flow and link rows renumbered (a component's own rows)."""
+def _by_group(key: np.ndarray, n_groups: int) -> list[np.ndarray]:
+    """The indices of ``key``'s entries per group ``0..n_groups-1``, ascending (one sort)."""
+    order = np.argsort(key, kind="stable")
+    return np.split(order, np.searchsorted(key[order], np.arange(1, n_groups)))
+
+
+def _rows_in(links: np.ndarray, reverse: np.ndarray) -> np.ndarray:
+    """Each of the sorted ``links``' reverse link as a row of ``links``, or -1 (not in it)."""
+    back = reverse[links]
+    at = np.minimum(np.searchsorted(links, back), len(links) - 1)
+    return np.where((back >= 0) & (links[at] == back), at, -1)
+
+
+def _local(u: EventUpdate, flow_local: np.ndarray, links: np.ndarray) -> EventUpdate:
+    """``u`` with its flow and link rows renumbered (a component's own rows; ``links`` sorted,
+    a link's row is its rank)."""
     return EventUpdate(
         flows=flow_local[u.flows],
-        links=link_local[u.links],
+        links=np.searchsorted(links, u.links),
         dt_flow=u.dt_flow,
         dt_link=u.dt_link,
-        reset=link_local[u.reset],
+        reset=np.searchsorted(links, u.reset),
         base=u.base,
         fluid=u.fluid,
     )

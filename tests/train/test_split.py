@@ -101,6 +101,15 @@ def test_real_periods_side_by_side_cut_apart_and_answer_as_whole(tiny_dataset):
     cut = split_components(both, FLUID.anchor)
     assert len(cut) >= 2
     assert all(f.max() < len(a.size_bytes) or f.min() >= len(a.size_bytes) for f, _ in cut)
+    paired = 0  # parts' links whose reverse is theirs too: its row there
+    flow_of, link_of = both.incidence.numpy()
+    for flows, part in cut:
+        links = np.unique(link_of[np.isin(flow_of, flows)])
+        rows = {link: row for row, link in enumerate(links.tolist())}
+        expected = [rows.get(r, -1) for r in both.link_reverse.numpy()[links].tolist()]
+        assert part.link_reverse.tolist() == expected
+        paired += sum(r >= 0 for r in expected)
+    assert paired
     with torch.no_grad():
         full = forward_batch(model, collate([both], FLUID.anchor), every=True)
         for flows, part in cut:
