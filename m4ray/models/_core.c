@@ -1137,10 +1137,15 @@ static void memo_store(struct fused *m, uint64_t hash, const uint64_t *key, int6
 /* One update at t through the compiled pass: sizes as m4ray_engine_pending gave them (the
  * touched components that are due); the updated rows into rows[sizes[1]], their predicted
  * completion times into finish. The memo answers component by component (a component's inputs
- * in its own local numbering are its key); the components it does not know go through one pass
- * together, which gives each the bits it gets alone (_step.c). stats[0] += the components
- * updated, stats[1] += 1 when the memo answered every one (no pass), stats[2] += the flows
- * updated. Returns the number of flows, -2 when memory runs out, -3 without a model. */
+ * in its own local numbering are its key); a component whose key another component of the
+ * same update has takes that one's answers (a collective's steps touch many alike, as
+ * numpy_step's _distinct finds them on the stepper's path); the rest go through one pass
+ * together, which gives each the bits it gets alone (_step.c). Where no component is known or
+ * repeated, the pass reads the prepared rows in place (no key is built for a lone component
+ * too large for the memo). stats[0] += the components updated, stats[1] += 1 when the memo
+ * answered every one (no pass), stats[2] += the flows updated, stats[4] += the flows the pass
+ * carried, stats[5] += the components answered by another of their update. Returns the number
+ * of flows, -2 when memory runs out, -3 without a model. */
 int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *rows,
                             double *finish, int64_t *stats) {
     struct fused *m = e->fused;
@@ -1150,11 +1155,15 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
     /* one scratch block of 8-byte words: what prepare writes (links up to the bound Lb); each
      * component's key (its graph in the pass's order, local numbering); the unknown ones
      * packed as one graph; the outputs of that pass; the update's outputs; per component its
-     * key's place and hash */
+     * key's place and length, hash, representative and first flow and link; the path lengths
+     * as the pass reads them; the update's table of keys (pages never written are never
+     * touched: a lone large component costs no key) */
+    int64_t cap = 4;
+    while (cap < 2 * k) cap *= 2;
     int64_t n_loose = 3 * k + F + Lb + 2 * E + k + (F + Lb) * H + F + Lb + F * P + B * F + Q * F;
     int64_t n_key = 3 * k + (F + Lb) * H + F + Lb + 2 * E + F * P + F + B * F + Q * F;
     int64_t n_out = (F + Lb) * H + F;
-    int64_t words = n_loose + 2 * n_key + 2 * n_out + 3 * k + 1;
+    int64_t words = n_loose + 2 * n_key + 2 * n_out + 6 * k + F + cap + 1;
     if (words > m->n_scratch) {
         uint64_t *p = realloc(m->scratch, words * sizeof *p);
         if (!p) return -2;
@@ -1169,57 +1178,91 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
     double *out_packed = (double *)(packed + n_key), *out = out_packed + n_out;
     int64_t *key_at = (int64_t *)(out + n_out), *key_len = key_at + k;
     uint64_t *hashes = (uint64_t *)(key_len + k);
+    int64_t *rep = (int64_t *)(hashes + k), *fo = rep + k, *lo = fo + k;
+    double *plen_d = (double *)(lo + k);
+    int64_t *table = (int64_t *)(plen_d + F);
     graph_out g = {h_flow, dt_flow, h_link, dt_link, params, m->params_row, P};
     int64_t L = m4ray_engine_prepare(e, t, comps, n_flows, n_links, dt, rows, plen, links,
                                      incidence, B ? base : NULL, B ? features : NULL, &g);
     if (L < 0) return -2;
     double *new_flow = out, *new_link = out + F * H, *slowdown = new_link + L * H;
-    /* each component's key; the memo's answer where it has one */
-    int64_t f0 = 0, l0 = 0, e0 = 0, w = 0, n_known = 0;
+    for (int64_t i = 0; i < cap; i++) table[i] = -1;
+    /* each component's key; the memo's answer where it has one; else an earlier component of
+     * this update with the same key (its representative), if any */
+    int64_t f0 = 0, l0 = 0, e0 = 0, w = 0, n_known = 0, n_same = 0;
     for (int64_t j = 0; j < k; j++) {
         int64_t nf = n_flows[j], nl = n_links[j], ne = 0;
         for (int64_t f = f0; f < f0 + nf; f++) ne += plen[f];
-        uint64_t *key = keys + w;
-        key[0] = (uint64_t)nf, key[1] = (uint64_t)nl, key[2] = (uint64_t)ne;
-        uint64_t *q = key + 3;
+        fo[j] = f0, lo[j] = l0, rep[j] = j, key_at[j] = w, key_len[j] = 0;
+        if (k > 1 || nf <= m->memo_flows) {
+            uint64_t *key = keys + w;
+            key[0] = (uint64_t)nf, key[1] = (uint64_t)nl, key[2] = (uint64_t)ne;
+            uint64_t *q = key + 3;
 #define PUT(src, n) memcpy(q, src, (size_t)(n) * sizeof *q), q += (n)
-        PUT(h_flow + f0 * H, nf * H);
-        PUT(h_link + l0 * H, nl * H);
-        PUT(dt_flow + f0, nf);
-        PUT(dt_link + l0, nl);
-        for (int64_t x = 0; x < ne; x++) q[x] = (uint64_t)(incidence[e0 + x] - f0);
-        q += ne;
-        for (int64_t x = 0; x < ne; x++) q[x] = (uint64_t)(incidence[E + e0 + x] - l0);
-        q += ne;
-        PUT(params + f0 * P, nf * P);
-        for (int64_t f = 0; f < nf; f++) ((double *)q)[f] = (double)plen[f0 + f];
-        q += nf;
-        PUT(base + f0, B * nf);
-        PUT(features + f0 * Q, Q * nf);
+            PUT(h_flow + f0 * H, nf * H);
+            PUT(h_link + l0 * H, nl * H);
+            PUT(dt_flow + f0, nf);
+            PUT(dt_link + l0, nl);
+            for (int64_t x = 0; x < ne; x++) q[x] = (uint64_t)(incidence[e0 + x] - f0);
+            q += ne;
+            for (int64_t x = 0; x < ne; x++) q[x] = (uint64_t)(incidence[E + e0 + x] - l0);
+            q += ne;
+            PUT(params + f0 * P, nf * P);
+            for (int64_t f = 0; f < nf; f++) ((double *)q)[f] = (double)plen[f0 + f];
+            q += nf;
+            PUT(base + f0, B * nf);
+            PUT(features + f0 * Q, Q * nf);
 #undef PUT
-        key_at[j] = w, key_len[j] = q - key, w += key_len[j];
-        memo_entry *hit = NULL;
-        if (nf <= m->memo_flows) {
+            key_len[j] = q - key, w += key_len[j];
             hashes[j] = hash_words(key, key_len[j]);
-            memo_entry *s = memo_slot(m, hashes[j], key, key_len[j]);
-            if (s && s->blob) hit = s;
-        }
-        if (hit) {
-            const uint64_t *o = hit->blob + key_len[j];
-            memcpy(new_flow + f0 * H, o, nf * H * sizeof(double));
-            memcpy(new_link + l0 * H, o + nf * H, nl * H * sizeof(double));
-            memcpy(slowdown + f0, o + (nf + nl) * H, nf * sizeof(double));
-            n_known++;
-            key_len[j] = -key_len[j] - 1; /* known: no pass */
+            memo_entry *hit = NULL;
+            if (nf <= m->memo_flows) {
+                memo_entry *s = memo_slot(m, hashes[j], key, key_len[j]);
+                if (s && s->blob) hit = s;
+            }
+            if (hit) {
+                const uint64_t *o = hit->blob + key_len[j];
+                memcpy(new_flow + f0 * H, o, nf * H * sizeof(double));
+                memcpy(new_link + l0 * H, o + nf * H, nl * H * sizeof(double));
+                memcpy(slowdown + f0, o + (nf + nl) * H, nf * sizeof(double));
+                n_known++;
+                rep[j] = -1; /* known: no pass */
+            } else {
+                for (int64_t i = (int64_t)(hashes[j] & (uint64_t)(cap - 1));; i = (i + 1) & (cap - 1)) {
+                    int64_t o = table[i];
+                    if (o < 0) {
+                        table[i] = j;
+                        break;
+                    }
+                    if (hashes[o] == hashes[j] && key_len[o] == key_len[j] &&
+                        !memcmp(keys + key_at[o], key, key_len[j] * sizeof *key)) {
+                        rep[j] = o, n_same++;
+                        break;
+                    }
+                }
+            }
         }
         f0 += nf, l0 += nl, e0 += ne;
     }
+    int64_t carried = 0;
     if (n_known == k) {
         stats[1]++;
-    } else { /* the unknown components packed as one graph, numbered as in it */
+    } else if (n_known == 0 && n_same == 0) { /* every row through the pass, as prepared */
+        for (int64_t f = 0; f < F; f++) plen_d[f] = (double)plen[f];
+        int rc = m->pass(m->dims, m->wbuf, m->off, F, L, h_flow, h_link, dt_flow, dt_link, E,
+                         incidence, incidence + E, params, plen_d, B ? base : NULL,
+                         Q ? features : NULL, new_flow, new_link, slowdown);
+        if (rc) return -2;
+        m->misses++;
+        carried = F;
+        for (int64_t j = 0; j < k; j++)
+            if (n_flows[j] <= m->memo_flows)
+                memo_store(m, hashes[j], keys + key_at[j], key_len[j], n_flows[j], n_links[j], H,
+                           new_flow + fo[j] * H, new_link + lo[j] * H, slowdown + fo[j]);
+    } else { /* the components to step packed as one graph, numbered as in it */
         int64_t pf = 0, pl = 0, pe = 0;
         for (int64_t j = 0; j < k; j++)
-            if (key_len[j] >= 0) pf += n_flows[j], pl += n_links[j], pe += keys[key_at[j] + 2];
+            if (rep[j] == j) pf += n_flows[j], pl += n_links[j], pe += keys[key_at[j] + 2];
         double *ph_flow = (double *)packed, *ph_link = ph_flow + pf * H;
         double *pdt_flow = ph_link + pl * H, *pdt_link = pdt_flow + pf;
         int64_t *pinc = (int64_t *)(pdt_link + pl);
@@ -1227,7 +1270,7 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
         double *pbase = pnl + pf, *pfeat = pbase + B * pf;
         int64_t af = 0, al = 0, ae = 0;
         for (int64_t j = 0; j < k; j++) {
-            if (key_len[j] < 0) continue;
+            if (rep[j] != j) continue;
             const uint64_t *key = keys + key_at[j];
             int64_t nf = (int64_t)key[0], nl = (int64_t)key[1], ne = (int64_t)key[2];
             const double *c = (const double *)(key + 3);
@@ -1251,23 +1294,28 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
                          o_flow, o_link, o_slow);
         if (rc) return -2;
         m->misses++;
-        /* the pass's answers to their places, and into the memo */
-        f0 = l0 = af = al = 0;
+        carried = pf;
+        /* the pass's answers to their places, and into the memo; then each repeated
+         * component takes its representative's (an earlier component: already in place) */
+        af = al = 0;
         for (int64_t j = 0; j < k; j++) {
-            int64_t nf = n_flows[j], nl = n_links[j];
-            if (key_len[j] >= 0) {
-                memcpy(new_flow + f0 * H, o_flow + af * H, nf * H * sizeof(double));
-                memcpy(new_link + l0 * H, o_link + al * H, nl * H * sizeof(double));
-                memcpy(slowdown + f0, o_slow + af, nf * sizeof(double));
+            int64_t nf = n_flows[j], nl = n_links[j], r = rep[j];
+            if (r == j) {
+                memcpy(new_flow + fo[j] * H, o_flow + af * H, nf * H * sizeof(double));
+                memcpy(new_link + lo[j] * H, o_link + al * H, nl * H * sizeof(double));
+                memcpy(slowdown + fo[j], o_slow + af, nf * sizeof(double));
                 if (nf <= m->memo_flows)
                     memo_store(m, hashes[j], keys + key_at[j], key_len[j], nf, nl, H,
-                               new_flow + f0 * H, new_link + l0 * H, slowdown + f0);
+                               new_flow + fo[j] * H, new_link + lo[j] * H, slowdown + fo[j]);
                 af += nf, al += nl;
+            } else if (r >= 0) {
+                memcpy(new_flow + fo[j] * H, new_flow + fo[r] * H, nf * H * sizeof(double));
+                memcpy(new_link + lo[j] * H, new_link + lo[r] * H, nl * H * sizeof(double));
+                memcpy(slowdown + fo[j], slowdown + fo[r], nf * sizeof(double));
             }
-            f0 += nf, l0 += nl;
         }
     }
     m4ray_engine_finish(e, t, k, comps, F, rows, slowdown, finish, new_flow, L, links, new_link);
-    stats[0] += k, stats[2] += F;
+    stats[0] += k, stats[2] += F, stats[4] += carried, stats[5] += n_same;
     return F;
 }

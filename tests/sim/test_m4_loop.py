@@ -9,12 +9,12 @@ import dataclasses
 import pytest
 
 from m4ray.errors import InputError, SimulationError
-from m4ray.models import numpy_step
 from m4ray.sim.collectives import HierarchicalSpec, Ring
 from m4ray.sim.dagloop import library
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import M4Config
+from m4ray.sim.m4 import engine as m4_engine
 from m4ray.sim.nccl import SimAISpec
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.replay import Replay
@@ -64,21 +64,21 @@ def both(config: M4Config, algorithm, failure: GrayFailure):
 
 
 @pytest.mark.parametrize(
-    ("checkpoint", "collective", "dedup_min", "precision"),
+    ("checkpoint", "collective", "stepper_from", "precision"),
     [
-        ("m4-v2", "simai", 128, "float64"),  # the default: every update compiled
+        ("m4-v2", "simai", None, "float64"),  # the default: every update compiled
         ("m4-v2", "simai", 6, "float64"),  # updates of 6 flows and more back to Python's stepper
         ("m4-v2", "simai", 6, "float32"),  # the float32 pass, both ways
-        ("m4-small", "hierarchical", 128, "float64"),  # no fluid anchor
+        ("m4-small", "hierarchical", None, "float64"),  # no fluid anchor
     ],
 )
 def test_m4_in_the_compiled_loop_equals_m4_in_python_to_the_bit(
-    monkeypatch, checkpoint, collective, dedup_min, precision
+    monkeypatch, checkpoint, collective, stepper_from, precision
 ):
     """Every flow's ids, hosts, parent, start, finish, ideal FCT and done time, the ranks' and
     nodes' finish times, the event and update counts: the compiled loop's are Python's, in
     either float type."""
-    monkeypatch.setattr(numpy_step, "DEDUP_MIN_FLOWS", dedup_min)
+    monkeypatch.setattr(m4_engine, "STEPPER_FROM_FLOWS", stepper_from)
     algorithm = SimAISpec(channels=2) if collective == "simai" else HierarchicalSpec()
     failure = GrayFailure(n_degraded=4, reduction=8, onset_s=30e-6)
     network = Ns3Config(transport="tcp" if checkpoint == "m4-small" else "rdma")  # as learned
@@ -92,7 +92,8 @@ def test_m4_in_the_compiled_loop_equals_m4_in_python_to_the_bit(
     assert bb.engine.n_updates == ba.engine.n_updates
     assert bb.engine.n_stepped_flows == ba.engine.n_stepped_flows
     python_steps = bb.engine._stats[3]  # updates the loop handed back to the stepper
-    assert (python_steps > 0) == (dedup_min < 128) and bb.engine.n_updates > python_steps
+    assert (python_steps > 0) == (stepper_from is not None)
+    assert bb.engine.n_updates > python_steps
     assert b.node_end_s[5] == 200e-6  # posted late: the message was there
     if collective == "simai":  # the loop followed parents: SimAI's flows wait on them
         assert max(b.flows.parent_id) >= 0

@@ -17,6 +17,7 @@ from m4ray.models.numpy_step import NumpyModel, NumpyStepper
 from m4ray.sim.failures import GrayFailure
 from m4ray.sim.flows import Flow
 from m4ray.sim.m4 import LocalStepper, M4Engine
+from m4ray.sim.m4 import engine as m4_engine
 from m4ray.sim.m4.backend import M4Backend
 from m4ray.sim.m4.engine import NativeM4Engine
 from m4ray.sim.routing import Routing
@@ -156,7 +157,7 @@ def test_an_update_in_one_core_call_answers_as_the_stepper_bit_for_bit(  # noqa:
     from m4ray.models import numpy_step
 
     assert numpy_step.native_step_library() is not None
-    monkeypatch.setattr(numpy_step, "DEDUP_MIN_FLOWS", 12)  # some updates take the stepper
+    monkeypatch.setattr(m4_engine, "STEPPER_FROM_FLOWS", 12)  # some updates take the stepper
     topo = GrayFailure(n_degraded=2, reduction=4).apply(FatTreeSpec(k=4).build())
     routing = Routing(topo, seed=0)
     hosts = sorted(topo.hosts)
@@ -352,3 +353,42 @@ def test_batching_large_components_steps_fewer_flows_and_stays_near_every_update
     assert fewer < stepped / 3
     error = np.abs(batched / every - 1)
     assert np.median(error) < 0.02 and error.max() < 0.25, (np.median(error), error.max())
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_the_core_steps_identical_components_of_an_update_once(precision):
+    """Every update in one core call (the default: none through the stepper), with the memo
+    off: identical components of one update (the same flows on each edge switch of a fat-tree)
+    are stepped once and share the answers, a lone component is stepped from its prepared rows,
+    and every FCT equals the stepper's path (numpy_step's _distinct), to the bit."""
+    topo = FatTreeSpec(k=4).build()
+    routing = Routing(topo, seed=0)
+    hosts = sorted(topo.hosts)
+    pairs = [
+        (a, b) for a in hosts for b in hosts if a < b and len(routing.path(a, b, 0).links) == 2
+    ]
+    assert len(pairs) == 8  # the two hosts of each edge switch
+    flows = [
+        Flow(3 * i + j, a, b, size, 0.0)
+        for i, (a, b) in enumerate(pairs)
+        for j, size in enumerate((30_000, 60_000, 90_000))
+    ]  # 8 alike components of 3 flows and 2 links, then random traffic, then one alone
+    rng = np.random.default_rng(3)
+    flows += [
+        Flow(100 + f.id, f.src, f.dst, f.size_bytes, f.start_s + 2e-3)
+        for f in _flows(hosts, rng, 60)
+    ]
+    flows += [Flow(300 + j, *pairs[0], 50_000 * (j + 1), 1.0) for j in range(3)]
+    model = _model(True, True)
+    cfgs = [
+        _Fused(model, 6_000, fused=f, memo_flows=0, window_us=0.0, param=0.1, precision=precision)
+        for f in (False, True)
+    ]
+    answers, engines, _ = _run(topo, flows, routing, cfgs)
+    stepper, fused_ = engines
+    assert fused_._stats[3] == 0  # nothing went through the stepper
+    assert fused_.memo_answers == 0 and fused_._stats[5] >= 7  # the 7 repeats at t = 0
+    assert fused_._stats[4] < fused_.n_stepped_flows == stepper.n_stepped_flows
+    np.testing.assert_array_equal(answers[1], answers[0])
+    first = answers[1][:24].reshape(8, 3)
+    assert (first == first[0]).all()  # alike components, alike answers

@@ -49,6 +49,13 @@ Stepper = Callable[[list[StepGraph]], list[StepOut]]
 # update covers them however the simulation's steps were batched.
 TICKS_PER_S = 1e12
 
+# With the compiled pass (NativeM4Engine.use_compiled_pass), updates of at least this many
+# flows go through the stepper (numpy_step's identical-component path) instead of the core's
+# one call; None: none do. The core steps identical components of an update once too, so the
+# answers are the same bits either way (tests route updates both ways by setting this); the
+# stepper's round trip cost ~1.5 s of 14 s on the scale ladder's 1,024-GPU MoE job.
+STEPPER_FROM_FLOWS: int | None = None
+
 
 @dataclass(frozen=True, slots=True)
 class Pending:
@@ -136,7 +143,9 @@ class M4Engine:
         # counts of component updates that ran the model, those the compiled core's memo
         # answered whole, Σ flows over them, and of the components the stepper updated (the
         # compiled core adds to the first three itself: NativeM4Engine.use_compiled_pass)
-        self._stats = np.zeros(4, dtype=np.int64)
+        # updates, memo-answered updates, stepped flows, components through the stepper; the
+        # core's: flows its passes carried, components answered by an identical one
+        self._stats = np.zeros(6, dtype=np.int64)
 
     # ------------------------------------------------------------ events
     def arrive(self, flow: Arrival, t: float) -> float:
@@ -521,17 +530,17 @@ class NativeM4Engine(M4Engine):
     def use_compiled_pass(
         self, model, *, memo_flows: int = memo.MAX_FLOWS, memo_bytes: int = memo.MAX_BYTES
     ) -> bool:
-        """Run each update small enough for the step's one-graph path (fewer than
-        ``DEDUP_MIN_FLOWS`` flows, at most ``NATIVE_MAX_ROWS`` rows, as they are now) in one
-        call to the core: prepare, ``model``'s compiled pass (``_step.c``, by address, in the
-        model's float type) and the write-back, with the core's memo of passes by their input
-        bytes, component by component (components of at most ``memo_flows`` flows, up to
-        ``memo_bytes``; what :class:`~m4ray.sim.m4.memo.StepMemo` does for whole graphs on the
-        Python path). The compiled pass gives each component the same bits alone or beside
-        others, so the answers are those of :meth:`predict` through the stepper, to the bit
-        (``tests/sim/test_m4_native.py``); larger updates still go through the stepper. False
-        (nothing changes) where ``model`` is not a numpy model of this engine's config or the
-        pass is not compiled here."""
+        """Run every update (of at most ``NATIVE_MAX_ROWS`` rows, and fewer than
+        :data:`STEPPER_FROM_FLOWS` flows where that is set) in one call to the core: prepare,
+        ``model``'s compiled pass (``_step.c``, by address, in the model's float type) and the
+        write-back, with the core's memo of passes by their input bytes, component by
+        component (components of at most ``memo_flows`` flows, up to ``memo_bytes``; what
+        :class:`~m4ray.sim.m4.memo.StepMemo` does for whole graphs on the Python path), and
+        identical components of one update stepped once (what the stepper's ``_distinct``
+        does). The compiled pass gives each component the same bits alone or beside others,
+        so the answers are those of :meth:`predict` through the stepper, to the bit
+        (``tests/sim/test_m4_native.py``). False (nothing changes) where ``model`` is not a
+        numpy model of this engine's config or the pass is not compiled here."""
         from m4ray.models import numpy_step
 
         lib = numpy_step.native_step_library()
@@ -548,7 +557,8 @@ class NativeM4Engine(M4Engine):
         self._fused = (model, wbuf, offs, dims)  # kept alive: the core reads them
         # which updates the core runs: below this many flows, up to this many rows (the
         # compiled loop applies the same)
-        self.compiled_limits = (numpy_step.DEDUP_MIN_FLOWS, numpy_step.NATIVE_MAX_ROWS)
+        below = STEPPER_FROM_FLOWS if STEPPER_FROM_FLOWS is not None else 1 << 62
+        self.compiled_limits = (below, numpy_step.NATIVE_MAX_ROWS)
         return True
 
     def dag_loop(self):
@@ -559,7 +569,7 @@ class NativeM4Engine(M4Engine):
         return NativeLoop.make_m4(self) if self._fused else None
 
     def loop_update(self, t: float) -> tuple[np.ndarray, np.ndarray]:
-        """An update the compiled loop hands back (too large for the one-call path), through
+        """An update the compiled loop hands back (beyond :attr:`compiled_limits`), through
         the stepper: the updated rows and their predicted completion times."""
         pending = self.prepare(t, ids=False)
         if pending is None:
