@@ -3,16 +3,18 @@ per-flow answers against m4 updated at every completion, beside flowSim, in one 
 
     .venv/bin/python bench/m4_batching.py                           # MoE, Spectrum-X 512 GPUs
     .venv/bin/python bench/m4_batching.py --gpus 1024               # the rung (~4 min)
-    .venv/bin/python bench/m4_batching.py --configs 0:0.1 64:0.1 128:0.1 256:0.1 128:0.1:float64
+    .venv/bin/python bench/m4_batching.py --configs 0:0.5 64:0.5 128:0.5 256:0.5 128:0.5:float64
+    .venv/bin/python bench/m4_batching.py --configs 128:0.5 128:0.1:frozen=1024  # the old default
     .venv/bin/python bench/m4_batching.py --gpus 1024 --lockstep    # rounds, not flows (~15 s)
 
 The job is the scale ladder's MoE job (``conf/experiment/scale.yaml``: Mixtral-like, TP 4,
 EP 8, data parallel over the rest) on SimAI's Spectrum-X template, replayed in full (per-flow
 table) with the jumbo wire, one simulation at a time in this process. Rows: flowSim; m4 with an
 update at every completion (the reference, the default before batching; ``--no-reference``
-skips it); m4 with each ``--configs`` entry ``above:fraction[:precision]`` (components of more
-than ``above`` flows update at arrivals and once ``fraction`` of their flows completed; the
-default is ``128:0.1``). Per-flow
+skips it); m4 with each ``--configs`` entry ``above:fraction[:precision][:frozen=N]``
+(components of more than ``above`` flows update at arrivals and once ``fraction`` of their
+flows completed, their fluid anchor frozen between updates above ``N`` flows; the default is
+``128:0.5:frozen=0``, ``128:0.1:frozen=1024`` before 2026-11-29). Per-flow
 differences match flows by (DAG node, source, destination, size, occurrence), so a flow that
 started earlier or later in one run is still compared with itself. ``--lockstep`` replays the
 job by rank symmetry instead (``m4ray.sim.lockstep``: each distinct collective step once, as one
@@ -129,15 +131,25 @@ def lockstep_table(gpus: int, runs: list) -> None:
 
 def parse(entry: str) -> tuple[str, M4Config]:
     above, fraction, *rest = entry.split(":")
-    precision = {"precision": rest[0]} if rest else {}  # else M4Config's (float32)
-    config = M4Config(batch_above_flows=int(above), batch_fraction=float(fraction), **precision)
-    return f"m4, batched above {above} flows at {fraction}, {config.precision}", config
+    options = {}  # else M4Config's (float32, every batched component's anchor frozen)
+    for option in rest:
+        if option.startswith("frozen="):
+            options["batch_frozen_above"] = int(option.removeprefix("frozen="))
+        else:
+            options["precision"] = option
+    config = M4Config(batch_above_flows=int(above), batch_fraction=float(fraction), **options)
+    frozen = config.batch_frozen_above
+    return (
+        f"m4, batched above {above} flows at {fraction}, anchors frozen above {frozen}, "
+        f"{config.precision}",
+        config,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpus", type=int, default=512)
-    parser.add_argument("--configs", nargs="*", default=["128:0.1", "128:0.1:float64"])
+    parser.add_argument("--configs", nargs="*", default=["128:0.5", "128:0.1:frozen=1024"])
     parser.add_argument("--no-reference", action="store_true")
     parser.add_argument("--lockstep", action="store_true", help="replay by rank symmetry")
     args = parser.parse_args()

@@ -1155,15 +1155,16 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
     /* one scratch block of 8-byte words: what prepare writes (links up to the bound Lb); each
      * component's key (its graph in the pass's order, local numbering); the unknown ones
      * packed as one graph; the outputs of that pass; the update's outputs; per component its
-     * key's place and length, hash, representative and first flow and link; the path lengths
-     * as the pass reads them; the update's table of keys (pages never written are never
-     * touched: a lone large component costs no key) */
+     * key's place and length, hash, representative and first flow, link and edge; the path
+     * lengths as the pass reads them; the update's tables of keys and of shapes (pages never
+     * written are never touched: a component too large for the memo and alone in its shape
+     * costs no key) */
     int64_t cap = 4;
     while (cap < 2 * k) cap *= 2;
     int64_t n_loose = 3 * k + F + Lb + 2 * E + k + (F + Lb) * H + F + Lb + F * P + B * F + Q * F;
     int64_t n_key = 3 * k + (F + Lb) * H + F + Lb + 2 * E + F * P + F + B * F + Q * F;
     int64_t n_out = (F + Lb) * H + F;
-    int64_t words = n_loose + 2 * n_key + 2 * n_out + 6 * k + F + cap + 1;
+    int64_t words = n_loose + 2 * n_key + 2 * n_out + 7 * k + F + 2 * cap + 2;
     if (words > m->n_scratch) {
         uint64_t *p = realloc(m->scratch, words * sizeof *p);
         if (!p) return -2;
@@ -1178,23 +1179,45 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
     double *out_packed = (double *)(packed + n_key), *out = out_packed + n_out;
     int64_t *key_at = (int64_t *)(out + n_out), *key_len = key_at + k;
     uint64_t *hashes = (uint64_t *)(key_len + k);
-    int64_t *rep = (int64_t *)(hashes + k), *fo = rep + k, *lo = fo + k;
-    double *plen_d = (double *)(lo + k);
-    int64_t *table = (int64_t *)(plen_d + F);
+    int64_t *rep = (int64_t *)(hashes + k), *fo = rep + k, *lo = fo + k, *eo = lo + k;
+    double *plen_d = (double *)(eo + k + 1);
+    int64_t *table = (int64_t *)(plen_d + F), *shapes = table + cap;
     graph_out g = {h_flow, dt_flow, h_link, dt_link, params, m->params_row, P};
     int64_t L = m4ray_engine_prepare(e, t, comps, n_flows, n_links, dt, rows, plen, links,
                                      incidence, B ? base : NULL, B ? features : NULL, &g);
     if (L < 0) return -2;
     double *new_flow = out, *new_link = out + F * H, *slowdown = new_link + L * H;
-    for (int64_t i = 0; i < cap; i++) table[i] = -1;
-    /* each component's key; the memo's answer where it has one; else an earlier component of
-     * this update with the same key (its representative), if any */
-    int64_t f0 = 0, l0 = 0, e0 = 0, w = 0, n_known = 0, n_same = 0;
-    for (int64_t j = 0; j < k; j++) {
+    for (int64_t i = 0; i < cap; i++) table[i] = shapes[i] = -1;
+    /* each component's first flow, link and edge; whether another has its shape (then key_len
+     * is 1: a key is worth building) */
+    for (int64_t j = 0, f0 = 0, l0 = 0, e0 = 0; j < k; j++) {
         int64_t nf = n_flows[j], nl = n_links[j], ne = 0;
         for (int64_t f = f0; f < f0 + nf; f++) ne += plen[f];
-        fo[j] = f0, lo[j] = l0, rep[j] = j, key_at[j] = w, key_len[j] = 0;
-        if (k > 1 || nf <= m->memo_flows) {
+        fo[j] = f0, lo[j] = l0, eo[j] = e0, rep[j] = j, key_len[j] = 0;
+        uint64_t shape[3] = {(uint64_t)nf, (uint64_t)nl, (uint64_t)ne};
+        hashes[j] = hash_words(shape, 3);
+        for (int64_t i = (int64_t)(hashes[j] & (uint64_t)(cap - 1));; i = (i + 1) & (cap - 1)) {
+            int64_t o = shapes[i];
+            if (o < 0) {
+                shapes[i] = j;
+                break;
+            }
+            if (n_flows[o] == nf && n_links[o] == nl && eo[o + 1] - eo[o] == ne) {
+                key_len[o] = key_len[j] = 1;
+                break;
+            }
+        }
+        eo[j + 1] = e0 + ne;
+        f0 += nf, l0 += nl, e0 += ne;
+    }
+    /* each such component's key; the memo's answer where it has one; else an earlier
+     * component of this update with the same key (its representative), if any */
+    int64_t w = 0, n_known = 0, n_same = 0;
+    for (int64_t j = 0; j < k; j++) {
+        int64_t nf = n_flows[j], nl = n_links[j], f0 = fo[j], l0 = lo[j], e0 = eo[j];
+        int64_t ne = eo[j + 1] - e0;
+        key_at[j] = w;
+        if (key_len[j] || nf <= m->memo_flows) {
             uint64_t *key = keys + w;
             key[0] = (uint64_t)nf, key[1] = (uint64_t)nl, key[2] = (uint64_t)ne;
             uint64_t *q = key + 3;
@@ -1241,8 +1264,9 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
                     }
                 }
             }
+        } else {
+            key_len[j] = 0;
         }
-        f0 += nf, l0 += nl, e0 += ne;
     }
     int64_t carried = 0;
     if (n_known == k) {
@@ -1262,7 +1286,8 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
     } else { /* the components to step packed as one graph, numbered as in it */
         int64_t pf = 0, pl = 0, pe = 0;
         for (int64_t j = 0; j < k; j++)
-            if (rep[j] == j) pf += n_flows[j], pl += n_links[j], pe += keys[key_at[j] + 2];
+            if (rep[j] == j)
+                pf += n_flows[j], pl += n_links[j], pe += eo[j + 1] - eo[j];
         double *ph_flow = (double *)packed, *ph_link = ph_flow + pf * H;
         double *pdt_flow = ph_link + pl * H, *pdt_link = pdt_flow + pf;
         int64_t *pinc = (int64_t *)(pdt_link + pl);
@@ -1271,21 +1296,18 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
         int64_t af = 0, al = 0, ae = 0;
         for (int64_t j = 0; j < k; j++) {
             if (rep[j] != j) continue;
-            const uint64_t *key = keys + key_at[j];
-            int64_t nf = (int64_t)key[0], nl = (int64_t)key[1], ne = (int64_t)key[2];
-            const double *c = (const double *)(key + 3);
-            memcpy(ph_flow + af * H, c, nf * H * sizeof(double)), c += nf * H;
-            memcpy(ph_link + al * H, c, nl * H * sizeof(double)), c += nl * H;
-            memcpy(pdt_flow + af, c, nf * sizeof(double)), c += nf;
-            memcpy(pdt_link + al, c, nl * sizeof(double)), c += nl;
-            const int64_t *ci = (const int64_t *)c;
-            for (int64_t x = 0; x < ne; x++) pinc[ae + x] = ci[x] + af;
-            for (int64_t x = 0; x < ne; x++) pinc[pe + ae + x] = ci[ne + x] + al;
-            c += 2 * ne;
-            memcpy(pparams + af * P, c, nf * P * sizeof(double)), c += nf * P;
-            memcpy(pnl + af, c, nf * sizeof(double)), c += nf;
-            memcpy(pbase + af, c, B * nf * sizeof(double)), c += B * nf;
-            memcpy(pfeat + af * Q, c, Q * nf * sizeof(double));
+            int64_t nf = n_flows[j], nl = n_links[j], f0 = fo[j], l0 = lo[j], e0 = eo[j];
+            int64_t ne = eo[j + 1] - e0;
+            memcpy(ph_flow + af * H, h_flow + f0 * H, nf * H * sizeof(double));
+            memcpy(ph_link + al * H, h_link + l0 * H, nl * H * sizeof(double));
+            memcpy(pdt_flow + af, dt_flow + f0, nf * sizeof(double));
+            memcpy(pdt_link + al, dt_link + l0, nl * sizeof(double));
+            for (int64_t x = 0; x < ne; x++) pinc[ae + x] = incidence[e0 + x] - f0 + af;
+            for (int64_t x = 0; x < ne; x++) pinc[pe + ae + x] = incidence[E + e0 + x] - l0 + al;
+            memcpy(pparams + af * P, params + f0 * P, nf * P * sizeof(double));
+            for (int64_t f = 0; f < nf; f++) pnl[af + f] = (double)plen[f0 + f];
+            memcpy(pbase + af, base + f0, B * nf * sizeof(double));
+            memcpy(pfeat + af * Q, features + f0 * Q, Q * nf * sizeof(double));
             af += nf, al += nl, ae += ne;
         }
         double *o_flow = out_packed, *o_link = o_flow + pf * H, *o_slow = o_link + pl * H;

@@ -47,19 +47,26 @@ class Batching:
     above_flows: int
     fraction: float
     # above this many flows too, the fluid anchor of a batched component is frozen between its
-    # updates (``Fluid.catch_up_frozen``): its exact re-share at each drain and completion costs
-    # ~n² max-min work over the component's life, more than the model from ~a thousand flows
-    frozen_above: int = 1024
+    # updates (``Fluid.catch_up_frozen``: its flows drain at the rates of its last update): its
+    # exact re-share at each drain and completion costs ~n² max-min work over the component's
+    # life. 0 (the default since 2026-11-29; 1,024 before): every batched component, which on
+    # the 1,024-GPU MoE ladder job took a tenth of m4's time off and moved its answers less
+    # than batching itself does (bench/m4_batching.py)
+    frozen_above: int = 0
 
     @classmethod
-    def of(cls, above_flows: int | None, fraction: float) -> Batching | None:
-        """The batching of a backend's ``batch_above_flows`` / ``batch_fraction`` settings
-        (None: off), checked."""
+    def of(cls, above_flows: int | None, fraction: float, frozen_above: int = 0) -> Batching | None:
+        """The batching of a backend's ``batch_above_flows`` / ``batch_fraction`` /
+        ``batch_frozen_above`` settings (None: off), checked."""
         if above_flows is not None and above_flows < 0:
             raise InputError(f"must be >= 0 or null, got {above_flows}", field="batch_above_flows")
         if not 0 < fraction <= 1:
             raise InputError(f"must be in (0, 1], got {fraction}", field="batch_fraction")
-        return None if above_flows is None else cls(int(above_flows), float(fraction))
+        if frozen_above < 0:
+            raise InputError(f"must be >= 0, got {frozen_above}", field="batch_frozen_above")
+        if above_flows is None:
+            return None
+        return cls(int(above_flows), float(fraction), int(frozen_above))
 
     def due(self, comp: Component) -> bool:
         n = len(comp.flows)

@@ -94,7 +94,14 @@ class NewSession(BaseModel):
         "flows are left out of an update's answer meanwhile and keep their last predictions",
     )
     batch_fraction: float = Field(
-        0.1, gt=0, le=1, description="completions, as a fraction of a batched component's flows"
+        0.5, gt=0, le=1, description="completions, as a fraction of a batched component's flows"
+    )
+    batch_frozen_above: int = Field(
+        0,
+        ge=0,
+        le=MAX_ID,
+        description="a batched component of more flows (0: every one) has its fluid anchor "
+        "frozen between its updates (its flows drain at their last rates)",
     )
     extrapolate: bool = Field(
         False,
@@ -457,7 +464,7 @@ class M4Sessions:
         routing = Routing(topo, seed=spec.routing_seed, wire=wire)
         cfg, span = await self._cfg()
         span = None if spec.extrapolate else span
-        batching = Batching.of(spec.batch_above_flows, spec.batch_fraction)
+        batching = Batching.of(spec.batch_above_flows, spec.batch_fraction, spec.batch_frozen_above)
         engine = engine_for(
             topo, cfg, ns3, routing, batching=batching, params_range=span,
             checkpoint=self.checkpoint,

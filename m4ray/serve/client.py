@@ -71,6 +71,7 @@ class SessionClient:
         if batching is not None:
             body["batch_above_flows"] = batching.above_flows
             body["batch_fraction"] = batching.fraction
+            body["batch_frozen_above"] = batching.frozen_above
         info = self.request("POST", "/sessions", body)
         self.session_id: str = info["session_id"]
         self.info = info
@@ -217,9 +218,10 @@ class M4ServedConfig:
     """``backend=m4_served``: ``via`` http (``url`` of the Serve app, with its route prefix, and
     its bearer ``token`` if it has one) or handle (the app named ``app_name`` on this Ray
     cluster); update ``window_us`` and completion batching (``batch_above_flows``,
-    ``batch_fraction``) as for ``backend=m4`` (default: 10 µs temporal batches, one call each);
-    the ns-3 ``network`` the model imitates; the call timeout; ``extrapolate`` as for
-    ``backend=m4`` (network parameters outside the checkpoint's trained span: at its edge)."""
+    ``batch_fraction``, ``batch_frozen_above``) as for ``backend=m4`` (default: 10 µs temporal
+    batches, one call each); the ns-3 ``network`` the model imitates; the call timeout;
+    ``extrapolate`` as for ``backend=m4`` (network parameters outside the checkpoint's trained
+    span: at its edge)."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
@@ -231,7 +233,10 @@ class M4ServedConfig:
     timeout_s: float = 60.0
     token: str | None = None
     batch_above_flows: int | None = 128
-    batch_fraction: float = 0.1
+    batch_fraction: float = 0.5  # as backend=m4's
+    batch_frozen_above: int = added_field(
+        0, "batched components' anchors frozen (2026-11-29)", ids_had=1024
+    )
     extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
 
     def __post_init__(self) -> None:
@@ -241,7 +246,7 @@ class M4ServedConfig:
 
     def batching(self) -> Batching | None:
         """The engine's completion batching, as ``backend=m4``'s (None: every update)."""
-        return Batching.of(self.batch_above_flows, self.batch_fraction)
+        return Batching.of(self.batch_above_flows, self.batch_fraction, self.batch_frozen_above)
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
         if self.via == "handle":

@@ -24,7 +24,8 @@ enum { EV_M4_UPDATE = 5, EV_M4_DONE = 6 }; /* m4's (m4 mode, below) */
  * Python sent through FlowSim.send delivered (its tag in *a), a flow Python started through the
  * loop done (its tag in *a), a rank's part of a collective done (run in *a, rank in *b). */
 enum { RET_DONE = 0, RET_PY = 1, RET_PYDONE = 2, RET_FLOW = 3, RET_FINISH = 4 };
-/* m4 mode: an update Python runs (a large one: the stepper's path), then m4ray_loop_m4_schedule */
+/* m4 mode: an update Python runs (beyond the engine's compiled_limits: the stepper's path), then
+ * m4ray_loop_m4_schedule */
 enum { RET_M4_UPDATE = 5 };
 /* errors: out of memory, active flows with zero rate, no route, a size m4 has no feature of,
  * the m4 engine refusing a flow's links */

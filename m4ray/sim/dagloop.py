@@ -12,8 +12,9 @@ Two layers, each the twin of Python code that stays the reference and the fallba
 
 The loop's other mode runs m4 instead of the fluid (:meth:`NativeLoop.make_m4`): the m4
 backend's per-instant updates and batched completions, calling the m4 engine core's functions
-(``_core.c``: its bookkeeping, the compiled pass and its memo) by address; updates too large
-for the core's one-call path come back to Python's stepper.
+(``_core.c``: its bookkeeping, the compiled pass and its memo) by address; an update beyond
+the engine's ``compiled_limits`` (none by default: ``m4ray.sim.m4.engine.STEPPER_FROM_FLOWS``)
+comes back to Python's stepper.
 
 Answers equal the Python replay's to the bit (``tests/sim/test_dagloop.py``,
 ``tests/sim/test_m4_loop.py``): the same arithmetic in the same order, compiled without

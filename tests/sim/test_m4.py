@@ -480,7 +480,7 @@ def test_completion_batching_is_checked_and_names_the_run():
         with pytest.raises(InputError, match=r"must be in \(0, 1\]") as err:
             M4Config(batch_fraction=bad)
         assert err.value.field == "batch_fraction"
-    assert M4Config().batching() == Batching(128, 0.1)
+    assert M4Config().batching() == Batching(128, 0.5, 0)
     assert M4Config(batch_above_flows=None).batching() is None
     topo, routing, _ = _rail()
     backend = M4Config(batch_above_flows=8, batch_fraction=0.5).build(topo, routing)

@@ -68,7 +68,7 @@ def _run(topo, flows, routing, cfgs):
         (True, False, True, None, False, None),
         (True, True, True, 10.0, False, None),
         (False, False, True, 0.0, False, None),  # m4-small's
-        (True, True, False, 0.0, False, Batching(4, 0.25)),  # large components batched
+        (True, True, False, 0.0, False, Batching(4, 0.25, 1 << 20)),  # batched, anchors re-shared
         (True, True, False, 0.0, False, Batching(4, 0.25, 8)),  # and their anchor frozen
         (True, False, True, None, True, Batching(0, 0.5, 0)),
     ],

@@ -171,7 +171,9 @@ class M4Config:
     since its last update number ``batch_fraction`` of its flows, not at every completion; its
     other flows keep their last predictions meanwhile (None: every completion updates). It
     bounds a component's updates over its life to ~n/f stepped flows instead of ~n²/2: the
-    MoE job on Spectrum-X 512 GPUs ``bench/m4_batching.py`` measures.
+    MoE job on Spectrum-X 512 GPUs ``bench/m4_batching.py`` measures. ``batch_frozen_above``:
+    above this many flows too (0: every batched component) a batched component's fluid anchor
+    is frozen between its updates (its flows drain at their last rates, not re-shared).
     ``extrapolate``: network parameters outside the span the checkpoint was trained on (its
     ``model.json`` ``params_range``: the SimAI study's 100 MB buffers against training's
     1-16 MB) are brought to the span's edge, with a warning (False), or fed as they are (True).
@@ -193,7 +195,10 @@ class M4Config:
     )  # float32 by default since 2026-11-29: runs before then were float64, and keep their ids
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
     batch_above_flows: int | None = 128
-    batch_fraction: float = 0.1
+    batch_fraction: float = 0.5  # 0.1 before 2026-11-29 (conf/backend/m4.yaml says why)
+    batch_frozen_above: int = added_field(
+        0, "batched components' anchors frozen (2026-11-29)", ids_had=1024
+    )
     extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
 
     def __post_init__(self) -> None:
@@ -265,7 +270,7 @@ class M4Config:
 
     def batching(self) -> Batching | None:
         """The engine's completion batching of large components (None: every update)."""
-        return Batching.of(self.batch_above_flows, self.batch_fraction)
+        return Batching.of(self.batch_above_flows, self.batch_fraction, self.batch_frozen_above)
 
 
 def fitted_params(
@@ -433,7 +438,8 @@ class M4Backend(QueueClock):
         return self._loop
 
     def _m4_update(self) -> None:
-        """An update the compiled loop hands back (a large one: the stepper's path)."""
+        """An update the compiled loop hands back (beyond the engine's ``compiled_limits``: the
+        stepper's path)."""
         self._loop.m4_schedule(*self.engine.loop_update(self._now))
 
     def run(self, until: float | None = None) -> None:
