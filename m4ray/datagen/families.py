@@ -37,7 +37,7 @@ from m4ray.datagen.traffic import IncastTraffic, OpenLoopTraffic
 from m4ray.errors import InputError, choice_error
 from m4ray.fingerprint import SINCE, added_field, fingerprint
 from m4ray.sim.collectives import HierarchicalSpec, RingSpec
-from m4ray.sim.failures import degrade
+from m4ray.sim.failures import degrade, gray_failure_gpus
 from m4ray.sim.nccl import SimAISpec
 from m4ray.sim.ns3.backend import PARAMS13, Ns3Config, params13
 from m4ray.sim.ns3.transports import RdmaConfig
@@ -49,6 +49,10 @@ from m4ray.sim.workload import Collective, CollectiveKind, Workload
 # simai: SimAI's NCCL flows (m4ray.sim.nccl), the gray-failure study's collectives
 ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec, "simai": SimAISpec}
 LAYOUTS = ("all", "rails", "servers", "random")
+# which GPUs fail: any (random), or the gray-failure sweep's rule (GrayFailure: half of N on each
+# of two servers up to a server's GPUs, then a whole server and the rest on a third) on servers
+# drawn in random order (servers)
+FAILURE_LAYOUTS = ("random", "servers")
 
 
 RED_KB_PER_GBPS = (0.5, 2.0)  # NetworkRanges.red_kb_per_gbps's default range
@@ -406,10 +410,21 @@ class CollectiveFamily:
             buffer_kb=[4000.0, 16000.0], ecn_k_kb=[90.0, 360.0], window_kb=None
         )
     )
+    # drawn per scenario among these (FAILURE_LAYOUTS); one layout draws nothing, so datasets
+    # made before the field keep their scenarios and ids
+    failure_layouts: tuple[str, ...] = added_field(
+        ("random",), "server-aligned failure sets (2026-11-29)"
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.network, dict):
             self.network = NetworkRanges(**self.network)
+        self.failure_layouts = tuple(self.failure_layouts)
+        if not self.failure_layouts:
+            raise InputError("empty list", field="failure_layouts")
+        for layout in self.failure_layouts:
+            if layout not in FAILURE_LAYOUTS:
+                raise choice_error("failure layout", layout, list(FAILURE_LAYOUTS))
         for kind in self.kinds:
             if kind not in set(CollectiveKind):
                 raise choice_error("collective kind", kind, [k.value for k in CollectiveKind])
@@ -432,7 +447,12 @@ class CollectiveFamily:
         topo = self.topology.build()
         hosts = topo.hosts
         n_degraded = min(integer(rng, self.degraded_gpus), len(hosts))
-        degraded = tuple(sorted(int(h) for h in rng.choice(hosts, n_degraded, replace=False)))
+        layouts = self.failure_layouts
+        layout = layouts[int(rng.integers(len(layouts)))] if len(layouts) > 1 else layouts[0]
+        if layout == "servers":
+            degraded = _server_aligned(rng, topo, n_degraded)
+        else:
+            degraded = tuple(sorted(int(h) for h in rng.choice(hosts, n_degraded, replace=False)))
         reduction = integer(rng, self.reduction) if degraded else 1
         algorithm = self.algorithms[int(rng.integers(len(self.algorithms)))]
         phases = tuple(
@@ -467,6 +487,18 @@ class CollectiveFamily:
         chosen = sorted(rng.choice(servers, n_servers, replace=False))
         local = sorted(rng.choice(g, int(rng.integers(1, g + 1)), replace=False))
         return (tuple(int(s * g + i) for s in chosen for i in local),)
+
+
+def _server_aligned(rng: np.random.Generator, topo: Topology, n_degraded: int) -> tuple[int, ...]:
+    """The sweep's degraded-GPU rule (:func:`~m4ray.sim.failures.gray_failure_gpus`) for at most
+    ``n_degraded`` GPUs (two servers' worth), its servers taken in a random order: a server's
+    NICs failing together, or half of each of two servers, as the study's grid has them."""
+    g = topo.gpus_per_server
+    servers = len(topo.hosts) // g
+    n = min(n_degraded, 2 * g if servers >= 3 else g)
+    order = rng.permutation(servers)
+    gpus = gray_failure_gpus(n, g, servers) if servers > 1 else tuple(range(n))
+    return tuple(sorted(int(topo.hosts[order[i // g] * g + i % g]) for i in gpus))
 
 
 def with_wall_limit(scenario: DatagenScenario, wall_limit_s: float) -> DatagenScenario:

@@ -162,6 +162,36 @@ def test_collective_family_draws_random_degraded_gpus_and_valid_groups():
                 assert len(set(per_server[per_server > 0])) == 1  # hierarchical-friendly
 
 
+def test_server_aligned_failures_follow_the_sweeps_rule_on_servers_in_random_order():
+    """failure_layouts [servers]: the degraded GPUs are the gray-failure sweep's set
+    (gray_failure_gpus: half of N on each of two servers up to 8, then a whole server and the
+    rest on a third) with the servers drawn in random order; one layout draws nothing more, so
+    the default family's scenarios and ids are those it had before the field."""
+    from m4ray.sim.failures import gray_failure_gpus
+
+    aligned = CollectiveFamily(failure_layouts=["servers"], degraded_gpus=[1, 16])
+    seen = set()
+    for seed in range(40):
+        sc = aligned.sample("rail_servers", seed, seed, 60.0)
+        n = len(sc.degraded)
+        per_server = np.bincount(np.array(sc.degraded) // 8, minlength=4)
+        servers_hit = np.flatnonzero(per_server)
+        rule = np.bincount(np.array(gray_failure_gpus(n, 8, 4)) // 8, minlength=4)
+        assert sorted(per_server) == sorted(rule)  # the rule's shape, on some servers
+        for s in servers_hit:  # each server's first GPUs, as the rule takes them
+            local = sorted(h % 8 for h in sc.degraded if h // 8 == s)
+            assert local == list(range(len(local)))
+        seen.add(tuple(servers_hit))
+    assert len(seen) > 4  # servers in random order, not always 0 and 1
+    plain = CollectiveFamily()
+    same = CollectiveFamily(failure_layouts=["random"])
+    for seed in range(5):
+        a, b = plain.sample("rail", seed, seed, 60.0), same.sample("rail", seed, seed, 60.0)
+        assert a.scenario_id == b.scenario_id and a.degraded == b.degraded
+    with pytest.raises(InputError, match="failure layout"):
+        CollectiveFamily(failure_layouts=["racks"])
+
+
 def test_dataset_seeds_never_meet_the_evaluation_sweep():
     cfg = DatagenConfig(
         scenarios=400,
