@@ -62,10 +62,14 @@ def _flows(hosts, n=8, offset=0):
     ]
 
 
-@pytest.mark.parametrize(("window_us", "above"), [(0.0, 64), (10.0, 64), (0.0, 2)])
-def test_served_backend_equals_in_process(url, rail, window_us, above):
+@pytest.mark.parametrize(
+    ("window_us", "above", "frozen"),
+    [(0.0, 64, 0), (10.0, 64, 0), (0.0, 2, 0), (0.0, 2, 1 << 20)],
+)
+def test_served_backend_equals_in_process(url, rail, window_us, above, frozen):
     # 10 us windows: each request carries several arrivals and completions, each at its own time;
-    # above 2 flows: the session batches a burst's completions as the in-process engine does
+    # above 2 flows: the session batches a burst's completions as the in-process engine does,
+    # its anchors frozen between updates or re-shared (batch_frozen_above reaches the session)
     topo, routing, hosts = rail
     flows = _flows(hosts)
     if above == 2:
@@ -74,12 +78,10 @@ def test_served_backend_equals_in_process(url, rail, window_us, above):
             for i in range(24)
             if i % 16 != (i * 7 + 3) % 16
         ]
-    local = run_trace(topo, flows, M4Config(window_us=window_us, batch_above_flows=above), routing)
+    batching = {"batch_above_flows": above, "batch_frozen_above": frozen}
+    local = run_trace(topo, flows, M4Config(window_us=window_us, **batching), routing)
     served = run_trace(
-        topo,
-        flows,
-        M4ServedConfig(url=url, window_us=window_us, batch_above_flows=above),
-        routing,
+        topo, flows, M4ServedConfig(url=url, window_us=window_us, **batching), routing
     )
     np.testing.assert_allclose(
         served.column("fct_s").to_numpy(), local.column("fct_s").to_numpy(), rtol=1e-5
@@ -194,6 +196,8 @@ def test_bad_requests_get_4xx_and_leave_sessions_alone(url, rail):
         assert r.status_code == 422 and "batch_fraction" in str(r.json()["detail"])
         r = http.post("/sessions", json={"topology": text, "batch_above_flows": -1})
         assert r.status_code == 422 and "batch_above_flows" in str(r.json()["detail"])
+        r = http.post("/sessions", json={"topology": text, "batch_frozen_above": -1})
+        assert r.status_code == 422 and "batch_frozen_above" in str(r.json()["detail"])
         state = http.get(f"/sessions/{sid}").json()
         assert state["active"] == 2  # the rejected requests changed nothing
         schema = http.get("/openapi.json").json()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -471,7 +472,7 @@ def test_a_run_id_names_the_checkpoints_weights_not_only_its_name(tmp_path):
 def test_completion_batching_is_checked_and_names_the_run():
     """``batch_above_flows`` / ``batch_fraction``: bad values are clear errors naming the field;
     the engine gets the batching asked for (none with null); each setting names its run."""
-    from m4ray.fingerprint import fingerprint
+    from m4ray.fingerprint import canonical, fingerprint
     from m4ray.models.components import Batching
 
     with pytest.raises(InputError, match="batch_above_flows"):
@@ -481,11 +482,19 @@ def test_completion_batching_is_checked_and_names_the_run():
             M4Config(batch_fraction=bad)
         assert err.value.field == "batch_fraction"
     assert M4Config().batching() == Batching(128, 0.5, 0)
+    with pytest.raises(InputError, match="must be >= 0") as err:
+        M4Config(batch_frozen_above=-1)
+    assert err.value.field == "batch_frozen_above"
     assert M4Config(batch_above_flows=None).batching() is None
     topo, routing, _ = _rail()
     backend = M4Config(batch_above_flows=8, batch_fraction=0.5).build(topo, routing)
     assert backend.engine.batching == Batching(8, 0.5)
     assert fingerprint(M4Config(batch_above_flows=None)) != fingerprint(M4Config())
+    # anchors frozen above 1,024 flows, the rule every id before 2026-11-29 was made with, is
+    # left out of the hash; the new default is hashed
+    assert fingerprint(M4Config(batch_frozen_above=1024)) != fingerprint(M4Config())
+    old = dataclasses.replace(M4Config(batch_fraction=0.1), batch_frozen_above=1024)
+    assert "batch_frozen_above" not in json.dumps(canonical(old))
 
 
 def test_network_parameters_outside_the_trained_span_are_read_at_its_edge(tmp_path):
