@@ -5,6 +5,8 @@ control, the family and the flow size could take back (issue 32's m4 bar: ≤ ½
     .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_cc/dataset --m4 <checkpoint>
     .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_v4/dataset --components \
         --m4 v4=outputs/train_m4_v4/export v5=outputs/train_m4_v5/export
+    .venv/bin/python bench/m4_residual.py --dataset outputs/datagen_v5/dataset --components \
+        --by-path
 
 On a dataset's periods, split by scenario as training splits them (``train.data.seed`` 0), the
 anchor of a fluid-anchored checkpoint (``--anchor``, default m4-v3: its correction zeroed, so
@@ -20,6 +22,8 @@ flows with fewer than ``--max-active`` active, train_m4_v5's 600 and 300 by defa
 held-out flows include the large busy periods that training without it drops; a model's
 answers on a component are its answers on the whole period.
 The signed table prints the median ``log(s / anchor)`` per size bucket: > 0 where ns-3 is slower.
+``--by-path`` splits it by the slowest link on each flow's path too (a degraded GPU's NIC or
+NVLink against the 400 G NICs): where a failure's regime shows, if the data has it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ sys.path.insert(0, str(REPO))
 
 BUCKETS = [0, 1e3, 1e4, 5e4, 2e5, 1e6, np.inf]
 LABELS = ["<1K", "1-10K", "10-50K", "50-200K", "0.2-1M", ">=1M"]
+# the slowest link on a flow's path, Gbit/s (a degraded NIC or NVLink falls below the 400 G NICs)
+BOTTLENECKS = [0, 100, 200, 399.5, 400.5, np.inf]
+BOTTLENECK_LABELS = ["<100G", "100-199G", "200-399G", "400G", ">400G"]
 
 
 def flows(model, samples: list, scenario: dict) -> pd.DataFrame:
@@ -56,6 +63,9 @@ def flows(model, samples: list, scenario: dict) -> pd.DataFrame:
             for s in batch:
                 n = s.n_flows
                 fam, cc = scenario[s.scenario_id]
+                inc = s.period.incidence.numpy()
+                slowest = np.full(n, np.inf)
+                np.minimum.at(slowest, inc[0], s.period.link_bandwidth.numpy()[inc[1]])
                 rows.append(
                     pd.DataFrame(
                         {
@@ -65,12 +75,14 @@ def flows(model, samples: list, scenario: dict) -> pd.DataFrame:
                             "ns3": s.period.slowdown.numpy(),
                             "pred": pred[at : at + n].numpy(),
                             "flowsim": s.flowsim_slowdown.numpy(),
+                            "bottleneck": slowest / 1e9,
                         }
                     )
                 )
                 at += n
     frame = pd.concat(rows, ignore_index=True)
     frame["bucket"] = pd.cut(frame["size"], BUCKETS, labels=LABELS, right=False)
+    frame["path"] = pd.cut(frame["bottleneck"], BOTTLENECKS, labels=BOTTLENECK_LABELS, right=False)
     return frame
 
 
@@ -120,6 +132,9 @@ def main() -> None:
     parser.add_argument("--max-active", type=int, default=300, help="per component")
     parser.add_argument("--n-train", type=int, default=2400, help="training periods (balanced)")
     parser.add_argument("--n-test", type=int, default=600, help="held-out periods (balanced)")
+    parser.add_argument(
+        "--by-path", action="store_true", help="also split by the path's slowest link"
+    )
     args = parser.parse_args()
 
     from m4ray.models.checkpoint import load
@@ -158,6 +173,22 @@ def main() -> None:
         [test.family, test.cc, test.bucket], observed=True
     )
     print(signed.median().unstack("bucket").round(3).to_string(na_rep="—"))
+    if args.by_path:
+        print(
+            "\nby the path's slowest link (Gbit/s) and size, held-out flows: median log(ns-3 / "
+            "anchor), and the anchor's and flowSim's mean |ŝ/s − 1|\n"
+        )
+        log = np.log(test.ns3 / test.pred)
+        keys = [test.family, test.path, test.bucket]
+        table = pd.DataFrame(
+            {
+                "flows": log.groupby(keys, observed=True).size(),
+                "median log": log.groupby(keys, observed=True).median().round(3),
+                "anchor": (test.pred / test.ns3 - 1).abs().groupby(keys, observed=True).mean(),
+                "flowSim": (test.flowsim / test.ns3 - 1).abs().groupby(keys, observed=True).mean(),
+            }
+        )
+        print(table.round(3).to_string())
 
 
 if __name__ == "__main__":
