@@ -48,7 +48,7 @@ from m4ray.sim.workload import Collective, CollectiveKind, Workload
 
 # simai: SimAI's NCCL flows (m4ray.sim.nccl), the gray-failure study's collectives
 ALGORITHMS = {"ring": RingSpec, "hierarchical": HierarchicalSpec, "simai": SimAISpec}
-LAYOUTS = ("all", "rails", "servers", "random")
+LAYOUTS = ("all", "rails", "servers", "random", "server_pairs")
 # which GPUs fail: any (random), or the gray-failure sweep's rule (GrayFailure: half of N on each
 # of two servers up to a server's GPUs, then a whole server and the rest on a third) on servers
 # drawn in random order (servers)
@@ -483,6 +483,8 @@ class CollectiveFamily:
             return tuple(tuple(s * g + i for s in range(servers)) for i in range(g))
         if layout == "servers":  # one group per server (tensor parallel, NVLink only)
             return tuple(tuple(range(s * g, (s + 1) * g)) for s in range(servers))
+        if layout == "server_pairs":  # each two consecutive servers one group (TP over 2 servers)
+            return tuple(tuple(range(s * g, min(s + 2, servers) * g)) for s in range(0, servers, 2))
         n_servers = int(rng.integers(2, servers + 1)) if servers > 1 else 1
         chosen = sorted(rng.choice(servers, n_servers, replace=False))
         local = sorted(rng.choice(g, int(rng.integers(1, g + 1)), replace=False))

@@ -149,7 +149,7 @@ def test_sampling_is_seeded_and_records_params13():
 
 
 def test_collective_family_draws_random_degraded_gpus_and_valid_groups():
-    family = CollectiveFamily(layouts=["all", "rails", "servers", "random"])
+    family = CollectiveFamily(layouts=["all", "rails", "servers", "random", "server_pairs"])
     for seed in range(30):
         sc = family.sample("rail", seed, seed, 60.0)
         assert len(set(sc.degraded)) == len(sc.degraded) <= 16
