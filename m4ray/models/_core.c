@@ -1156,15 +1156,14 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
      * component's key (its graph in the pass's order, local numbering); the unknown ones
      * packed as one graph; the outputs of that pass; the update's outputs; per component its
      * key's place and length, hash, representative and first flow, link and edge; the path
-     * lengths as the pass reads them; the update's tables of keys and of shapes (pages never
-     * written are never touched: a component too large for the memo and alone in its shape
-     * costs no key) */
+     * lengths as the pass reads them; the update's table of keys (pages never written are
+     * never touched: a lone component too large for the memo costs no key) */
     int64_t cap = 4;
     while (cap < 2 * k) cap *= 2;
     int64_t n_loose = 3 * k + F + Lb + 2 * E + k + (F + Lb) * H + F + Lb + F * P + B * F + Q * F;
     int64_t n_key = 3 * k + (F + Lb) * H + F + Lb + 2 * E + F * P + F + B * F + Q * F;
     int64_t n_out = (F + Lb) * H + F;
-    int64_t words = n_loose + 2 * n_key + 2 * n_out + 7 * k + F + 2 * cap + 2;
+    int64_t words = n_loose + 2 * n_key + 2 * n_out + 7 * k + F + cap + 2;
     if (words > m->n_scratch) {
         uint64_t *p = realloc(m->scratch, words * sizeof *p);
         if (!p) return -2;
@@ -1181,43 +1180,31 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
     uint64_t *hashes = (uint64_t *)(key_len + k);
     int64_t *rep = (int64_t *)(hashes + k), *fo = rep + k, *lo = fo + k, *eo = lo + k;
     double *plen_d = (double *)(eo + k + 1);
-    int64_t *table = (int64_t *)(plen_d + F), *shapes = table + cap;
+    int64_t *table = (int64_t *)(plen_d + F);
     graph_out g = {h_flow, dt_flow, h_link, dt_link, params, m->params_row, P};
     int64_t L = m4ray_engine_prepare(e, t, comps, n_flows, n_links, dt, rows, plen, links,
                                      incidence, B ? base : NULL, B ? features : NULL, &g);
     if (L < 0) return -2;
     double *new_flow = out, *new_link = out + F * H, *slowdown = new_link + L * H;
-    for (int64_t i = 0; i < cap; i++) table[i] = shapes[i] = -1;
-    /* each component's first flow, link and edge; whether another has its shape (then key_len
-     * is 1: a key is worth building) */
-    for (int64_t j = 0, f0 = 0, l0 = 0, e0 = 0; j < k; j++) {
-        int64_t nf = n_flows[j], nl = n_links[j], ne = 0;
-        for (int64_t f = f0; f < f0 + nf; f++) ne += plen[f];
-        fo[j] = f0, lo[j] = l0, eo[j] = e0, rep[j] = j, key_len[j] = 0;
-        uint64_t shape[3] = {(uint64_t)nf, (uint64_t)nl, (uint64_t)ne};
-        hashes[j] = hash_words(shape, 3);
-        for (int64_t i = (int64_t)(hashes[j] & (uint64_t)(cap - 1));; i = (i + 1) & (cap - 1)) {
-            int64_t o = shapes[i];
-            if (o < 0) {
-                shapes[i] = j;
-                break;
-            }
-            if (n_flows[o] == nf && n_links[o] == nl && eo[o + 1] - eo[o] == ne) {
-                key_len[o] = key_len[j] = 1;
-                break;
-            }
-        }
-        eo[j + 1] = e0 + ne;
-        f0 += nf, l0 += nl, e0 += ne;
+    for (int64_t i = 0; i < cap; i++) table[i] = -1;
+    /* each component's first flow, link and edge */
+    fo[0] = lo[0] = eo[0] = 0;
+    for (int64_t j = 0; j < k; j++) {
+        int64_t ne = 0;
+        for (int64_t f = fo[j]; f < fo[j] + n_flows[j]; f++) ne += plen[f];
+        if (j + 1 < k) fo[j + 1] = fo[j] + n_flows[j], lo[j + 1] = lo[j] + n_links[j];
+        eo[j + 1] = eo[j] + ne;
+        rep[j] = j;
     }
-    /* each such component's key; the memo's answer where it has one; else an earlier
-     * component of this update with the same key (its representative), if any */
+    /* each component's key (where the memo or another component of the update can use it);
+     * the memo's answer where it has one; else an earlier component of this update with the
+     * same key (its representative), if any */
     int64_t w = 0, n_known = 0, n_same = 0;
     for (int64_t j = 0; j < k; j++) {
         int64_t nf = n_flows[j], nl = n_links[j], f0 = fo[j], l0 = lo[j], e0 = eo[j];
         int64_t ne = eo[j + 1] - e0;
         key_at[j] = w;
-        if (key_len[j] || nf <= m->memo_flows) {
+        if (k > 1 || nf <= m->memo_flows) {
             uint64_t *key = keys + w;
             key[0] = (uint64_t)nf, key[1] = (uint64_t)nl, key[2] = (uint64_t)ne;
             uint64_t *q = key + 3;
@@ -1251,7 +1238,8 @@ int64_t m4ray_engine_update(engine *e, double t, const int64_t *sizes, int64_t *
                 n_known++;
                 rep[j] = -1; /* known: no pass */
             } else {
-                for (int64_t i = (int64_t)(hashes[j] & (uint64_t)(cap - 1));; i = (i + 1) & (cap - 1)) {
+                uint64_t mask = (uint64_t)(cap - 1);
+                for (int64_t i = (int64_t)(hashes[j] & mask);; i = (int64_t)((i + 1) & mask)) {
                     int64_t o = table[i];
                     if (o < 0) {
                         table[i] = j;

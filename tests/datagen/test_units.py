@@ -183,11 +183,15 @@ def test_server_aligned_failures_follow_the_sweeps_rule_on_servers_in_random_ord
             assert local == list(range(len(local)))
         seen.add(tuple(servers_hit))
     assert len(seen) > 4  # servers in random order, not always 0 and 1
+    from m4ray.datagen.sampling import integer
+
     plain = CollectiveFamily()
-    same = CollectiveFamily(failure_layouts=["random"])
-    for seed in range(5):
-        a, b = plain.sample("rail", seed, seed, 60.0), same.sample("rail", seed, seed, 60.0)
-        assert a.scenario_id == b.scenario_id and a.degraded == b.degraded
+    hosts = plain.topology.build().hosts
+    for seed in range(5):  # the draws before the field: the GPU count, then the GPUs
+        rng = np.random.default_rng(seed)
+        n = min(integer(rng, plain.degraded_gpus), len(hosts))
+        before = tuple(sorted(int(h) for h in rng.choice(hosts, n, replace=False)))
+        assert plain.sample("rail", seed, seed, 60.0).degraded == before
     with pytest.raises(InputError, match="failure layout"):
         CollectiveFamily(failure_layouts=["racks"])
 
