@@ -27,6 +27,19 @@ returns only what is there), and leave the command's limit room for the test tab
     gunzip -c .devcarry/gpu/full.pt.gz > /tmp/full.pt && python3 bench/train_device.py train \
         --samples /tmp/full.pt --minutes 6 --workers 12 --out $OUT/h200 2>&1 | tee $OUT/log
 
+Several trainings on one machine share one schedule pass (``schedule`` writes the export again
+with every split's anchor schedules); ``--model key=value`` (export or train) overrides the
+model config, e.g. ``flow_prior=true``. The export records its dataset's congestion controls,
+transport and params13 span, which the checkpoint's ``model.json`` then carries (as the training
+job's does). ``train`` writes its best epoch to ``--out`` as it goes (``interim`` in its
+``model.json``, no test scores), so a run stopped at a limit still returns one: size a limit
+with a minute or so before training (loading, the anchor's own score) and after it (the test
+periods' scores):
+
+    python3 bench/train_device.py schedule --samples /tmp/cc.pt --out /tmp/ccs.pt --workers 14
+    python3 bench/train_device.py train --samples /tmp/ccs.pt --workers 1 --minutes 4 \
+        --hidden 200 --correction-l1 0 --model flow_prior=true --out $OUT/prior
+
 ``run`` prints, per device × hidden size × batch size, training periods/s (forward, loss as the
 train_m4_v2 experiment sets it, backward, Adam step; after warm-up) and held-out inference
 periods/s, and the largest relative difference of the checkpoint's predictions between CPU and
@@ -60,11 +73,35 @@ from m4ray.train.loop import (  # noqa: E402
 from m4ray.train.periods import engine_schedule, period_losses  # noqa: E402
 
 
+def _overrides(pairs: list[str]) -> dict:
+    """``key=value`` pairs, each value read as JSON where it parses (``true``, ``0.1``)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--model takes key=value, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def export(args) -> None:
     from m4ray.train.data import DataConfig, dataset_version, load_splits
+    from m4ray.train.job import dataset_ccs, dataset_params_range, dataset_transports
 
     info = json.loads((Path(args.checkpoint) / "model.json").read_text())
+    info["model"] = {**info["model"], **_overrides(args.model)}
     cfg = ModelConfig(**info["model"])
+    # what the trained checkpoint's model.json should say of its data (as the training job does)
+    version = dataset_version(args.dataset)
+    transports = dataset_transports(args.dataset)
+    info.pop("transport", None)
+    if len(transports) == 1:
+        info["transport"] = transports[0]
+    info["supported_cc"] = dataset_ccs(args.dataset)
+    info["params_range"] = dataset_params_range(args.dataset, version).to_json()
     n = [*args.n, 0][:3]
     splits = load_splits(DataConfig(dataset=args.dataset, n_samples=n))
     if not args.compact:  # the anchor's schedule is numpy work done once per sample
@@ -76,7 +113,7 @@ def export(args) -> None:
         {
             **{name: splits[name] for name in ("train", "val", "test")},
             "checkpoint": info,
-            "dataset": {"path": args.dataset, "version": dataset_version(args.dataset), "n": n},
+            "dataset": {"path": args.dataset, "version": version, "n": n},
         },
         args.out,
     )
@@ -130,6 +167,17 @@ class _Held:
 
     def __init__(self, period) -> None:
         self.period = period
+
+
+def schedule(args) -> None:
+    """Every split's anchor schedules computed once (``--workers`` processes) and the export
+    saved again with them, so several trainings on one machine share the work."""
+    data = torch.load(args.samples, weights_only=False)
+    anchor = ModelConfig(**data["checkpoint"]["model"]).anchor
+    periods = [p for name in ("train", "val", "test") for p in _periods(data[name])]
+    took = schedule_all(periods, anchor, args.workers)
+    torch.save(data, args.out)
+    print(f"anchor schedules of {len(periods)} periods: {took:.1f} s in {args.workers} processes")
 
 
 def _batches(periods, size: int, rng=None) -> list[list]:
@@ -259,11 +307,14 @@ def _every_l1(model, samples, device) -> float:
     return sums[6] / max(sums[5], 1)
 
 
-def _fit(model, cfg: TrainConfig, moved_train, val, *, minutes: float, tag: str, probe=()) -> tuple:
+def _fit(
+    model, cfg: TrainConfig, moved_train, val, *, minutes: float, tag: str, probe=(), on_best=None
+) -> tuple:
     """Epochs until ``minutes`` are spent (the last may stop part-way); the best epoch's state
     by validation every-update L1 (the training job's ``val_every_l1``), its value, the
     history and the wall time. ``probe``: training samples whose every-update L1 is printed
-    beside validation's each epoch (whether the model fits what it trains on)."""
+    beside validation's each epoch (whether the model fits what it trains on). ``on_best(model,
+    history)`` is called at each new best epoch (a run stopped at a limit keeps that one)."""
     device = next(model.parameters()).device
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -305,6 +356,8 @@ def _fit(model, cfg: TrainConfig, moved_train, val, *, minutes: float, tag: str,
         if val_l1 < best:
             best = val_l1
             best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            if on_best is not None:
+                on_best(model, history)
         epoch += 1
     return best, best_state, history, time.perf_counter() - start
 
@@ -323,7 +376,7 @@ def train(args) -> None:
     hidden = {"hidden": args.hidden, "gnn_hidden": args.gnn_ratio * args.hidden // 2}
     cfg = _train_config(
         args,
-        dataclasses.replace(base, **hidden),
+        dataclasses.replace(base, **{**_overrides(args.model), **hidden}),
         batch_size=args.batch,
         lr=args.lr,
         seed=args.seed,
@@ -335,7 +388,10 @@ def train(args) -> None:
     took = schedule_all(
         train_p + _periods(data["val"]) + _periods(data["test"]), cfg.model.anchor, args.workers
     )
-    tag = f"[hidden {args.hidden}/{cfg.model.gnn_hidden} batch {args.batch} lr {args.lr}]"
+    tag = (
+        f"[hidden {args.hidden}/{cfg.model.gnn_hidden} batch {args.batch} lr {args.lr} "
+        f"l1 {args.correction_l1}{' prior' if cfg.model.flow_prior else ''}]"
+    )
     print(
         f"{tag} {gpu}; {len(train_p)} train / {len(data['val'])} val periods; "
         f"schedules {took:.0f} s"
@@ -350,6 +406,30 @@ def train(args) -> None:
             f"train (probe) {_every_l1(anchor, probe, device):.4f}",
             flush=True,
         )
+    gpu_meta = {
+        "dataset_version": data["dataset"]["version"],
+        "git_commit": git_commit(),
+        "train_periods": len(train_p),
+        "val_periods": len(data["val"]),
+        "test_periods": len(data["test"]),
+        "hardware": f"1 x {gpu} (bench/train_device.py, {args.minutes} min budget)",
+        "command": "python bench/train_device.py " + " ".join(sys.argv[1:]),
+    }
+    for key in ("transport", "supported_cc", "params_range"):  # the data's (export says them)
+        if key in data["checkpoint"]:
+            gpu_meta[key] = data["checkpoint"][key]
+
+    def interim(model, history) -> None:
+        """The best epoch so far, written at once (no test scores yet; the card says so)."""
+        last = history[-1]
+        meta = {**gpu_meta, "epochs": len(history), "history": history, "interim": True}
+        card = (
+            f"# m4 (interim, {tag})\n\nBest epoch so far: {last['epoch']}, validation "
+            f"every-update L1 {last['val_every_l1']:.4f} after {last['wall_s']:.0f} s. "
+            "The run had not finished: no test scores.\n"
+        )
+        checkpoint.export(model, args.out, meta, card)
+
     best, best_state, history, train_wall = _fit(
         model,
         cfg,
@@ -358,6 +438,7 @@ def train(args) -> None:
         minutes=args.minutes,
         tag=tag,
         probe=probe,
+        on_best=interim,
     )
     model.load_state_dict(best_state)
     model.eval()
@@ -366,23 +447,14 @@ def train(args) -> None:
     for who, row in table.items():
         print(f"{tag} test {who}: " + " ".join(f"{k} {v:.4f}" for k, v in row.items()))
     meta = {
-        "dataset_version": data["dataset"]["version"],
-        "git_commit": git_commit(),
+        **gpu_meta,
         "epochs": len(history),
-        "train_periods": len(train_p),
-        "val_periods": len(data["val"]),
-        "test_periods": len(data["test"]),
         "test_flows": len(errors["m4"]),
         "train_wall_s": round(train_wall, 1),
-        "hardware": f"1 x {gpu} (bench/train_device.py, {args.minutes} min budget)",
         "history": history,
         "best_val_every_l1": best,
         "metrics": {f"test_{w}_{k}": v for w, row in table.items() for k, v in row.items()},
-        "command": "python bench/train_device.py " + " ".join(sys.argv[1:]),
     }
-    for key in ("transport", "supported_cc"):  # the data's (the export's checkpoint says them)
-        if key in data["checkpoint"]:
-            meta[key] = data["checkpoint"][key]
     checkpoint.export(model, args.out, meta, model_card(meta, table, cfg))
     print(f"{tag} wrote {args.out}")
 
@@ -400,6 +472,12 @@ def main() -> None:
         "--compact", action="store_true", help="leave the anchor schedules to the training side"
     )
     ex.add_argument("--out", default=str(REPO / ".devcarry" / "periods.pt"))
+    ex.add_argument(
+        "--model", nargs="*", default=[], help="model config overrides, key=value (flow_prior=true)"
+    )
+    sc = sub.add_parser("schedule")
+    sc.add_argument("--samples", required=True)
+    sc.add_argument("--out", required=True)
     rn = sub.add_parser("run")
     rn.add_argument("--samples", default=str(REPO / ".devcarry" / "periods.pt"))
     rn.add_argument("--hidden", type=int, nargs="+", default=[64, 200])
@@ -423,11 +501,14 @@ def main() -> None:
     tr.add_argument("--loss", default="every")
     tr.add_argument("--correction-l1", type=float, default=0.3)
     tr.add_argument("--out", required=True, help="checkpoint directory to write")
+    tr.add_argument(
+        "--model", nargs="*", default=[], help="model config overrides, key=value (flow_prior=true)"
+    )
     tr.add_argument("--probe", type=int, default=300, help="training periods scored each epoch")
-    for sp in (rn, tr):
+    for sp in (rn, tr, sc):
         sp.add_argument("--workers", type=int, default=8, help="processes for anchor schedules")
     args = parser.parse_args()
-    {"export": export, "run": run, "train": train}[args.cmd](args)
+    {"export": export, "run": run, "schedule": schedule, "train": train}[args.cmd](args)
 
 
 if __name__ == "__main__":
