@@ -42,7 +42,7 @@ def test_every_experiment_composes_and_resolves(experiment):
 OPTIONS = [
     (group, name)
     for group, names in GROUPS.items()
-    if group not in ("backend", "family")
+    if group not in ("backend", "family", "m4_settings")  # placed in other configs, not chosen
     for name in names
 ]
 
@@ -256,3 +256,35 @@ def test_every_backend_setting_can_be_overridden_by_name():
         assert fields - keys <= {"weights"}, (name, sorted(fields - keys))
     sweep = resolve(sweep_cfg("+experiment=gray_failure", "backend_options.m4.extrapolate=true"))
     assert sweep.backend_options["m4"].extrapolate is True
+
+
+def test_both_m4_backends_take_their_engine_settings_from_one_definition():
+    """``backend=m4`` and ``backend=m4_served`` share the engine settings they declare once
+    (:class:`~m4ray.sim.m4.backend.M4Settings`, ``conf/m4_settings/default.yaml``): the same
+    defaults in Python and in the composed YAML, each still overridden alone, a bad value refused
+    by field in either."""
+    import dataclasses
+
+    from m4ray.errors import InputError
+    from m4ray.serve.client import M4ServedConfig
+    from m4ray.sim.m4.backend import M4Config, M4Settings
+
+    shared = {f.name: f for f in dataclasses.fields(M4Settings)}
+    assert set(shared) == {
+        "network", "batch_above_flows", "batch_fraction", "batch_frozen_above", "extrapolate"
+    }  # fmt: skip
+    cfg = sweep_cfg("+experiment=gray_failure", "backend_options.m4.batch_fraction=0.2")
+    for cls, name in ((M4Config, "m4"), (M4ServedConfig, "m4_served")):
+        assert issubclass(cls, M4Settings)
+        mine = {f.name: f for f in dataclasses.fields(cls)}
+        assert all(mine[k].default == f.default for k, f in shared.items() if k != "network")
+        yaml = OmegaConf.to_container(cfg.backend_options[name], resolve=True)
+        defaults = cls(network=M4Settings().network)
+        for key in ("batch_above_flows", "batch_frozen_above", "extrapolate"):
+            assert yaml[key] == getattr(defaults, key), (name, key)
+        assert yaml["network"]["transport"] == "rdma"
+        with pytest.raises(InputError) as err:
+            cls(batch_fraction=0.0)
+        assert err.value.field == "batch_fraction"
+    assert cfg.backend_options.m4.batch_fraction == 0.2
+    assert cfg.backend_options.m4_served.batch_fraction == 0.5

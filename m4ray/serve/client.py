@@ -21,17 +21,16 @@ import http.client
 import json
 import math
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import numpy as np
 
 from m4ray.errors import InputError, M4rayError, SimulationError
-from m4ray.fingerprint import added_field
 from m4ray.models.components import Batching
 from m4ray.sim.m4.arrival import Arrival
-from m4ray.sim.m4.backend import M4Backend
+from m4ray.sim.m4.backend import M4Backend, M4Settings
 from m4ray.sim.ns3.backend import Ns3Config
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology, format_topology
@@ -214,14 +213,13 @@ class HandleStepper:
 
 
 @dataclass(kw_only=True, slots=True)
-class M4ServedConfig:
+class M4ServedConfig(M4Settings):
     """``backend=m4_served``: ``via`` http (``url`` of the Serve app, with its route prefix, and
     its bearer ``token`` if it has one) or handle (the app named ``app_name`` on this Ray
-    cluster); update ``window_us`` and completion batching (``batch_above_flows``,
-    ``batch_fraction``, ``batch_frozen_above``) as for ``backend=m4`` (default: 10 µs temporal
-    batches, one call each); the ns-3 ``network`` the model imitates; the call timeout;
-    ``extrapolate`` as for ``backend=m4`` (network parameters outside the checkpoint's trained
-    span: at its edge)."""
+    cluster); update ``window_us`` (default: 10 µs temporal batches, one call each); the call
+    timeout; the ns-3 ``network`` the model imitates, completion batching and ``extrapolate``
+    as for ``backend=m4`` (:class:`~m4ray.sim.m4.backend.M4Settings`, one definition for
+    both)."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
@@ -229,24 +227,13 @@ class M4ServedConfig:
     url: str = "http://127.0.0.1:8000/m4"
     app_name: str = "m4"
     window_us: float | None = 10.0
-    network: Ns3Config = field(default_factory=Ns3Config)
     timeout_s: float = 60.0
     token: str | None = None
-    batch_above_flows: int | None = 128
-    batch_fraction: float = 0.5  # as backend=m4's
-    batch_frozen_above: int = added_field(
-        0, "batched components' anchors frozen (2026-11-29)", ids_had=1024
-    )
-    extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
 
     def __post_init__(self) -> None:
         if self.via not in ("http", "handle"):
             raise InputError(f"must be 'http' or 'handle', got '{self.via}'", field="via")
-        self.batching()  # bad values fail here, before any task
-
-    def batching(self) -> Batching | None:
-        """The engine's completion batching, as ``backend=m4``'s (None: every update)."""
-        return Batching.of(self.batch_above_flows, self.batch_fraction, self.batch_frozen_above)
+        self.check_settings()
 
     def build(self, topology: Topology, routing: Routing) -> M4Backend:
         if self.via == "handle":

@@ -150,22 +150,11 @@ class Engine(Protocol):
 
 
 @dataclass(kw_only=True, slots=True)
-class M4Config:
-    """m4 backend settings.
+class M4Settings:
+    """What both m4 backends (in-process :class:`M4Config`, Serve's
+    :class:`~m4ray.serve.client.M4ServedConfig`) tell their engine, one definition for both.
 
-    ``checkpoint``: a name under ``checkpoints/`` or a directory; ``window_us``: when updates
-    happen (module docstring); ``network``: the ns-3 network/CC settings the model is asked to
-    imitate (its params13); ``threads``: BLAS threads of the process running the numpy step
-    (1 is fastest for small graphs; 0 leaves them);
-    ``max_flows_per_step``: cap on flows in one forward pass; ``share_steps``: a sweep task runs
-    up to this many m4 scenarios together in one process, their updates batched into shared
-    forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone;
-    ``precision``: the step's float type (float32, as the model was trained: its compiled
-    passes are ~1.8x float64's speed; float64's answers are not the same to the bit:
-    :mod:`~m4ray.models.numpy_step` says by how much); ``device``: ``cpu`` steps in numpy,
-    ``cuda`` (or ``cuda:N``) runs the torch step on that GPU (:func:`~m4ray.models.step.step`,
-    in ``precision``; the same answers to float rounding), ``auto`` picks ``cuda`` where torch
-    sees one.
+    ``network``: the ns-3 network/CC settings the model is asked to imitate (its params13).
     ``batch_above_flows``: completion batching (:class:`~m4ray.models.components.Batching`): a
     component of more than this many flows is updated at an arrival, or once its completions
     since its last update number ``batch_fraction`` of its flows, not at every completion; its
@@ -177,15 +166,49 @@ class M4Config:
     ``extrapolate``: network parameters outside the span the checkpoint was trained on (its
     ``model.json`` ``params_range``: the SimAI study's 100 MB buffers against training's
     1-16 MB) are brought to the span's edge, with a warning (False), or fed as they are (True).
-    ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a run's id names
-    the model that ran, not only its name: a checkpoint retrained in place does not reuse old
-    results."""
+    A subclass's ``__post_init__`` calls :meth:`check_settings`. Run ids hash the fields by name
+    (:mod:`m4ray.fingerprint`), so they are the same as when each backend declared its own."""
+
+    network: Ns3Config = field(default_factory=Ns3Config)  # m4-v2 learned ns-3 rdma
+    batch_above_flows: int | None = 128
+    batch_fraction: float = 0.5  # 0.1 before 2026-11-29 (conf/m4_settings/default.yaml says why)
+    batch_frozen_above: int = added_field(
+        0, "batched components' anchors frozen (2026-11-29)", ids_had=1024
+    )
+    extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
+
+    def check_settings(self) -> None:
+        """Bad values fail here, before any task."""
+        self.batching()
+
+    def batching(self) -> Batching | None:
+        """The engine's completion batching of large components (None: every update)."""
+        return Batching.of(self.batch_above_flows, self.batch_fraction, self.batch_frozen_above)
+
+
+@dataclass(kw_only=True, slots=True)
+class M4Config(M4Settings):
+    """m4 backend settings (and :class:`M4Settings`'s, which Serve's backend shares).
+
+    ``checkpoint``: a name under ``checkpoints/`` or a directory; ``window_us``: when updates
+    happen (module docstring); ``threads``: BLAS threads of the process running the numpy step
+    (1 is fastest for small graphs; 0 leaves them);
+    ``max_flows_per_step``: cap on flows in one forward pass; ``share_steps``: a sweep task runs
+    up to this many m4 scenarios together in one process, their updates batched into shared
+    forward passes (:mod:`m4ray.sim.m4.shared`; same answers); 1 runs each alone;
+    ``precision``: the step's float type (float32, as the model was trained: its compiled
+    passes are ~1.8x float64's speed; float64's answers are not the same to the bit:
+    :mod:`~m4ray.models.numpy_step` says by how much); ``device``: ``cpu`` steps in numpy,
+    ``cuda`` (or ``cuda:N``) runs the torch step on that GPU (:func:`~m4ray.models.step.step`,
+    in ``precision``; the same answers to float rounding), ``auto`` picks ``cuda`` where torch
+    sees one. ``weights`` is set from the checkpoint's files (:func:`weights_digest`), so a
+    run's id names the model that ran, not only its name: a checkpoint retrained in place does
+    not reuse old results."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
     checkpoint: str = "m4-v2"
     window_us: float | None = 0.0
-    network: Ns3Config = field(default_factory=Ns3Config)  # m4-v2 learned ns-3 rdma
     threads: int = 1
     max_flows_per_step: int = 4096
     share_steps: int = 1  # conf/backend/m4.yaml says why (groups pay on a GPU)
@@ -194,12 +217,6 @@ class M4Config:
         DEFAULT_PRECISION, "the numpy step's float type (2026-11-26)", ids_had="float64"
     )  # float32 by default since 2026-11-29: runs before then were float64, and keep their ids
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
-    batch_above_flows: int | None = 128
-    batch_fraction: float = 0.5  # 0.1 before 2026-11-29 (conf/backend/m4.yaml says why)
-    batch_frozen_above: int = added_field(
-        0, "batched components' anchors frozen (2026-11-29)", ids_had=1024
-    )
-    extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
 
     def __post_init__(self) -> None:
         from m4ray.models.numpy_step import float_type
@@ -210,7 +227,7 @@ class M4Config:
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
         if self.share_steps < 1:
             raise InputError(f"must be >= 1, got {self.share_steps}", field="share_steps")
-        self.batching()  # bad values fail here, before any task
+        self.check_settings()
         if not re.fullmatch(DEVICE_PATTERN, self.device):
             raise InputError(
                 f"unknown device {self.device!r} (cpu, cuda, cuda:N or auto)", field="device"
@@ -267,10 +284,6 @@ class M4Config:
         if CURRENT.get() is None and hasattr(engine, "use_compiled_pass"):
             engine.use_compiled_pass(model)  # alone on a CPU: small updates in one C call
         return M4Backend(engine, window_us=self.window_us)
-
-    def batching(self) -> Batching | None:
-        """The engine's completion batching of large components (None: every update)."""
-        return Batching.of(self.batch_above_flows, self.batch_fraction, self.batch_frozen_above)
 
 
 def fitted_params(
