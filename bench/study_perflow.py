@@ -16,6 +16,15 @@ so the same flow starts at another time in each simulation and meets other flows
 distributions say whether a backend is biased on a kind of flow, the matched ratio mixes that
 with how differently the two runs unfolded. Choose points that behave alike (``--points``):
 the study's N <= 8 and N >= 9 (a whole server degraded) do not.
+
+``--given-arrivals flowsim m4 ...`` separates the two: each backend (as the default sweep
+composes it, ``--wire`` for the packets) is run in trace mode on ns-3's own flows with ns-3's
+start times, so every flow meets the flows ns-3 had beside it; per class, the backend's FCT /
+ns-3's per flow at the median, p10 and p1 (the flows it makes too fast), and its summed FCT /
+ns-3's. Close to 1 there while the iteration is far off says the gap is made in closed loop:
+small per-flow errors change when children start, and so what each flow meets.
+
+    .venv/bin/python bench/study_perflow.py outputs/<run> --points 16:4 --given-arrivals flowsim
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from m4ray.sim.failures import gray_failure_gpus
 from m4ray.sim.topology import read_topology
@@ -85,11 +95,68 @@ def point_classes(run_dir: Path, runs: pd.DataFrame, n: int) -> dict[str, pd.Dat
     return out
 
 
+def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> dict:
+    """Per backend in ``configs``, per class of flow at one point: the backend run on ns-3's
+    flows at ns-3's start times, each flow's FCT / ns-3's (p50, p10, p1) and the sums' ratio."""
+    from m4ray.sim.flows import Flow
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.trace import run_trace
+
+    by = dict(zip(runs.backend, runs.run_id, strict=True))
+    ns3 = pd.read_parquet(run_dir / "flows" / f"{by['ns3']}.parquet")
+    r = int(runs.reduction.iloc[0])
+    topo = read_topology(run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt")
+    per_server = topo.gpus_per_server
+    degraded = list(gray_failure_gpus(n, per_server, len(topo.hosts) // per_server))
+    trace = [
+        Flow(i, int(f.src), int(f.dst), int(f.size_bytes), float(f.start_s))
+        for i, f in enumerate(ns3.itertuples())
+    ]
+    src, dst = ns3.src.to_numpy(), ns3.dst.to_numpy()
+    base = pd.DataFrame({
+        "size": ns3.size_bytes,
+        "path": np.where(src // per_server != dst // per_server, "cross", "intra"),
+        "sender": np.where(np.isin(src, degraded), "degraded", "healthy"),
+        "receiver": np.where(np.isin(dst, degraded), "degraded", "healthy"),
+        "ns3": ns3.fct_s,
+    })  # fmt: skip
+    out = {}
+    for name, (config, wire) in configs.items():
+        fct = run_trace(topo, trace, config, Routing(topo, wire=wire)).column("fct_s").to_numpy()
+        frame = base.assign(backend=fct, ratio=fct / base.ns3.to_numpy())
+        grouped = frame.groupby(CLASS)
+        out[name] = pd.concat(
+            [
+                grouped.ratio.median().rename("p50"),
+                grouped.ratio.quantile(0.1).rename("p10"),
+                grouped.ratio.quantile(0.01).rename("p1"),
+                (grouped.backend.sum() / grouped.ns3.sum()).rename("sum"),
+                grouped.size().rename("flows"),
+            ],
+            axis=1,
+        )
+    return out
+
+
+def arrivals_configs(names: list[str], wire: str) -> dict:
+    """The named backends as the default sweep composes them, with ``wire``'s packets."""
+    from composed import resolved
+
+    cfg = resolved("+experiment=gray_failure", f"wire={wire}")
+    return {name: (cfg.backend_options[name], cfg.wire) for name in names}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--points", nargs="*", default=None, help="N:R points (default: all)")
+    parser.add_argument(
+        "--given-arrivals", nargs="*", default=[], help="backends run on ns-3's own arrivals"
+    )
+    parser.add_argument("--wire", default="default", help="packets for --given-arrivals")
     args = parser.parse_args()
+    configs = arrivals_configs(args.given_arrivals, args.wire) if args.given_arrivals else {}
+    given: dict[str, list[pd.DataFrame]] = {}
     results = pd.read_parquet(args.run_dir / "results.parquet")
     results = results[results.status == "ok"]
     if "ns3" not in set(results.backend):
@@ -106,6 +173,9 @@ def main() -> None:
             classes.setdefault(backend, []).append(table)
             row.append(f"{time[backend] / time['ns3']:.3f}")
         iterations.append(row)
+        if configs:
+            for backend, table in given_arrivals(args.run_dir, runs, n, configs).items():
+                given.setdefault(backend, []).append(table)
     for backend, parts in classes.items():
         frame = pd.concat(parts).reset_index()
         rows = []
@@ -119,6 +189,21 @@ def main() -> None:
         print(f"\n{backend} against ns-3 per class of flow (medians over {len(parts)} points)")
         header = ["size", "path", "sender", "receiver", "ns-3 p50 / p90 us",
                   f"{backend} p50 / p90 us", "p50 ratio", "matched", "flows", "points"]  # fmt: skip
+        print(format_table(header, rows))
+    for backend, parts in given.items():
+        frame = pd.concat(parts).reset_index()
+        rows = [
+            [f"{key[0] / 1024:.0f} KiB", *key[1:]]
+            + [f"{part[c].median():.2f}" for c in ("p50", "p10", "p1", "sum")]
+            + [f"{part.flows.median():.0f}", str(len(part))]
+            for key, part in frame.groupby(CLASS)
+        ]
+        print(
+            f"\n{backend} on ns-3's own arrivals: its FCT / ns-3's per flow "
+            f"(medians over {len(parts)} points)"
+        )
+        header = ["size", "path", "sender", "receiver", "p50", "p10", "p1", "sum", "flows",
+                  "points"]  # fmt: skip
         print(format_table(header, rows))
     print("\niteration (rank 0) / ns-3's")
     print(format_table(["N, R", "ns-3 ms", *classes], iterations))
