@@ -56,30 +56,41 @@ def flows(run_dir: Path, run_id: str) -> pd.DataFrame:
 CLASS = ["size", "path", "sender", "receiver"]
 
 
+def point(run_dir: Path, runs: pd.DataFrame, n: int):
+    """A point's topology (from the run's own file) and its degraded GPUs."""
+    r = int(runs.reduction.iloc[0])
+    topo = read_topology(run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt")
+    per_server = topo.gpus_per_server
+    return topo, list(gray_failure_gpus(n, per_server, len(topo.hosts) // per_server))
+
+
+def class_columns(table: pd.DataFrame, per_server: int, degraded: list[int]) -> pd.DataFrame:
+    """Each flow's class (:data:`CLASS`): size, intra- or cross-server, degraded ends."""
+    src, dst = table.src.to_numpy(), table.dst.to_numpy()
+    return pd.DataFrame({
+        "size": table.size_bytes.to_numpy(),
+        "path": np.where(src // per_server != dst // per_server, "cross", "intra"),
+        "sender": np.where(np.isin(src, degraded), "degraded", "healthy"),
+        "receiver": np.where(np.isin(dst, degraded), "degraded", "healthy"),
+    })  # fmt: skip
+
+
 def point_classes(run_dir: Path, runs: pd.DataFrame, n: int) -> dict[str, pd.DataFrame]:
     """Per backend (not ns-3), per class of flow at one point: ns-3's and the backend's FCT
     median and p90 (µs) and the median of each matched flow's FCT / ns-3's."""
     by = dict(zip(runs.backend, runs.run_id, strict=True))
     reference = flows(run_dir, by["ns3"])
-    r = int(runs.reduction.iloc[0])  # the cluster's shape from the run's own topology file
-    topo = read_topology(run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt")
-    per_server = topo.gpus_per_server
-    degraded = list(gray_failure_gpus(n, per_server, len(topo.hosts) // per_server))
+    topo, degraded = point(run_dir, runs, n)
     out = {}
     for backend, run_id in by.items():
         if backend == "ns3":
             continue
         both = reference.join(flows(run_dir, run_id).add_suffix("_b"), how="inner").reset_index()
-        src, dst = both.src.to_numpy(), both.dst.to_numpy()
-        frame = pd.DataFrame({
-            "size": both.size_bytes,
-            "path": np.where(src // per_server != dst // per_server, "cross", "intra"),
-            "sender": np.where(np.isin(src, degraded), "degraded", "healthy"),
-            "receiver": np.where(np.isin(dst, degraded), "degraded", "healthy"),
-            "ns3": both.fct_s * 1e6,
-            "backend": both.fct_s_b * 1e6,
-            "log_ratio": np.log(both.fct_s_b / both.fct_s),
-        })  # fmt: skip
+        frame = class_columns(both, topo.gpus_per_server, degraded).assign(
+            ns3=both.fct_s.to_numpy() * 1e6,
+            backend=both.fct_s_b.to_numpy() * 1e6,
+            log_ratio=np.log(both.fct_s_b.to_numpy() / both.fct_s.to_numpy()),
+        )
         grouped = frame.groupby(CLASS)
         out[backend] = pd.concat(
             [
@@ -104,22 +115,12 @@ def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> 
 
     by = dict(zip(runs.backend, runs.run_id, strict=True))
     ns3 = pd.read_parquet(run_dir / "flows" / f"{by['ns3']}.parquet")
-    r = int(runs.reduction.iloc[0])
-    topo = read_topology(run_dir / "topologies" / f"gray_topo_N{n}_R{r}.txt")
-    per_server = topo.gpus_per_server
-    degraded = list(gray_failure_gpus(n, per_server, len(topo.hosts) // per_server))
+    topo, degraded = point(run_dir, runs, n)
     trace = [
         Flow(i, int(f.src), int(f.dst), int(f.size_bytes), float(f.start_s))
         for i, f in enumerate(ns3.itertuples())
     ]
-    src, dst = ns3.src.to_numpy(), ns3.dst.to_numpy()
-    base = pd.DataFrame({
-        "size": ns3.size_bytes,
-        "path": np.where(src // per_server != dst // per_server, "cross", "intra"),
-        "sender": np.where(np.isin(src, degraded), "degraded", "healthy"),
-        "receiver": np.where(np.isin(dst, degraded), "degraded", "healthy"),
-        "ns3": ns3.fct_s,
-    })  # fmt: skip
+    base = class_columns(ns3, topo.gpus_per_server, degraded).assign(ns3=ns3.fct_s.to_numpy())
     out = {}
     for name, (config, wire) in configs.items():
         fct = run_trace(topo, trace, config, Routing(topo, wire=wire)).column("fct_s").to_numpy()
