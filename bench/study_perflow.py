@@ -106,9 +106,11 @@ def point_classes(run_dir: Path, runs: pd.DataFrame, n: int) -> dict[str, pd.Dat
     return out
 
 
-def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> dict:
+def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> tuple[dict, dict]:
     """Per backend in ``configs``, per class of flow at one point: the backend run on ns-3's
-    flows at ns-3's start times, each flow's FCT / ns-3's (p50, p10, p1) and the sums' ratio."""
+    flows at ns-3's start times, each flow's FCT / ns-3's (p50, p10, p1) and the sums' ratio;
+    and per ring step (a flow's rank by start among its sender's flows to the same receiver of
+    its size) of the largest cross-server flows, the sums' ratio per sender and receiver."""
     from m4ray.sim.flows import Flow
     from m4ray.sim.routing import Routing
     from m4ray.sim.trace import run_trace
@@ -120,8 +122,11 @@ def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> 
         Flow(i, int(f.src), int(f.dst), int(f.size_bytes), float(f.start_s))
         for i, f in enumerate(ns3.itertuples())
     ]
-    base = class_columns(ns3, topo.gpus_per_server, degraded).assign(ns3=ns3.fct_s.to_numpy())
-    out = {}
+    base = class_columns(ns3, topo.gpus_per_server, degraded).assign(
+        ns3=ns3.fct_s.to_numpy(),
+        step=ns3.groupby(["src", "dst", "size_bytes"]).start_s.rank(method="first").to_numpy(),
+    )
+    out, steps = {}, {}
     for name, (config, wire) in configs.items():
         fct = run_trace(topo, trace, config, Routing(topo, wire=wire)).column("fct_s").to_numpy()
         frame = base.assign(backend=fct, ratio=fct / base.ns3.to_numpy())
@@ -136,7 +141,10 @@ def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> 
             ],
             axis=1,
         )
-    return out
+        cross = frame[(frame.path == "cross") & (frame["size"] == frame["size"].max())]
+        sums = cross.groupby(["step", "sender", "receiver"])[["backend", "ns3"]].sum()
+        steps[name] = (sums.backend / sums.ns3).unstack(["sender", "receiver"])
+    return out, steps
 
 
 def arrivals_configs(names: list[str], wire: str) -> dict:
@@ -155,9 +163,13 @@ def main() -> None:
         "--given-arrivals", nargs="*", default=[], help="backends run on ns-3's own arrivals"
     )
     parser.add_argument("--wire", default="default", help="packets for --given-arrivals")
+    parser.add_argument(
+        "--by-step", action="store_true", help="with --given-arrivals: the ratio per ring step"
+    )
     args = parser.parse_args()
     configs = arrivals_configs(args.given_arrivals, args.wire) if args.given_arrivals else {}
     given: dict[str, list[pd.DataFrame]] = {}
+    by_step: dict[str, list[pd.DataFrame]] = {}
     results = pd.read_parquet(args.run_dir / "results.parquet")
     results = results[results.status == "ok"]
     if "ns3" not in set(results.backend):
@@ -175,8 +187,10 @@ def main() -> None:
             row.append(f"{time[backend] / time['ns3']:.3f}")
         iterations.append(row)
         if configs:
-            for backend, table in given_arrivals(args.run_dir, runs, n, configs).items():
+            tables, steps = given_arrivals(args.run_dir, runs, n, configs)
+            for backend, table in tables.items():
                 given.setdefault(backend, []).append(table)
+                by_step.setdefault(backend, []).append(steps[backend])
     for backend, parts in classes.items():
         frame = pd.concat(parts).reset_index()
         rows = []
@@ -205,6 +219,15 @@ def main() -> None:
         )
         header = ["size", "path", "sender", "receiver", "p50", "p10", "p1", "sum", "flows",
                   "points"]  # fmt: skip
+        print(format_table(header, rows))
+    for backend, parts in by_step.items() if args.by_step else ():
+        table = pd.concat(parts).groupby(level=0).median()
+        print(
+            f"\n{backend} on ns-3's own arrivals, the largest cross-server flows by ring step: "
+            f"summed FCT / ns-3's (medians over {len(parts)} points)"
+        )
+        header = ["step", *(f"{a} -> {b}" for a, b in table.columns)]
+        rows = [[f"{step:.0f}", *(f"{v:.2f}" for v in row)] for step, row in table.iterrows()]
         print(format_table(header, rows))
     print("\niteration (rank 0) / ns-3's")
     print(format_table(["N, R", "ns-3 ms", *classes], iterations))
