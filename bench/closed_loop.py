@@ -31,19 +31,21 @@ from m4ray.sweeps.report import format_table
 
 
 def backend_configs(names: list[str], checkpoint: str, network) -> dict:
-    """The named backends told the scenario's ns-3 ``network`` where they learn from it."""
-    from m4ray.sim.flowsim import FlowSimConfig
+    """The named backends told the scenario's ns-3 ``network`` where they learn from it
+    (``flowsim_dcqcn``: flowSim with DCQCN's rates, for DCQCN networks only)."""
+    from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
     from m4ray.sim.m4 import M4Config
 
     made = {
         "flowsim": FlowSimConfig,
         "flowsim_acks": lambda: FlowSimConfig(ack_load=True),
+        "flowsim_dcqcn": lambda: FlowSimConfig(rate_control=DcqcnRates.of(network)),
         "m4": lambda: M4Config(checkpoint=checkpoint, network=network),
     }
     unknown = sorted(set(names) - set(made))
     if unknown:
         raise SystemExit(f"unknown backend(s) {unknown}; choose from {sorted(made)}")
-    return {name: made[name]() for name in names}
+    return {name: made[name] for name in names}
 
 
 def closed_loop(scenario, config) -> float:
@@ -104,9 +106,9 @@ def main() -> None:
             params.get("reduction", ""),
             f"{ns3 * 1e3:.3f}",
         ]
-        for name, config in backend_configs(args.backends, args.checkpoint, scenario.ns3).items():
+        for name, make in backend_configs(args.backends, args.checkpoint, scenario.ns3).items():
             try:
-                done = closed_loop(scenario, config)
+                done = closed_loop(scenario, make())
             except InputError as err:  # e.g. a CC the checkpoint never learned: said, not scored
                 row.append(f"refused ({err.field})")
                 continue
