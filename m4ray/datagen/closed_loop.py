@@ -1,0 +1,124 @@
+"""A dataset's collective scenarios replayed in closed loop on other backends, against the ns-3
+run the dataset recorded.
+
+Training and the per-flow benches score a backend on ns-3's own arrivals (each flow meets what
+it met in ns-3). In closed loop nothing of ns-3's run is given, as in a sweep: each flow starts
+when its parents end in the backend's own run, so small per-flow errors change what later flows
+meet, and on SimAI's rings they compound (README, "The study's gap is made in closed loop").
+Scenarios are drawn again from the datagen run's ``manifest.json`` config (the same seeds and
+ids), so nothing but the dataset's folder is needed. Open-loop families have fixed arrivals:
+there is nothing to close, and they are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from m4ray.errors import InputError
+
+# a backend config made for a scenario's ns-3 network (so a learned backend imitates it)
+Factory = Callable[[object], object]
+
+
+def drawn_scenarios(run_dir: str | Path) -> dict:
+    """The scenarios a datagen run's ``manifest.json`` config draws, by scenario id."""
+    from hydra.utils import instantiate
+
+    from m4ray.datagen.job import expand
+
+    path = Path(run_dir) / "manifest.json"
+    if not path.is_file():
+        raise InputError("no manifest.json: not a datagen run directory", file=path)
+    config = json.loads(path.read_text())["config"]
+    datagen = instantiate(config["datagen"], _convert_="all")
+    return {s.scenario_id: s for s in expand(datagen, config["seed"])}
+
+
+def completion(scenario, config) -> float:
+    """The scenario's DAG replayed on ``config``'s backend, each flow starting when its parents
+    end there: the last flow's end (s)."""
+    from m4ray.datagen.families import ALGORITHMS
+    from m4ray.sim.replay import Replay
+    from m4ray.sim.routing import Routing
+
+    topo = scenario.build_topology()
+    routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
+    traffic = scenario.traffic
+    workload = traffic.workload(len(topo.hosts))
+    algorithm = ALGORITHMS[traffic.algorithm]().build(topo)
+    backend = config.build(topo, routing)
+    replay = Replay(workload, backend, routing, algorithm, send_latency_s=traffic.send_latency_s)
+    return float(np.max(replay.run().flows.finish_s))
+
+
+@dataclass(slots=True)
+class ClosedLoop:
+    """Per scenario: its row (id, family, CC, degraded GPUs, R, ns-3's completion) and each
+    backend's completion / ns-3's, or why it refused the scenario."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def errors(self, name: str) -> np.ndarray:
+        """A backend's completion errors (``t / t_ns3 - 1``) over the scenarios it ran."""
+        return np.array([r[name] - 1 for r in self.rows if isinstance(r.get(name), float)])
+
+
+def closed_loop(
+    run_dir: str | Path,
+    backends: dict[str, Factory],
+    *,
+    scenario_ids: Iterable[str] | None = None,
+    family: str | None = None,
+    limit: int | None = None,
+) -> ClosedLoop:
+    """Each recorded collective scenario of the datagen run (``scenario_ids`` of them, or all;
+    ``family``'s only; the first ``limit``) on each backend in closed loop."""
+    run_dir = Path(run_dir)
+    drawn = drawn_scenarios(run_dir)
+    dataset = run_dir / "dataset"
+    table = pq.read_table(dataset / "scenarios.parquet").to_pandas()
+    table = table[table.status == "ok"]
+    if scenario_ids is not None:
+        table = table[table.scenario_id.isin(set(scenario_ids))]
+    if family is not None:
+        table = table[table.family == family]
+    out = ClosedLoop()
+    for sid, params in zip(table.scenario_id, table.params, strict=True):
+        if limit is not None and len(out.rows) >= limit:
+            break
+        scenario = drawn.get(sid)
+        if scenario is None:
+            raise InputError(
+                f"scenario {sid} is not drawn by this run's config (made by other code?)",
+                file=run_dir / "manifest.json",
+            )
+        if not hasattr(scenario.traffic, "workload"):
+            continue  # open loop
+        flows = ds.dataset(dataset / "flows" / f"scenario_id={sid}").to_table().to_pandas()
+        ns3 = float((flows.start_s + flows.fct_s).max())
+        drawn_params = json.loads(params)
+        row: dict = {
+            "scenario": sid,
+            "family": scenario.family,
+            "cc": drawn_params.get("cc", "dctcp"),
+            "degraded": drawn_params.get("n_degraded", ""),
+            "R": drawn_params.get("reduction", ""),
+            "ns3_s": ns3,
+        }
+        for name, make in backends.items():
+            try:
+                row[name] = completion(scenario, make(scenario.ns3)) / ns3
+            except InputError as err:  # e.g. a CC the checkpoint never learned: said, not scored
+                row[name] = f"refused ({err.field})"
+        out.rows.append(row)
+    return out
+
+
+__all__ = ["ClosedLoop", "closed_loop", "completion", "drawn_scenarios"]
