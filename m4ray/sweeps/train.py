@@ -27,6 +27,39 @@ from m4ray.train.loop import TrainConfig, flow_errors, train_loop
 SECTIONS = {"train": TrainConfig}  # checked before run
 
 
+def closed_loop_metrics(cfg: TrainConfig, splits, model, meta: dict) -> dict[str, float]:
+    """The trained model and classic flowSim in closed loop on up to
+    ``cfg.closed_loop_scenarios`` of the test split's collective scenarios, against the ns-3
+    runs the dataset recorded (:mod:`m4ray.datagen.closed_loop`: the gap per-flow scores miss):
+    each one's mean |completion error| and how many scenarios ran. Needs the datagen run's
+    ``manifest.json`` beside the dataset (none: no closed-loop metrics)."""
+    import tempfile
+
+    import numpy as np
+
+    from m4ray.datagen.closed_loop import closed_loop
+    from m4ray.models import checkpoint
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.m4 import M4Config
+
+    run = Path(cfg.data.dataset).parent
+    if cfg.closed_loop_scenarios == 0 or not (run / "manifest.json").is_file():
+        return {}
+    ids = sorted({s.scenario_id for s in splits["test"]})
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint.export(model, tmp, meta, "")  # the m4 backend loads a checkpoint directory
+        backends = {
+            "m4": lambda network: M4Config(checkpoint=tmp, network=network),
+            "flowsim": lambda network: FlowSimConfig(),
+        }
+        result = closed_loop(run, backends, scenario_ids=ids, limit=cfg.closed_loop_scenarios)
+    out = {"test_closed_loop_scenarios": float(len(result.rows))}
+    for name in backends:
+        if len(errors := result.errors(name)):
+            out[f"test_closed_loop_{name}_mean"] = float(np.mean(np.abs(errors)))
+    return out
+
+
 def run(sweep, raw_config: dict[str, Any]) -> Path:
     cfg: TrainConfig = sweep.train
     started = time.perf_counter()
@@ -60,10 +93,18 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
     meta["supported_cc"] = dataset_ccs(cfg.data.dataset)  # what the m4 backend accepts
     # the network parameters it learned a response to (the backend reads others at the edge)
     meta["params_range"] = dataset_params_range(cfg.data.dataset, version).to_json()
+    meta["metrics"].update(closed_loop_metrics(cfg, splits, trained.model, meta))
     export_dir = Path(cfg.export_dir or run_dir / "export")
     publish(trained, export_dir, meta, model_card(meta, table, cfg), kind=M4, plot=plot)
     print()
     print(error_text(table, len(errors["m4"])))
+    if n := int(meta["metrics"].get("test_closed_loop_scenarios", 0)):
+        shown = ", ".join(
+            f"{who} {100 * meta['metrics'][f'test_closed_loop_{who}_mean']:.1f} %"
+            for who in ("m4", "flowsim")
+            if f"test_closed_loop_{who}_mean" in meta["metrics"]
+        )
+        print(f"closed loop, {n} held-out collective scenarios, mean |completion error|: {shown}")
     print(
         f"\ntrained {meta['epochs']} epochs in {trained.wall_s:.1f} s; checkpoint {export_dir}; "
         f"total {time.perf_counter() - started:.1f} s"

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from m4ray.errors import InputError
+from m4ray.fingerprint import added_field
 from m4ray.models.m4 import M4Model, ModelConfig
 from m4ray.train.data import DataConfig, Sample, load_splits
 from m4ray.train.periods import PeriodLoss, period_losses
@@ -120,6 +121,9 @@ class TrainConfig(RunSettings):
     plateau_factor: float = 0.2
     plateau_patience: int = 5
     min_lr: float = 1e-6
+    # held-out collective scenarios the trained model also replays in closed loop against the
+    # ns-3 runs the dataset recorded (m4ray.datagen.closed_loop; 0: none), beside flowSim
+    closed_loop_scenarios: int = added_field(8, "closed-loop evaluation (2026-11-29)")
 
     def __post_init__(self) -> None:
         if isinstance(self.data, dict):
@@ -127,6 +131,11 @@ class TrainConfig(RunSettings):
         if isinstance(self.model, dict):
             self.model = ModelConfig(**self.model)
         RunSettings.__post_init__(self)
+        if self.closed_loop_scenarios < 0:
+            raise InputError(
+                f"must be >= 0, got {self.closed_loop_scenarios}",
+                field="train.closed_loop_scenarios",
+            )
         if self.correction_l1 < 0 or (self.correction_l1 > 0 and not self.model.fluid):
             raise InputError(
                 "must be >= 0, and > 0 only for a fluid model", field="train.correction_l1"

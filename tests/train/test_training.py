@@ -84,6 +84,20 @@ def test_one_epoch_with_two_workers_writes_checkpoint_and_mlflow_run(trained):
     assert span.high == tuple(float(v) for v in rows.max(axis=0))
     assert version in span.source
     assert (run_dir / "plots" / "slowdown_error_cdf.png").stat().st_size > 10_000
+    # the held-out collective scenarios replayed in closed loop (m4ray.datagen.closed_loop):
+    # as many as the test split holds, each by the trained m4 and by flowSim, also in MLflow
+    from m4ray.datagen.closed_loop import drawn_scenarios
+    from m4ray.train.data import DataConfig, split_scenarios
+
+    held = split_scenarios(str(dataset), DataConfig(dataset=str(dataset)))["test"]
+    drawn = drawn_scenarios(dataset.parent)
+    closed = sum(hasattr(drawn[sid].traffic, "workload") for sid in held)
+    assert meta["metrics"]["test_closed_loop_scenarios"] == closed
+    assert run.data.metrics["test_closed_loop_scenarios"] == closed
+    if closed:
+        assert 0 <= meta["metrics"]["test_closed_loop_m4_mean"] < 1
+        assert 0 <= meta["metrics"]["test_closed_loop_flowsim_mean"] < 1
+        assert "closed loop" in proc.stdout
 
 
 def test_export_load_round_trip_gives_identical_predictions(trained):
@@ -231,3 +245,40 @@ def test_balanced_subsampling_builds_only_the_chosen_periods(tiny_dataset):
         torch.equal(a.period.size_bytes, b.period.size_bytes)
         for a, b in zip(picked, expected, strict=True)
     )
+
+
+def test_closed_loop_metrics_replay_the_trained_model_on_held_out_collectives(trained):
+    """The training job's closed-loop metrics: the exported model (handed to the m4 backend
+    through a checkpoint directory of its own) and flowSim replay each collective scenario of
+    the test split against its recorded ns-3 run; open-loop ones and ``0`` ask for nothing."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from m4ray.datagen.closed_loop import drawn_scenarios
+    from m4ray.sweeps.train import closed_loop_metrics
+
+    run_dir, dataset, _ = trained
+    model, info = checkpoint.load(run_dir / "export")
+    meta = {k: v for k, v in info.items() if k not in ("format", "model")}
+    recorded = pd.read_parquet(dataset / "scenarios.parquet")
+    ok = set(recorded[recorded.status == "ok"].scenario_id)
+    drawn = drawn_scenarios(dataset.parent)
+    rail = sorted(s for s in ok if hasattr(drawn[s].traffic, "workload"))
+    fabric = sorted(ok - set(rail))
+    assert rail and fabric
+    held = {"test": [SimpleNamespace(scenario_id=s) for s in rail + fabric]}
+    cfg = TrainConfig(data=DataConfig(dataset=str(dataset)), model=model.cfg)
+    out = closed_loop_metrics(cfg, held, model, meta)
+    assert out["test_closed_loop_scenarios"] == len(rail)
+    assert 0 <= out["test_closed_loop_flowsim_mean"] < 1
+    # the model it replayed is the exported one (this one-epoch model is far off: no bound)
+    from m4ray.datagen.closed_loop import closed_loop
+    from m4ray.sim.m4 import M4Config
+
+    exported = {"m4": lambda network: M4Config(checkpoint=str(run_dir / "export"), network=network)}
+    again = closed_loop(dataset.parent, exported, scenario_ids=rail).errors("m4")
+    assert out["test_closed_loop_m4_mean"] == pytest.approx(np.mean(np.abs(again)), rel=1e-9)
+    none = dataclasses.replace(cfg, closed_loop_scenarios=0)
+    assert closed_loop_metrics(none, held, model, meta) == {}
+    with pytest.raises(InputError, match="closed_loop_scenarios"):
+        TrainConfig(data=DataConfig(dataset=str(dataset)), closed_loop_scenarios=-1)
