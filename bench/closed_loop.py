@@ -27,24 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from m4ray.sweeps.report import format_table
 
 
-def backend_factories(names: list[str], checkpoint: str) -> dict:
-    """The named backends, each made for a scenario's ns-3 network (m4 imitates it;
-    ``flowsim_dcqcn``: flowSim with DCQCN's rates, for DCQCN networks only)."""
-    from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
-    from m4ray.sim.m4 import M4Config
-
-    made = {
-        "flowsim": lambda network: FlowSimConfig(),
-        "flowsim_acks": lambda network: FlowSimConfig(ack_load=True),
-        "flowsim_dcqcn": lambda network: FlowSimConfig(rate_control=DcqcnRates.of(network)),
-        "m4": lambda network: M4Config(checkpoint=checkpoint, network=network),
-    }
-    unknown = sorted(set(names) - set(made))
-    if unknown:
-        raise SystemExit(f"unknown backend(s) {unknown}; choose from {sorted(made)}")
-    return {name: made[name] for name in names}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a datagen run (manifest.json, dataset/)")
@@ -54,10 +36,10 @@ def main() -> None:
     parser.add_argument("--family", default=None, help="only this family's scenarios")
     args = parser.parse_args()
 
-    from m4ray.datagen.closed_loop import closed_loop
+    from m4ray.datagen.closed_loop import backends, closed_loop
 
-    factories = backend_factories(args.backends, args.checkpoint)
-    result = closed_loop(args.run_dir, factories, family=args.family, limit=args.limit)
+    made = backends(args.backends, args.checkpoint)
+    result = closed_loop(args.run_dir, made, family=args.family, limit=args.limit)
     header = ["scenario", "family", "cc", "degraded", "R", "ns-3 ms", *args.backends]
     rows = [
         [r["scenario"], r["family"], r["cc"], r["degraded"], r["R"], f"{r['ns3_s'] * 1e3:.3f}"]

@@ -43,19 +43,30 @@ def drawn_scenarios(run_dir: str | Path) -> dict:
 
 def completion(scenario, config) -> float:
     """The scenario's DAG replayed on ``config``'s backend, each flow starting when its parents
-    end there: the last flow's end (s)."""
-    from m4ray.datagen.families import ALGORITHMS
-    from m4ray.sim.replay import Replay
-    from m4ray.sim.routing import Routing
+    end there (as datagen replays it in ns-3): the last flow's end (s)."""
+    from m4ray.datagen.record import deliver
 
-    topo = scenario.build_topology()
-    routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
-    traffic = scenario.traffic
-    workload = traffic.workload(len(topo.hosts))
-    algorithm = ALGORITHMS[traffic.algorithm]().build(topo)
-    backend = config.build(topo, routing)
-    replay = Replay(workload, backend, routing, algorithm, send_latency_s=traffic.send_latency_s)
-    return float(np.max(replay.run().flows.finish_s))
+    return max(end for _, end in deliver(scenario, config=config)[3])
+
+
+def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Factory]:
+    """Backends by name, each made for a scenario's ns-3 network: ``flowsim`` (classic),
+    ``flowsim_acks`` (ACKs load the reverse links), ``flowsim_dcqcn`` (DCQCN's rates; DCQCN
+    networks only) and ``m4`` (``checkpoint``, told the network it imitates)."""
+    from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
+    from m4ray.sim.m4 import M4Config
+
+    made: dict[str, Factory] = {
+        "flowsim": lambda network: FlowSimConfig(),
+        "flowsim_acks": lambda network: FlowSimConfig(ack_load=True),
+        "flowsim_dcqcn": lambda network: FlowSimConfig(rate_control=DcqcnRates.of(network)),
+        "m4": lambda network: M4Config(checkpoint=checkpoint, network=network),
+    }
+    names = list(names)
+    unknown = sorted(set(names) - set(made))
+    if unknown:
+        raise InputError(f"unknown backend(s) {unknown}; choose from {sorted(made)}")
+    return {name: made[name] for name in names}
 
 
 @dataclass(slots=True)
@@ -121,4 +132,4 @@ def closed_loop(
     return out
 
 
-__all__ = ["ClosedLoop", "closed_loop", "completion", "drawn_scenarios"]
+__all__ = ["ClosedLoop", "backends", "closed_loop", "completion", "drawn_scenarios"]

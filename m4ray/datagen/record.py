@@ -36,8 +36,9 @@ def record(scenario: DatagenScenario) -> dict[str, pa.Table]:
     return tables(topo, routing, flows, backend.recording(), ack_coupled=coupled)
 
 
-def deliver(scenario: DatagenScenario, *, record: bool = False, jitter_s: float = 0.0):
-    """Run a scenario's traffic in ns-3: the topology, routing, backend and each flow with its
+def deliver(scenario: DatagenScenario, *, record: bool = False, jitter_s: float = 0.0, config=None):
+    """Run a scenario's traffic in ns-3 (or on ``config``'s backend: the closed-loop replay of
+    :mod:`m4ray.datagen.closed_loop`): the topology, routing, backend and each flow with its
     finish time. ``jitter_s`` starts each flow later by its own uniform draw below it (open
     loop: each arrival; collectives: each send's latency; seeded by the scenario), which
     ``bench/ns3_noise.py`` uses to measure how far ns-3's answers move under nanosecond shifts
@@ -45,7 +46,7 @@ def deliver(scenario: DatagenScenario, *, record: bool = False, jitter_s: float 
     jitter = np.random.default_rng([scenario.seed, 1]) if jitter_s > 0 else None
     topo = scenario.build_topology()
     routing = Routing(topo, seed=scenario.seed, wire=scenario.wire)
-    backend = scenario.ns3.build(topo, routing)
+    backend = (scenario.ns3 if config is None else config).build(topo, routing)
     if record:
         backend.record()
     traffic = scenario.traffic

@@ -37,10 +37,8 @@ def closed_loop_metrics(cfg: TrainConfig, splits, model, meta: dict) -> dict[str
 
     import numpy as np
 
-    from m4ray.datagen.closed_loop import closed_loop
+    from m4ray.datagen.closed_loop import backends, closed_loop
     from m4ray.models import checkpoint
-    from m4ray.sim.flowsim import FlowSimConfig
-    from m4ray.sim.m4 import M4Config
 
     run = Path(cfg.data.dataset).parent
     if cfg.closed_loop_scenarios == 0 or not (run / "manifest.json").is_file():
@@ -48,13 +46,10 @@ def closed_loop_metrics(cfg: TrainConfig, splits, model, meta: dict) -> dict[str
     ids = sorted({s.scenario_id for s in splits["test"]})
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint.export(model, tmp, meta, "")  # the m4 backend loads a checkpoint directory
-        backends = {
-            "m4": lambda network: M4Config(checkpoint=tmp, network=network),
-            "flowsim": lambda network: FlowSimConfig(),
-        }
-        result = closed_loop(run, backends, scenario_ids=ids, limit=cfg.closed_loop_scenarios)
+        made = backends(["m4", "flowsim"], checkpoint=tmp)
+        result = closed_loop(run, made, scenario_ids=ids, limit=cfg.closed_loop_scenarios)
     out = {"test_closed_loop_scenarios": float(len(result.rows))}
-    for name in backends:
+    for name in made:
         if len(errors := result.errors(name)):
             out[f"test_closed_loop_{name}_mean"] = float(np.mean(np.abs(errors)))
     return out

@@ -94,10 +94,7 @@ def test_one_epoch_with_two_workers_writes_checkpoint_and_mlflow_run(trained):
     closed = sum(hasattr(drawn[sid].traffic, "workload") for sid in held)
     assert meta["metrics"]["test_closed_loop_scenarios"] == closed
     assert run.data.metrics["test_closed_loop_scenarios"] == closed
-    if closed:
-        assert 0 <= meta["metrics"]["test_closed_loop_m4_mean"] < 1
-        assert 0 <= meta["metrics"]["test_closed_loop_flowsim_mean"] < 1
-        assert "closed loop" in proc.stdout
+    # (the replays themselves: the closed-loop test below, whose test split holds collectives)
 
 
 def test_export_load_round_trip_gives_identical_predictions(trained):
