@@ -89,19 +89,15 @@ def _overrides(pairs: list[str]) -> dict:
 
 def export(args) -> None:
     from m4ray.train.data import DataConfig, dataset_version, load_splits
-    from m4ray.train.job import dataset_ccs, dataset_params_range, dataset_transports
+    from m4ray.train.job import dataset_meta
 
     info = json.loads((Path(args.checkpoint) / "model.json").read_text())
     info["model"] = {**info["model"], **_overrides(args.model)}
     cfg = ModelConfig(**info["model"])
     # what the trained checkpoint's model.json should say of its data (as the training job does)
     version = dataset_version(args.dataset)
-    transports = dataset_transports(args.dataset)
     info.pop("transport", None)
-    if len(transports) == 1:
-        info["transport"] = transports[0]
-    info["supported_cc"] = dataset_ccs(args.dataset)
-    info["params_range"] = dataset_params_range(args.dataset, version).to_json()
+    info.update(dataset_meta(args.dataset, version))
     n = [*args.n, 0][:3]
     splits = load_splits(DataConfig(dataset=args.dataset, n_samples=n))
     if not args.compact:  # the anchor's schedule is numpy work done once per sample
@@ -472,9 +468,6 @@ def main() -> None:
         "--compact", action="store_true", help="leave the anchor schedules to the training side"
     )
     ex.add_argument("--out", default=str(REPO / ".devcarry" / "periods.pt"))
-    ex.add_argument(
-        "--model", nargs="*", default=[], help="model config overrides, key=value (flow_prior=true)"
-    )
     sc = sub.add_parser("schedule")
     sc.add_argument("--samples", required=True)
     sc.add_argument("--out", required=True)
@@ -501,10 +494,9 @@ def main() -> None:
     tr.add_argument("--loss", default="every")
     tr.add_argument("--correction-l1", type=float, default=0.3)
     tr.add_argument("--out", required=True, help="checkpoint directory to write")
-    tr.add_argument(
-        "--model", nargs="*", default=[], help="model config overrides, key=value (flow_prior=true)"
-    )
     tr.add_argument("--probe", type=int, default=300, help="training periods scored each epoch")
+    for sp in (ex, tr):
+        sp.add_argument("--model", nargs="*", default=[], help="model config overrides, key=value")
     for sp in (rn, tr, sc):
         sp.add_argument("--workers", type=int, default=8, help="processes for anchor schedules")
     args = parser.parse_args()

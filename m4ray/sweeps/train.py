@@ -12,9 +12,7 @@ from m4ray.models.checkpoint import M4
 from m4ray.models.m4 import M4Model
 from m4ray.train.data import dataset_version, load_splits
 from m4ray.train.job import (
-    dataset_ccs,
-    dataset_params_range,
-    dataset_transports,
+    dataset_meta,
     error_cdf,
     error_table,
     error_text,
@@ -82,12 +80,7 @@ def run(sweep, raw_config: dict[str, Any]) -> Path:
         test_periods=len(splits["test"]),
         test_flows=len(errors["m4"]),
     )
-    transports = dataset_transports(cfg.data.dataset)
-    if len(transports) == 1:  # what the m4 backend should describe to it (check_transport)
-        meta["transport"] = transports[0]
-    meta["supported_cc"] = dataset_ccs(cfg.data.dataset)  # what the m4 backend accepts
-    # the network parameters it learned a response to (the backend reads others at the edge)
-    meta["params_range"] = dataset_params_range(cfg.data.dataset, version).to_json()
+    meta.update(dataset_meta(cfg.data.dataset, version))
     meta["metrics"].update(closed_loop_metrics(cfg, splits, trained.model, meta))
     export_dir = Path(cfg.export_dir or run_dir / "export")
     publish(trained, export_dir, meta, model_card(meta, table, cfg), kind=M4, plot=plot)

@@ -243,6 +243,20 @@ def dataset_params_range(dataset: str, version: str):
     return ParamsRange.spanning(rows, f"dataset {version}, {len(rows)} scenarios")
 
 
+def dataset_meta(dataset: str, version: str) -> dict[str, Any]:
+    """What an m4 checkpoint's ``model.json`` says of the data it learned: the ns-3 transport
+    (where one; the m4 backend describes it to the model), the congestion controls it accepts and
+    the params13 span it reads others at the edge of."""
+    meta: dict[str, Any] = {}
+    transports = dataset_transports(dataset)
+    if len(transports) == 1:  # what the m4 backend should describe to it (check_transport)
+        meta["transport"] = transports[0]
+    meta["supported_cc"] = dataset_ccs(dataset)  # what the m4 backend accepts
+    # the network parameters it learned a response to (the backend reads others at the edge)
+    meta["params_range"] = dataset_params_range(dataset, version).to_json()
+    return meta
+
+
 def error_table(errors: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
     table = {}
     for who, err in errors.items():
@@ -329,6 +343,7 @@ slowdown; trained by m4ray (`m4ray/train/`). Load with `m4ray.models.checkpoint.
 __all__ = [
     "Trained",
     "dataset_ccs",
+    "dataset_meta",
     "error_table",
     "error_text",
     "fit",
