@@ -3,7 +3,10 @@ flowSim, flowSim with ACK load and m4 (each flow starting when its parents end i
 own run), its completion against the ns-3 run the dataset recorded.
 
     .venv/bin/python bench/closed_loop.py outputs/probe_4x8 [--backends flowsim flowsim_acks m4]
-        [--checkpoint m4-v2] [--limit 8]
+        [--checkpoint m4-v2] [--limit 8] [--split test]
+
+``m4=<checkpoint>`` names another m4 beside (``--backends flowsim m4 m4=/tmp/ck``); ``--split``
+keeps the scenarios a training run held out (its data split, seed 0).
 
 The folder is a datagen run (its ``manifest.json`` holds the config that drew the scenarios,
 ``dataset/`` the ns-3 records). Training and ``bench/m4_residual.py`` score a model on ns-3's own
@@ -34,12 +37,22 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="m4-v2")
     parser.add_argument("--limit", type=int, default=None, help="at most this many scenarios")
     parser.add_argument("--family", default=None, help="only this family's scenarios")
+    parser.add_argument(
+        "--split",
+        choices=["train", "val", "test"],
+        default=None,
+        help="only this split's scenarios (the training data's split, seed 0)",
+    )
     args = parser.parse_args()
 
     from m4ray.datagen.closed_loop import backends, closed_loop
+    from m4ray.train.data import DataConfig, split_scenarios
 
     made = backends(args.backends, args.checkpoint)
-    result = closed_loop(args.run_dir, made, family=args.family, limit=args.limit)
+    ids = None
+    if args.split:
+        ids = split_scenarios(args.run_dir / "dataset", DataConfig())[args.split]
+    result = closed_loop(args.run_dir, made, scenario_ids=ids, family=args.family, limit=args.limit)
     header = ["scenario", "family", "cc", "degraded", "R", "ns-3 ms", *args.backends]
     rows = [
         [r["scenario"], r["family"], r["cc"], r["degraded"], r["R"], f"{r['ns3_s'] * 1e3:.3f}"]

@@ -94,13 +94,24 @@ def export(args) -> None:
     info = json.loads((Path(args.checkpoint) / "model.json").read_text())
     info["model"] = {**info["model"], **_overrides(args.model)}
     cfg = ModelConfig(**info["model"])
-    # what the trained checkpoint's model.json should say of its data (as the training job does)
-    version = dataset_version(args.dataset)
+    # what the trained checkpoint's model.json should say of its data (as the training job does;
+    # of the first dataset where there are several)
+    versions = [dataset_version(d) for d in args.dataset]
+    version = versions[0] if len(versions) == 1 else "+".join(versions)
     info.pop("transport", None)
-    info.update(dataset_meta(args.dataset, version))
+    info.update(dataset_meta(args.dataset[0], version))
     n = [*args.n, 0][:3]
-    splits = load_splits(DataConfig(dataset=args.dataset, n_samples=n))
-    if not args.compact:  # the anchor's schedule is numpy work done once per sample
+    data = _overrides(args.data)
+    splits: dict[str, list] = {"train": [], "val": [], "test": []}
+    for dataset in args.dataset:  # each split by scenario within its dataset, n from each
+        one = load_splits(DataConfig(dataset=dataset, n_samples=n, **data), cfg.anchor)
+        for name in splits:
+            splits[name] += one[name]
+    if args.compact:  # components were cut with the anchor's schedule: the trainer redoes it
+        for samples in splits.values():
+            for s in samples:
+                s.period.schedules.clear()
+    else:  # the anchor's schedule is numpy work done once per sample
         for name in ("train", "val"):
             for s in splits[name]:
                 engine_schedule(s.period, cfg.anchor)
@@ -109,7 +120,7 @@ def export(args) -> None:
         {
             **{name: splits[name] for name in ("train", "val", "test")},
             "checkpoint": info,
-            "dataset": {"path": args.dataset, "version": version, "n": n},
+            "dataset": {"path": args.dataset, "version": version, "n": n, "data": data},
         },
         args.out,
     )
@@ -286,12 +297,18 @@ def run(args) -> None:
 
 def _train_config(args, model: ModelConfig, **settings) -> TrainConfig:
     """The training job's config for the command's loss settings (and ``settings``)."""
-    return TrainConfig(model=model, loss=args.loss, correction_l1=args.correction_l1, **settings)
+    return TrainConfig(
+        model=model,
+        loss=args.loss,
+        error=getattr(args, "error", "relative"),
+        correction_l1=args.correction_l1,
+        **settings,
+    )
 
 
 def _step(model, opt, chunk, cfg: TrainConfig) -> None:
     """One optimiser step on a batch, with the training job's loss."""
-    loss = training_loss(period_losses(model, chunk, every=cfg.reads_every), cfg)
+    loss = training_loss(period_losses(model, chunk, every=cfg.reads_every, error=cfg.error), cfg)
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -386,7 +403,7 @@ def train(args) -> None:
     )
     tag = (
         f"[hidden {args.hidden}/{cfg.model.gnn_hidden} batch {args.batch} lr {args.lr} "
-        f"l1 {args.correction_l1}{' prior' if cfg.model.flow_prior else ''}]"
+        f"l1 {args.correction_l1} {cfg.error}{' prior' if cfg.model.flow_prior else ''}]"
     )
     print(
         f"{tag} {gpu}; {len(train_p)} train / {len(data['val'])} val periods; "
@@ -459,7 +476,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export")
-    ex.add_argument("--dataset", default=str(REPO / "outputs" / "datagen_v2" / "dataset"))
+    ex.add_argument(
+        "--dataset",
+        nargs="+",
+        default=[str(REPO / "outputs" / "datagen_v2" / "dataset")],
+        help="one or more datasets; each is split by scenario and gives --n periods",
+    )
+    ex.add_argument(
+        "--data",
+        nargs="*",
+        default=[],
+        help="DataConfig overrides, key=value (components=true max_flows=1000 ...)",
+    )
     ex.add_argument("--checkpoint", default=str(REPO / "checkpoints" / "m4-v2"))
     ex.add_argument(
         "--n", type=int, nargs="+", default=[192, 64], help="train, val (and test) periods"
@@ -493,6 +521,7 @@ def main() -> None:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--loss", default="every")
     tr.add_argument("--correction-l1", type=float, default=0.3)
+    tr.add_argument("--error", default="relative", help="the loss's error measure: relative, log")
     tr.add_argument("--out", required=True, help="checkpoint directory to write")
     tr.add_argument("--probe", type=int, default=300, help="training periods scored each epoch")
     for sp in (ex, tr):

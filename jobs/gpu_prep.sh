@@ -5,15 +5,18 @@
 # Python packages the image lacks (hydra, omegaconf, antlr4: the scale ladder's job; greenlet,
 # a wheel for its Python: m4's replay).
 #   jobs/gpu_prep.sh outputs/datagen_cc/dataset [n_train n_val n_test]   # default 2400 300 600
+# Several datasets go in one quoted argument (n periods from each); DATA_OPTS are the export's
+# DataConfig overrides, e.g. DATA_OPTS="components=true max_flows=1000".
 set -euo pipefail
-DATA=${1:?usage: jobs/gpu_prep.sh <dataset folder> [n_train n_val n_test]}
+DATA=${1:?usage: jobs/gpu_prep.sh "<dataset folder>..." [n_train n_val n_test]}
 shift
 N=${*:-2400 300 600}
 PYV=${PYV:-3.12}  # the GPU image's Python
 C=.devcarry/gpu
 mkdir -p "$C/site"
-.venv/bin/python bench/train_device.py export --dataset "$DATA" --n $N --compact \
-    --out "$C/data.pt"
+# shellcheck disable=SC2086
+.venv/bin/python bench/train_device.py export --dataset $DATA --n $N --compact \
+    --data ${DATA_OPTS:-} --out "$C/data.pt"
 gzip -f "$C/data.pt"
 SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 for pkg in hydra omegaconf antlr4; do

@@ -52,7 +52,8 @@ def completion(scenario, config) -> float:
 def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Factory]:
     """Backends by name, each made for a scenario's ns-3 network: ``flowsim`` (classic),
     ``flowsim_acks`` (ACKs load the reverse links), ``flowsim_dcqcn`` (DCQCN's rates; DCQCN
-    networks only) and ``m4`` (``checkpoint``, told the network it imitates)."""
+    networks only), ``m4`` (``checkpoint``, told the network it imitates) and ``m4=<checkpoint>``
+    (another checkpoint, so several models replay side by side)."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
     from m4ray.sim.m4 import M4Config
 
@@ -63,6 +64,10 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
         "m4": lambda network: M4Config(checkpoint=checkpoint, network=network),
     }
     names = list(names)
+    for name in names:
+        kind, sep, other = name.partition("=")
+        if kind == "m4" and sep and other:
+            made[name] = lambda network, other=other: M4Config(checkpoint=other, network=network)
     unknown = sorted(set(names) - set(made))
     if unknown:
         raise InputError(f"unknown backend(s) {unknown}; choose from {sorted(made)}")

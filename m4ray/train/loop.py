@@ -29,7 +29,7 @@ from m4ray.errors import InputError
 from m4ray.fingerprint import added_field
 from m4ray.models.m4 import M4Model, ModelConfig
 from m4ray.train.data import DataConfig, Sample, load_splits
-from m4ray.train.periods import PeriodLoss, period_losses
+from m4ray.train.periods import ERRORS, PeriodLoss, period_losses
 
 
 class Task(Protocol):
@@ -113,6 +113,9 @@ class TrainConfig(RunSettings):
     # "flow": relative L1 over every flow; "period": per period, then mean (m4); "every": over
     # every flow of the slowdown read at each of its updates (what the online engine uses)
     loss: str = "flow"
+    # how a flow's error is measured in the loss (m4ray.train.periods.ERRORS): "relative"
+    # |ŝ/s − 1| as m4 trains, or "log" |log(ŝ/s)|; validation reads relative L1 either way
+    error: str = added_field("relative", "the loss's error measure (2026-11-30)")
     weight_remain: float = 0.005
     weight_queue: float = 0.005
     # L1 on the fluid model's correction at every update (shrinks it toward its anchor where the
@@ -139,6 +142,10 @@ class TrainConfig(RunSettings):
         if self.correction_l1 < 0 or (self.correction_l1 > 0 and not self.model.fluid):
             raise InputError(
                 "must be >= 0, and > 0 only for a fluid model", field="train.correction_l1"
+            )
+        if self.error not in ERRORS:
+            raise InputError(
+                f"unknown error {self.error!r} ({', '.join(ERRORS)})", field="train.error"
             )
         if self.loss not in LOSSES:
             raise InputError(
@@ -283,7 +290,7 @@ class M4Task:
 
     def step(self, ddp: torch.nn.Module, chunk: list[Sample]) -> tuple[torch.Tensor, list[float]]:
         batch = [s.period.to(self.device) for s in chunk]
-        out = ddp(batch, every=self.cfg.reads_every)
+        out = ddp(batch, every=self.cfg.reads_every, error=self.cfg.error)
         n = len(batch)
         main = out[LOSSES[self.cfg.loss][0]]
         sums = [float(main) * n, float(out["remain"]) * n, float(out["queue"]) * n, n]

@@ -7,6 +7,7 @@ event by event in lockstep (:func:`forward_batch`), and the losses (:func:`perio
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -469,7 +470,9 @@ def collate(samples: list[PeriodSample], fluid: bool | str | None = False) -> Pe
     )
 
 
-def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[torch.Tensor, ...]:
+def forward_batch(
+    model: M4Model, b: PeriodBatch, every: bool = False, error: str = "relative"
+) -> tuple[torch.Tensor, ...]:
     """Replay busy periods event by event in lockstep (``reference/m4.md`` §4), updating what
     the online engine updates (:func:`engine_schedule`).
 
@@ -480,9 +483,10 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
     the predicted slowdown ``[ΣF]`` (each flow read out from its state frozen at its departure)
     and the per-period mean absolute errors ``[B]`` of the remaining-size and queue heads;
     with ``every``, also each flow's mean relative error ``[ΣF]`` over the slowdowns read at
-    every update it takes part in, and (fluid models; else 0) the mean |correction| of those
-    readings, |slowdown / anchor − 1| ``[ΣF]``.
+    every update it takes part in (``error``: :data:`ERRORS`), and (fluid models; else 0) the
+    mean |correction| of those readings, |slowdown / anchor − 1| ``[ΣF]``.
     """
+    measure = ERRORS[error]
     n_flows, n_link_rows = len(b.size_bytes), len(b.link_bandwidth)
     device = b.size_bytes.device
     params = flow_inputs(model.cfg, b)
@@ -530,7 +534,7 @@ def forward_batch(model: M4Model, b: PeriodBatch, every: bool = False) -> tuple[
             now = model.slowdown(
                 new_flow, b.n_links[flows], params[flows], fluid_last[flows], base_last[flows]
             )
-            every_sum = every_sum.index_add(0, flows, (now / b.slowdown[flows] - 1).abs())
+            every_sum = every_sum.index_add(0, flows, measure(now, b.slowdown[flows]))
             every_n = every_n.index_add(0, flows, torch.ones_like(now))
             if model.cfg.fluid:  # how far the model moves from its anchor
                 shift_sum = shift_sum.index_add(0, flows, (now / base_last[flows] - 1).abs())
@@ -588,13 +592,32 @@ def forward_period(
     return pred, remain[0], queue[0]
 
 
+def _relative(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+    return (pred / true - 1).abs()
+
+
+def _log(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
+    # below half the truth, the tangent at 1/2 (same value and slope): a prediction near 0 would
+    # otherwise send its gradient to infinity (a hidden-64 model diverged on an H200 with it)
+    ratio = pred / true
+    return torch.where(
+        ratio < 0.5, math.log(2.0) + 2.0 * (0.5 - ratio), torch.log(ratio.clamp(min=0.5)).abs()
+    )
+
+
+# a flow's error as training measures it: "relative" |ŝ/s − 1| (m4's), whose minimiser where the
+# outcome is uncertain is the 1/s-weighted median (it leans toward the fast outcomes); "log"
+# |log(ŝ/s)|, whose minimiser is the plain median
+ERRORS = {"relative": _relative, "log": _log}
+
+
 def relative_l1(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
     """m4's main loss: mean ``|ŝ / s − 1|``."""
     return (pred / true - 1).abs().mean()
 
 
 def period_losses(
-    model: M4Model, batch: list[PeriodSample], every: bool = False
+    model: M4Model, batch: list[PeriodSample], every: bool = False, error: str = "relative"
 ) -> dict[str, torch.Tensor]:
     """Losses of a batch of busy periods, replayed in lockstep (what :class:`PeriodLoss` gives DDP).
 
@@ -607,10 +630,11 @@ def period_losses(
     update a flow takes part in (averaged per flow, then over flows): what the online engine
     schedules completions by, and, unlike the read-out at departure, never informed by how
     long the flow has already taken in the recording; ``every_shift`` = the mean
-    |correction| of those readings (fluid models: how far they move from the anchor)."""
+    |correction| of those readings (fluid models: how far they move from the anchor). ``error``
+    (:data:`ERRORS`) is how the flows' errors are measured; the aux heads' are absolute."""
     b = collate(batch, fluid=model.cfg.anchor)
-    pred, remain_each, queue_each, *read = forward_batch(model, b, every=every)
-    err = (pred / b.slowdown - 1).abs()
+    pred, remain_each, queue_each, *read = forward_batch(model, b, every=every, error=error)
+    err = ERRORS[error](pred, b.slowdown)
     count = torch.bincount(b.flow_sample, minlength=b.n_samples).clamp(min=1)
     main_each = pred.new_zeros(b.n_samples).index_add_(0, b.flow_sample, err) / count
     return {
@@ -634,11 +658,14 @@ class PeriodLoss(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: list[PeriodSample], every: bool = False) -> dict[str, torch.Tensor]:
-        return period_losses(self.model, batch, every)
+    def forward(
+        self, batch: list[PeriodSample], every: bool = False, error: str = "relative"
+    ) -> dict[str, torch.Tensor]:
+        return period_losses(self.model, batch, every, error)
 
 
 __all__ = [
+    "ERRORS",
     "PeriodBatch",
     "PeriodLoss",
     "PeriodSample",

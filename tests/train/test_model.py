@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from m4ray.models.m4 import M4Model, ModelConfig, SAGELayer
-from m4ray.train.periods import PeriodSample, forward_period, period_losses, relative_l1
+from m4ray.train.periods import (
+    ERRORS,
+    PeriodSample,
+    forward_period,
+    period_losses,
+    relative_l1,
+)
 
 
 def test_full_size_parameter_shapes_match_the_released_model():
@@ -178,3 +184,28 @@ def test_a_samples_window_is_windowed_flowsims_on_the_recorded_links():
     assert bound >= 2  # the window binds on the longer paths
     tcp = _window(json.dumps({"transport": "tcp", "window_bytes": 6_000}), links, wire)
     assert tcp([0, 1], 1e6) == (math.inf, 1e6)
+
+
+def test_the_log_error_is_symmetric_in_ratio_and_stays_finite_near_zero():
+    """``log`` weighs a prediction 2x too slow as one 2x too fast (``relative`` does not: 1.0
+    against 0.5, so its minimiser leans fast); below half the truth it goes on linearly, with a
+    finite slope, down to a prediction of 0; a batch trains on it through period_losses."""
+    true = torch.tensor([2.0, 2.0, 2.0, 2.0])
+    pred = torch.tensor([4.0, 1.0, 1e-9, 0.9], requires_grad=True)
+    log = ERRORS["log"](pred, true)
+    assert log[0].item() == pytest.approx(log[1].item()) == pytest.approx(0.693147, rel=1e-5)
+    rel = ERRORS["relative"](pred.detach(), true)
+    assert rel[0].item() == pytest.approx(1.0) and rel[1].item() == pytest.approx(0.5)
+    assert log[2].item() == pytest.approx(0.693147 + 1.0, rel=1e-5)
+    log.sum().backward()
+    assert torch.isfinite(pred.grad).all()
+    # slope in the prediction: -1/ŝ on the log side, meeting the line's -1/(2 × 1/2 s) = -1 at ŝ = 1
+    assert pred.grad[1:].tolist() == pytest.approx([-1.0, -1.0, -1.0])
+    assert pred.grad[0].item() == pytest.approx(0.25)
+    torch.manual_seed(5)
+    model = M4Model(ModelConfig.tiny())
+    out = period_losses(model, [period(), other_period()], every=True, error="log")
+    again = period_losses(model, [period(), other_period()], every=True)
+    assert torch.isfinite(out["main_flows"]) and torch.isfinite(out["every_flows"])
+    assert not torch.isclose(out["main_flows"], again["main_flows"])
+    out["every_flows"].backward()

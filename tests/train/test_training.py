@@ -269,13 +269,16 @@ def test_closed_loop_metrics_replay_the_trained_model_on_held_out_collectives(tr
     assert out["test_closed_loop_scenarios"] == len(rail)
     assert 0 <= out["test_closed_loop_flowsim_mean"] < 1
     # the model it replayed is the exported one (this one-epoch model is far off: no bound)
-    from m4ray.datagen.closed_loop import closed_loop
-    from m4ray.sim.m4 import M4Config
+    # (named as bench/closed_loop.py names a checkpoint beside the default one)
+    from m4ray.datagen.closed_loop import backends, closed_loop
 
-    exported = {"m4": lambda network: M4Config(checkpoint=str(run_dir / "export"), network=network)}
-    again = closed_loop(dataset.parent, exported, scenario_ids=rail).errors("m4")
+    name = f"m4={run_dir / 'export'}"
+    again = closed_loop(dataset.parent, backends([name]), scenario_ids=rail).errors(name)
     assert out["test_closed_loop_m4_mean"] == pytest.approx(np.mean(np.abs(again)), rel=1e-9)
     none = dataclasses.replace(cfg, closed_loop_scenarios=0)
     assert closed_loop_metrics(none, held, model, meta) == {}
     with pytest.raises(InputError, match="closed_loop_scenarios"):
         TrainConfig(data=DataConfig(dataset=str(dataset)), closed_loop_scenarios=-1)
+    with pytest.raises(InputError, match="unknown error 'l2'") as err:
+        TrainConfig(data=DataConfig(dataset=str(dataset)), error="l2")
+    assert err.value.field == "train.error"
