@@ -87,6 +87,24 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
+def _joined(metas: list[dict]) -> dict:
+    """Several datasets' :func:`~m4ray.train.job.dataset_meta` as one: the transport where they
+    agree on one, every congestion control, each parameter's widest span."""
+    out = dict(metas[0])
+    transports = {m.get("transport") for m in metas}
+    out.pop("transport", None)
+    if len(transports) == 1 and None not in transports:
+        out["transport"] = transports.pop()
+    out["supported_cc"] = sorted({cc for m in metas for cc in m["supported_cc"]})
+    spans = [m["params_range"] for m in metas]
+    out["params_range"] = {
+        "low": [min(v) for v in zip(*(s["low"] for s in spans), strict=True)],
+        "high": [max(v) for v in zip(*(s["high"] for s in spans), strict=True)],
+        "source": " + ".join(str(s.get("source")) for s in spans),
+    }
+    return out
+
+
 def export(args) -> None:
     from m4ray.train.data import DataConfig, dataset_version, load_splits
     from m4ray.train.job import dataset_meta
@@ -95,11 +113,11 @@ def export(args) -> None:
     info["model"] = {**info["model"], **_overrides(args.model)}
     cfg = ModelConfig(**info["model"])
     # what the trained checkpoint's model.json should say of its data (as the training job does;
-    # of the first dataset where there are several)
+    # over several datasets: their congestion controls and params13 spans joined)
     versions = [dataset_version(d) for d in args.dataset]
     version = versions[0] if len(versions) == 1 else "+".join(versions)
     info.pop("transport", None)
-    info.update(dataset_meta(args.dataset[0], version))
+    info.update(_joined([dataset_meta(d, v) for d, v in zip(args.dataset, versions, strict=True)]))
     n = [*args.n, 0][:3]
     data = _overrides(args.data)
     splits: dict[str, list] = {"train": [], "val": [], "test": []}

@@ -117,6 +117,7 @@ struct RdmaParams {
     uint32_t header = 48;         // wire bytes per packet besides payload (incl. 2 B PPP)
     uint32_t ack_bytes = 64;      // wire bytes of an ACK/NACK/PFC frame
     double gain = 1.0 / 16;       // DCTCP g
+    double alpha_init = 1.0;      // DCTCP α of a new flow
     double rate_ai = 615e6;       // bits/s added once per window
     double min_rate = 1e9;        // bits/s
     bool var_window = true;       // window scales with rate / line rate
@@ -346,6 +347,7 @@ class RdmaNetwork : public Fabric {
         if (m_p.max_rate > 0) q.line_rate = std::min(q.line_rate, m_p.max_rate);
         q.nic_rate = m_p.cc_nic_rate ? m_ports[q.port].rate : q.line_rate;
         q.rate = q.line_rate;
+        q.alpha = m_p.alpha_init;
         q.cur_rate = q.target = q.nic_rate;  // the CC's reference rates
         m_qp.push_back(q);
         Arrived(slot, path);

@@ -86,6 +86,9 @@ class RdmaConfig:
     # DCTCP's α as the reference's HandleAckDctcp counts it (a batch's marks over the packets
     # in flight when it began, plus one; strict batch ends); False: over the ACKs received
     dctcp_reference_alpha: bool = added_field(False, "SimAI's ns-3 timing (issue 29)")
+    # DCTCP's α of a new flow (the reference's and SimAI's: 1, so a flow's first marks halve
+    # its rate); a probe of how much of a collective's ramp-up that start costs
+    dctcp_alpha_init: float = added_field(1.0, "DCTCP's starting alpha (2026-11-30)")
     # "simai": the window SimAI gives every flow, its largest host-pair BDP counted as it does
     # (twice the propagation plus one payload's serialisation per hop, in whole ns, × the
     # bottleneck); "m4ray": a data packet out and an ACK back, plus one packet (window_bytes
@@ -122,6 +125,7 @@ class RdmaConfig:
         checks = [
             (self.window_bytes is None or self.window_bytes >= 0, "window_bytes", ">= 0 or null"),
             (0 < self.dctcp_gain <= 1, "dctcp_gain", "in (0, 1]"),
+            (0 <= self.dctcp_alpha_init <= 1, "dctcp_alpha_init", "in [0, 1]"),
             (self.rate_ai_bps >= 0, "rate_ai_bps", ">= 0"),
             (self.min_rate_bps > 0, "min_rate_bps", "> 0"),
             (self.buffer_bytes > 0, "buffer_bytes", "> 0"),
@@ -286,6 +290,42 @@ def _host_pair_extremes(routing: Routing, ack_bytes: int) -> tuple[float, float]
     return best
 
 
+def _set_cc(p, cfg: RdmaConfig, routing: Routing) -> None:
+    """The congestion control's settings on the C++ ``RdmaParams`` ``p``."""
+    params = cfg.cc_config()
+    p.cc = CCS[cfg.cc][0]
+    if cfg.cc == "dcqcn":
+        p.cc_ai, p.cc_hai, p.dcqcn_gain = params.rate_ai_bps, params.rate_hai_bps, params.gain
+        p.alpha_ps, p.decrease_ps = (
+            to_ps(params.alpha_interval_s),
+            to_ps(params.decrease_interval_s),
+        )
+        p.increase_ps, p.fast_recovery = (
+            to_ps(params.increase_interval_s),
+            params.fast_recovery_steps,
+        )
+        p.clamp, p.first_cnp = params.clamp_target_rate, params.rate_on_first_cnp
+    elif cfg.cc == "hpcc":
+        p.cc_ai, p.eta, p.max_stage = (
+            params.rate_ai_bps,
+            params.target_utilization,
+            params.max_stage,
+        )
+        p.fast_react, p.int_bytes = params.fast_react, params.int_bytes
+        p.ack_int_bytes = params.ack_int_bytes
+        rtt = params.base_rtt_s or max_base_rtt_s(routing, cfg.ack_bytes)
+        p.base_rtt_ps = max(1, to_ps(rtt))
+    elif cfg.cc == "timely":
+        p.cc_ai, p.cc_hai, p.beta, p.ewma = (
+            params.rate_ai_bps,
+            params.rate_hai_bps,
+            params.beta,
+            params.ewma,
+        )
+        p.t_low_ps, p.t_high_ps = params.t_low_s * 1e12, params.t_high_s * 1e12
+        p.min_rtt_ps, p.int_bytes = params.min_rtt_s * 1e12, params.int_bytes
+
+
 class RdmaFabric:
     """The RDMA C++ network for one topology; flows start with the configured window."""
 
@@ -301,42 +341,12 @@ class RdmaFabric:
             )
         p = native.RdmaParams()
         p.mtu, p.header, p.ack_bytes = wire.mtu_bytes, wire.header_bytes, cfg.ack_bytes
-        p.gain, p.rate_ai, p.min_rate = cfg.dctcp_gain, cfg.rate_ai_bps, cfg.min_rate_bps
+        p.gain, p.alpha_init = cfg.dctcp_gain, cfg.dctcp_alpha_init
+        p.rate_ai, p.min_rate = cfg.rate_ai_bps, cfg.min_rate_bps
         p.var_window, p.buffer, p.pfc = cfg.var_window, cfg.buffer_bytes, cfg.pfc
         p.pfc_threshold, p.rto_ps = cfg.pfc_threshold_bytes, to_ps(cfg.rto_s)
         p.max_rate = cfg.max_rate_bps or 0.0
-        params = cfg.cc_config()
-        p.cc = CCS[cfg.cc][0]
-        if cfg.cc == "dcqcn":
-            p.cc_ai, p.cc_hai, p.dcqcn_gain = params.rate_ai_bps, params.rate_hai_bps, params.gain
-            p.alpha_ps, p.decrease_ps = (
-                to_ps(params.alpha_interval_s),
-                to_ps(params.decrease_interval_s),
-            )
-            p.increase_ps, p.fast_recovery = (
-                to_ps(params.increase_interval_s),
-                params.fast_recovery_steps,
-            )
-            p.clamp, p.first_cnp = params.clamp_target_rate, params.rate_on_first_cnp
-        elif cfg.cc == "hpcc":
-            p.cc_ai, p.eta, p.max_stage = (
-                params.rate_ai_bps,
-                params.target_utilization,
-                params.max_stage,
-            )
-            p.fast_react, p.int_bytes = params.fast_react, params.int_bytes
-            p.ack_int_bytes = params.ack_int_bytes
-            rtt = params.base_rtt_s or max_base_rtt_s(routing, cfg.ack_bytes)
-            p.base_rtt_ps = max(1, to_ps(rtt))
-        elif cfg.cc == "timely":
-            p.cc_ai, p.cc_hai, p.beta, p.ewma = (
-                params.rate_ai_bps,
-                params.rate_hai_bps,
-                params.beta,
-                params.ewma,
-            )
-            p.t_low_ps, p.t_high_ps = params.t_low_s * 1e12, params.t_high_s * 1e12
-            p.min_rtt_ps, p.int_bytes = params.min_rtt_s * 1e12, params.int_bytes
+        _set_cc(p, cfg, routing)
         p.ack_high, p.cc_nic_rate = cfg.ack_high_priority, cfg.cc_nic_rate
         p.pfc_shift = cfg.pfc_dynamic_shift
         p.round_ns, p.dctcp_reference = cfg.round_ns, cfg.dctcp_reference_alpha

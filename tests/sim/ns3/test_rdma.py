@@ -272,6 +272,23 @@ def test_reference_dctcp_alpha_cuts_an_incast_as_the_other_count_does(simulate):
     assert out[True] != out[False]
 
 
+def test_dctcp_alpha_init_sets_how_hard_a_new_flow_is_first_cut(simulate):
+    """``dctcp_alpha_init`` (1, the reference's: a new flow's first marks halve its rate) reaches
+    the NIC: on a 4:1 incast both settings share the receiver's link and see marks, with
+    different answers; a value outside [0, 1] is refused by name."""
+    flows = [Flow(i, i, 4, 2_000_000, 0.0) for i in range(4)]
+    out = {}
+    for alpha in (1.0, 0.0):
+        cfg = Ns3Config(rdma=RdmaConfig(dctcp_alpha_init=alpha))
+        result, counters = simulate(star(5, 100e9), flows, DEFAULT, cfg)
+        assert counters["marks"] > 0
+        out[alpha] = [result[f.id][0] / result[f.id][1] for f in flows]
+        assert max(out[alpha]) == pytest.approx(4.0, rel=0.1)
+    assert out[1.0] != out[0.0]
+    with pytest.raises(InputError, match="dctcp_alpha_init"):
+        RdmaConfig(dctcp_alpha_init=1.5)
+
+
 def test_done_at_ack_reports_a_flow_when_its_sender_has_the_last_ack(simulate):
     """``done_at_ack`` (SimAI's QpComplete): a lone flow is reported one ACK trip later than
     its last byte's arrival (5 hops of 1 us and a 64 B ACK at 10 Gbit/s), and a backend built
