@@ -87,24 +87,6 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
-def _joined(metas: list[dict]) -> dict:
-    """Several datasets' :func:`~m4ray.train.job.dataset_meta` as one: the transport where they
-    agree on one, every congestion control, each parameter's widest span."""
-    out = dict(metas[0])
-    transports = {m.get("transport") for m in metas}
-    out.pop("transport", None)
-    if len(transports) == 1 and None not in transports:
-        out["transport"] = transports.pop()
-    out["supported_cc"] = sorted({cc for m in metas for cc in m["supported_cc"]})
-    spans = [m["params_range"] for m in metas]
-    out["params_range"] = {
-        "low": [min(v) for v in zip(*(s["low"] for s in spans), strict=True)],
-        "high": [max(v) for v in zip(*(s["high"] for s in spans), strict=True)],
-        "source": " + ".join(str(s.get("source")) for s in spans),
-    }
-    return out
-
-
 def export(args) -> None:
     from m4ray.train.data import DataConfig, dataset_version, load_splits
     from m4ray.train.job import dataset_meta
@@ -113,11 +95,11 @@ def export(args) -> None:
     info["model"] = {**info["model"], **_overrides(args.model)}
     cfg = ModelConfig(**info["model"])
     # what the trained checkpoint's model.json should say of its data (as the training job does;
-    # over several datasets: their congestion controls and params13 spans joined)
+    # over several datasets: their transports, congestion controls and params13 rows together)
     versions = [dataset_version(d) for d in args.dataset]
     version = versions[0] if len(versions) == 1 else "+".join(versions)
     info.pop("transport", None)
-    info.update(_joined([dataset_meta(d, v) for d, v in zip(args.dataset, versions, strict=True)]))
+    info.update(dataset_meta(args.dataset, version))
     n = [*args.n, 0][:3]
     data = _overrides(args.data)
     splits: dict[str, list] = {"train": [], "val": [], "test": []}
@@ -318,7 +300,7 @@ def _train_config(args, model: ModelConfig, **settings) -> TrainConfig:
     return TrainConfig(
         model=model,
         loss=args.loss,
-        error=getattr(args, "error", "relative"),
+        error=args.error,
         correction_l1=args.correction_l1,
         **settings,
     )
@@ -539,11 +521,14 @@ def main() -> None:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--loss", default="every")
     tr.add_argument("--correction-l1", type=float, default=0.3)
-    tr.add_argument("--error", default="relative", help="the loss's error measure: relative, log")
     tr.add_argument("--out", required=True, help="checkpoint directory to write")
     tr.add_argument("--probe", type=int, default=300, help="training periods scored each epoch")
     for sp in (ex, tr):
         sp.add_argument("--model", nargs="*", default=[], help="model config overrides, key=value")
+    for sp in (rn, tr):
+        sp.add_argument(
+            "--error", default="relative", help="the loss's error measure: relative, log"
+        )
     for sp in (rn, tr, sc):
         sp.add_argument("--workers", type=int, default=8, help="processes for anchor schedules")
     args = parser.parse_args()

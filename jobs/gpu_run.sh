@@ -5,8 +5,9 @@
 # MIN (default 5) is each training's budget; give the run timeout_s >= 60 * MIN + 260: about a
 # minute to load and score the anchor first, one to score the test periods after, M4GPU_S (90)
 # for the bench. Those minutes grow with the splits: with 1,500 validation components (an export
-# of components) the anchor's score took 2.5 minutes and an epoch 3.6; LIMIT is each trainer's. Each training writes its best epoch as it goes, and every tick the checkpoints
-# so far are packed into $OUT/ckpts.tgz, so a run stopped at its limit still brings them back.
+# of components) the anchor's score took 2.5 minutes and an epoch 3.6; LIMIT is each trainer's.
+# Each training writes its best epoch as it goes, and every tick the checkpoints so far are
+# packed into $OUT/ckpts.tgz, so a run stopped at its limit still brings them back.
 # RUNS: one line per training, "name: train_device.py train options" (default below).
 set -u
 MIN=${MIN:-5}; PY=${PY:-python3}; W=${W:-/tmp/m4ray_gpu}; OUT=${OUT:-/tmp/m4ray_out}

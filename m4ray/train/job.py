@@ -211,49 +211,42 @@ def publish(
     return export_dir
 
 
-def dataset_transports(dataset: str) -> list[str]:
-    """The ns-3 transports of a dataset's scenarios (its ground truth)."""
+def _scenario_params(datasets: list[str], columns: list[str]) -> list[dict]:
+    """Rows of the datasets' ``scenarios.parquet`` (``columns``; ``params`` read from JSON)."""
     import json
 
     import pyarrow.parquet as pq
 
-    params = pq.read_table(Path(dataset) / "scenarios.parquet", columns=["params"]).column(0)
-    return sorted({json.loads(p).get("transport", "tcp") for p in params.to_pylist()})
+    rows = []
+    for dataset in datasets:
+        table = pq.read_table(Path(dataset) / "scenarios.parquet", columns=columns).to_pylist()
+        rows += [{**r, "params": json.loads(r["params"])} if "params" in r else r for r in table]
+    return rows
 
 
 def dataset_ccs(dataset: str) -> list[str]:
     """The congestion controls of a dataset's RDMA scenarios (DCTCP where none is recorded)."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    params = pq.read_table(Path(dataset) / "scenarios.parquet", columns=["params"]).column(0)
-    return sorted({json.loads(p).get("cc", "dctcp") for p in params.to_pylist()})
+    rows = _scenario_params([dataset], ["params"])
+    return sorted({r["params"].get("cc", "dctcp") for r in rows})
 
 
-def dataset_params_range(dataset: str, version: str):
-    """The span of params13 over a dataset's recorded scenarios (``model.json``
-    ``params_range``: what the m4 backend brings a network's parameters into)."""
-    import pyarrow.parquet as pq
-
+def dataset_meta(datasets: str | list[str], version: str) -> dict[str, Any]:
+    """What an m4 checkpoint's ``model.json`` says of the data it learned, from one dataset or
+    several together: the ns-3 transport (where one; the m4 backend describes it to the model),
+    the congestion controls it accepts and the params13 span it reads others at the edge of."""
     from m4ray.models.config import ParamsRange
 
-    table = pq.read_table(Path(dataset) / "scenarios.parquet", columns=["status", "params13"])
-    rows = [p for s, p in zip(*(c.to_pylist() for c in table.columns), strict=True) if s == "ok"]
-    return ParamsRange.spanning(rows, f"dataset {version}, {len(rows)} scenarios")
-
-
-def dataset_meta(dataset: str, version: str) -> dict[str, Any]:
-    """What an m4 checkpoint's ``model.json`` says of the data it learned: the ns-3 transport
-    (where one; the m4 backend describes it to the model), the congestion controls it accepts and
-    the params13 span it reads others at the edge of."""
+    paths = [datasets] if isinstance(datasets, str | Path) else list(datasets)
+    rows = _scenario_params(paths, ["status", "params", "params13"])
     meta: dict[str, Any] = {}
-    transports = dataset_transports(dataset)
+    transports = {r["params"].get("transport", "tcp") for r in rows}
     if len(transports) == 1:  # what the m4 backend should describe to it (check_transport)
-        meta["transport"] = transports[0]
-    meta["supported_cc"] = dataset_ccs(dataset)  # what the m4 backend accepts
+        meta["transport"] = transports.pop()
+    meta["supported_cc"] = sorted({r["params"].get("cc", "dctcp") for r in rows})
     # the network parameters it learned a response to (the backend reads others at the edge)
-    meta["params_range"] = dataset_params_range(dataset, version).to_json()
+    ok = [r["params13"] for r in rows if r["status"] == "ok"]
+    source = f"dataset {version}, {len(ok)} scenarios"
+    meta["params_range"] = ParamsRange.spanning(ok, source).to_json()
     return meta
 
 

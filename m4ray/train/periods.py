@@ -613,7 +613,7 @@ ERRORS = {"relative": _relative, "log": _log}
 
 def relative_l1(pred: torch.Tensor, true: torch.Tensor) -> torch.Tensor:
     """m4's main loss: mean ``|ŝ / s − 1|``."""
-    return (pred / true - 1).abs().mean()
+    return _relative(pred, true).mean()
 
 
 def period_losses(

@@ -97,6 +97,33 @@ def test_one_epoch_with_two_workers_writes_checkpoint_and_mlflow_run(trained):
     # (the replays themselves: the closed-loop test below, whose test split holds collectives)
 
 
+def test_the_data_meta_of_several_datasets_joins_their_ccs_and_spans(trained, tmp_path):
+    """``dataset_meta`` over two datasets (as bench/train_device.py exports them): every
+    congestion control of either, each params13 value's widest span, the transport only where
+    they agree."""
+    from m4ray.train.job import dataset_meta
+
+    _, dataset, _ = trained
+    scenarios = pd.read_parquet(dataset / "scenarios.parquet")
+    other = scenarios.copy()
+    other["params"] = [
+        json.dumps({**json.loads(p), "cc": "hpcc", "transport": "tcp"}) for p in other.params
+    ]
+    other["params13"] = [np.asarray(p) * 2 + 1 for p in other.params13]
+    (tmp_path / "other").mkdir()
+    other.to_parquet(tmp_path / "other" / "scenarios.parquet")
+    one = dataset_meta(str(dataset), "v")
+    both = dataset_meta([str(dataset), str(tmp_path / "other")], "v+w")
+    assert one["supported_cc"] == ["dctcp"] and both["supported_cc"] == ["dctcp", "hpcc"]
+    assert "transport" in one and "transport" not in both
+    ok = scenarios.status == "ok"
+    rows = np.stack([*scenarios[ok].params13, *other[ok].params13])
+    assert both["params_range"]["low"] == pytest.approx(rows.min(axis=0).tolist())
+    assert both["params_range"]["high"] == pytest.approx(rows.max(axis=0).tolist())
+    assert both["params_range"]["high"] != one["params_range"]["high"]
+    assert both["params_range"]["source"] == f"dataset v+w, {2 * ok.sum()} scenarios"
+
+
 def test_export_load_round_trip_gives_identical_predictions(trained):
     run_dir, dataset, _ = trained
     model, info = checkpoint.load(run_dir / "export")
