@@ -55,6 +55,12 @@ answers with cuts and queues at K_min..K_max. Every parameter is the CC's own (t
 recovery, AI and hyper AI, K_min, minimum rate); nothing is fitted. The compiled fluid state
 (``_maxmin.c``) runs it too, to the bit.
 
+``rate_control`` may also be :class:`DctcpRates`, RDMA DCTCP's (the reference's ``CC_MODE 8``):
+the same cuts, at most once a round trip (its CWR), and the rate back up by the AI once a round
+trip since, for every flow on one grid of round trips. It runs in the numpy loop only. On the
+gray-failure study it answers as classic flowSim does (README, "DCTCP's rates in flowSim"):
+each chunk is a new queue pair starting at line rate, so a cut is forgotten when its flow ends.
+
 Units: seconds, bits, bits/s.
 """
 
@@ -310,6 +316,107 @@ class _DcqcnState:
 
 
 @dataclass(kw_only=True, slots=True)
+class DctcpRates:
+    """DCTCP's rate control as an RDMA NIC runs it (the reference's ``CC_MODE 8``, its
+    ``HandleAckDctcp``; module docstring): a flow marked on a switch's link is cut, at most
+    once a round trip (its CWR), and climbs back by ``rate_ai_bps`` once a round trip since.
+    ``k_bytes``: where marking starts, ``[[rate_bps, bytes], ...]`` by the port's rate (DCTCP's
+    K, RED's K_min); ``round_trip_s``: the round trip that paces both (the network's largest
+    base round trip, :meth:`of`); the sender's minimum rate."""
+
+    k_bytes: list[list[float]]
+    round_trip_s: float
+    rate_ai_bps: float = 2e9
+    min_rate_bps: float = 1e9
+
+    def __post_init__(self) -> None:
+        if not self.k_bytes or any(len(p) != 2 or p[0] <= 0 or p[1] < 0 for p in self.k_bytes):
+            raise InputError(
+                "expected [[rate_bps, bytes], ...] with rates > 0 and bytes >= 0",
+                field="rate_control.k_bytes",
+            )
+        for name in ("round_trip_s", "rate_ai_bps", "min_rate_bps"):
+            if not getattr(self, name) > 0:
+                raise InputError(
+                    f"must be > 0, got {getattr(self, name)}", field=f"rate_control.{name}"
+                )
+
+    @property
+    def decrease_interval_s(self) -> float:
+        return self.round_trip_s
+
+    def k_min_bytes(self, capacity_bps) -> np.ndarray:
+        """Where marking starts (bytes) on a port at each of these rates."""
+        return queue_caps(self.k_bytes, capacity_bps)
+
+    @classmethod
+    def of(cls, network, routing: Routing) -> DctcpRates:
+        """The rate control of an ns-3 network config (``Ns3Config``) running RDMA DCTCP."""
+        from m4ray.sim.ns3.transports import max_base_rtt_s
+
+        rdma = network.rdma if network.transport == "rdma" else None
+        if rdma is None or rdma.cc != "dctcp":
+            cc = "tcp" if rdma is None else rdma.cc
+            raise InputError(f"DCTCP's rates model RDMA DCTCP, not {cc}", field="rate_control")
+        return cls(
+            k_bytes=[list(p) for p in rdma.ecn_k_bytes],
+            round_trip_s=max_base_rtt_s(routing, rdma.ack_bytes),
+            rate_ai_bps=rdma.rate_ai_bps,
+            min_rate_bps=rdma.min_rate_bps,
+        )
+
+
+class _DctcpState:
+    """Each active flow's DCTCP rate, parallel to :class:`FlowSim`'s active arrays (the
+    interface of :class:`_DcqcnState`): its rate (a cap on its share), its line rate and its
+    last cut. Increases run for every flow at once, on a grid of round trips."""
+
+    def __init__(self, rc: DctcpRates) -> None:
+        self.rc, self.min_rate = rc, rc.min_rate_bps
+        self.rate = np.zeros(0)
+        self.line = np.zeros(0)
+        self.t_cut = np.zeros(0)
+        self._tick = 0  # the next increase is at _tick round trips
+
+    def add(self, line: np.ndarray) -> None:
+        n = len(line)
+        self.rate = np.concatenate([self.rate, np.full(n, np.inf)])
+        self.line = np.concatenate([self.line, line])
+        self.t_cut = np.concatenate([self.t_cut, np.full(n, -np.inf)])
+
+    def keep(self, keep: np.ndarray) -> None:
+        for name in ("rate", "line", "t_cut"):
+            setattr(self, name, getattr(self, name)[keep])
+
+    def next_increase(self) -> float:
+        if not (self.rate < self.line).any():
+            return math.inf
+        return self._tick * self.rc.round_trip_s
+
+    def increase(self, now: float) -> bool:
+        """The increases due by ``now``: each flow out of its CWR (no cut within a round trip)
+        and below its line rate gains the AI once per round trip; whether any rate moved."""
+        rtt = self.rc.round_trip_s
+        ticks = math.floor(now / rtt * (1 + 1e-12))
+        if ticks < self._tick:
+            return False
+        steps = ticks - self._tick + 1
+        self._tick = ticks + 1
+        due = np.flatnonzero((self.rate < self.line) & (now - self.t_cut >= rtt * (1 - 1e-9)))
+        if not len(due):
+            return False
+        raised = self.rate[due] + steps * self.rc.rate_ai_bps
+        self.rate[due] = np.minimum(raised, self.line[due])
+        return True
+
+    def cut(self, hit: np.ndarray, rates: np.ndarray, now: float) -> None:
+        """The flows ``hit`` (indices) cut to their current shares ``rates``."""
+        before = np.minimum(self.rate[hit], self.line[hit])
+        self.rate[hit] = np.maximum(self.min_rate, np.minimum(rates, before))
+        self.t_cut[hit] = now
+
+
+@dataclass(kw_only=True, slots=True)
 class FlowSimConfig:
     """flowSim settings. ``rate_cap_bps``: optional per-flow cap (NIC rate), None = links only;
     ``window_bytes``: a sender's fixed window (:class:`Window`, RDMA's), None = classic flowSim
@@ -328,13 +435,20 @@ class FlowSimConfig:
     # a dataclasses.field (added_field), not a shared default
     queues: StandingQueues | None = added_field(None, "standing queues (issue 32)")  # noqa: RUF009
     # DCQCN's sticky rates (DcqcnRates; None: max-min shares)
-    rate_control: DcqcnRates | None = added_field(None, "DCQCN's rates (issue 32)")  # noqa: RUF009
+    rate_control: DcqcnRates | DctcpRates | None = added_field(None, "DCQCN's rates (issue 32)")  # noqa: RUF009
 
     def __post_init__(self) -> None:
         if isinstance(self.queues, dict):
             self.queues = StandingQueues(**self.queues)
         if isinstance(self.rate_control, dict):
-            self.rate_control = DcqcnRates(**self.rate_control)
+            fields = dict(self.rate_control)
+            cc = fields.pop("cc", "dcqcn")
+            kinds = {"dcqcn": DcqcnRates, "dctcp": DctcpRates}
+            if cc not in kinds:
+                raise InputError(
+                    f"expected one of {sorted(kinds)}, got {cc!r}", field="rate_control.cc"
+                )
+            self.rate_control = kinds[cc](**fields)
         if self.rate_cap_bps is not None and self.rate_cap_bps <= 0:
             raise InputError(f"must be > 0 or null, got {self.rate_cap_bps}", field="rate_cap_bps")
         if self.window_bytes is not None and self.window_bytes < 0:
@@ -378,7 +492,7 @@ class FlowSim(QueueClock):
         ack_fraction: float = 0.0,
         queues: StandingQueues | None = None,
         ack_bytes: int = 64,
-        rate_control: DcqcnRates | None = None,
+        rate_control: DcqcnRates | DctcpRates | None = None,
     ):
         self.topology = topology
         self.routing = routing
@@ -418,11 +532,15 @@ class FlowSim(QueueClock):
         # arrays above then stay empty, events wait in the loop's queue and run() is one call
         # per Python callback (and a replay's flows can run there too: dag_loop)
         self._core: NativeLoop | None = None
-        self._dcqcn = None if rate_control is None else _DcqcnState(rate_control)
+        self._dcqcn = None
+        if isinstance(rate_control, DctcpRates):
+            self._dcqcn = _DctcpState(rate_control)
+        elif rate_control is not None:
+            self._dcqcn = _DcqcnState(rate_control)
         if rate_control is not None:  # where CNPs come from, and where RED starts marking
             self._switch_link = ~np.isin(topology.link_src, topology.hosts)
             self._k_min = rate_control.k_min_bytes(self._capacity)
-        if native_fluid():
+        if native_fluid() and not isinstance(rate_control, DctcpRates):
             capped = window is not None or rate_cap_bps is not None
             self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
             self.events = self._core.queue

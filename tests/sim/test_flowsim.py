@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -604,3 +606,67 @@ def test_dcqcn_rates_take_the_networks_settings_and_refuse_another_cc():
     with pytest.raises(InputError) as err:
         FlowSimConfig(rate_control={"cc_params": {"t_low_s": 1e-5}})  # TIMELY's, not DCQCN's
     assert err.value.field.startswith("rate_control.cc_params")
+
+
+def test_dctcp_rates_climb_back_by_the_ai_once_a_round_trip():
+    """flowSim's DCTCP rates (``rate_control`` with ``cc: dctcp``), analytically: a lone flow
+    is never cut; two flows into one receiver are cut to their shares (5 Gbit/s each) and held
+    there while both last; once A leaves, B climbs back by the AI once a round trip (the
+    round-trip grid's first tick after A's end, then every tick), where classic flowSim gives
+    it the whole link at once."""
+    from m4ray.sim.flowsim import DctcpRates
+
+    topo, routing = _incast_pair()
+    wire = routing.wire
+    rc = {"cc": "dctcp", "k_bytes": [[10e9, 1000]], "round_trip_s": 10e-6, "rate_ai_bps": 1e9}
+    lone = [Flow(0, 0, 2, 50_000, 0.0)]
+    ours = run_trace(topo, lone, FlowSimConfig(rate_control=rc), routing).column("fct_s")
+    theirs = run_trace(topo, lone, FlowSimConfig(), routing).column("fct_s")
+    assert ours.to_pylist() == pytest.approx(theirs.to_pylist(), rel=1e-12)
+
+    t1, size_a, size_b = 10e-6, 200_000, 2_000_000
+    flows = [Flow(0, 0, 2, size_a, 0.0), Flow(1, 1, 2, size_b, t1)]
+    config = FlowSimConfig(rate_control=rc)
+    assert isinstance(config.rate_control, DctcpRates)
+    table = run_trace(topo, flows, config, routing)
+    fct = dict(zip(*(table.column(c).to_pylist() for c in ("flow_id", "fct_s")), strict=True))
+    late = [routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst, f.id)) for f in flows]
+    bits_a, bits_b = (wire.wire_bytes(s) * 8.0 for s in (size_a, size_b))
+    done_a = t1 + (bits_a - 10e9 * t1) / 5e9
+    assert fct[0] == pytest.approx(done_a + late[0], rel=1e-9)
+    rtt = rc["round_trip_s"]
+    t, rate = done_a, 5e9
+    left = bits_b - 5e9 * (done_a - t1)
+    tick = math.ceil(done_a / rtt) * rtt
+    steps = 0
+    while left > rate * (tick - t):
+        left -= rate * (tick - t)
+        t, rate, tick = tick, min(rate + 1e9, 10e9), tick + rtt
+        steps += 1
+    t += left / rate
+    assert steps >= 3  # the test sees B climb
+    assert fct[1] == pytest.approx(t - t1 + late[1], rel=1e-9)
+    classic = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_pylist()
+    assert classic[1] < fct[1] - rtt  # the climb costs B ~1.5 round trips here
+
+
+def test_dctcp_rates_take_the_networks_settings_and_refuse_another_cc():
+    from m4ray.errors import InputError
+    from m4ray.sim.flowsim import DctcpRates
+    from m4ray.sim.ns3.backend import Ns3Config
+    from m4ray.sim.ns3.transports import RdmaConfig, max_base_rtt_s
+
+    _, routing = _incast_pair()
+    rdma = RdmaConfig(rate_ai_bps=3e9, min_rate_bps=2e9, ecn_k_bytes=[[10e9, 30_000]])
+    rc = DctcpRates.of(Ns3Config(rdma=rdma), routing)
+    assert (rc.rate_ai_bps, rc.min_rate_bps, rc.k_bytes) == (3e9, 2e9, [[10e9, 30_000]])
+    assert rc.round_trip_s == max_base_rtt_s(routing, rdma.ack_bytes) > 0
+    with pytest.raises(InputError) as err:
+        DctcpRates.of(Ns3Config(rdma=RdmaConfig(cc="dcqcn")), routing)
+    assert err.value.field == "rate_control" and "dcqcn" in err.value.message
+    with pytest.raises(InputError) as err:
+        FlowSimConfig(rate_control={"cc": "dctcp", "k_bytes": [[10e9, 1]], "round_trip_s": 0})
+    assert err.value.field == "rate_control.round_trip_s"
+    with pytest.raises(InputError) as err:
+        FlowSimConfig(rate_control={"cc": "reno"})
+    assert err.value.field == "rate_control.cc"
