@@ -11,10 +11,11 @@ keeps the scenarios a training run held out (its data split, seed 0).
 The folder is a datagen run (its ``manifest.json`` holds the config that drew the scenarios,
 ``dataset/`` the ns-3 records). Training and ``bench/m4_residual.py`` score a model on ns-3's own
 arrivals (each flow meets what it met in ns-3); here nothing of ns-3's run is given, as in a
-sweep, so small per-flow errors change when children start and what they meet (README, "The
-study's gap is made in closed loop"). Per scenario: the family, degraded GPUs and R, ns-3's
-completion (last flow's end) and each backend's completion / ns-3's; then each backend's mean
-and worst |completion error|. Open-loop families (no DAG) are skipped: their arrivals are fixed.
+sweep, so small per-flow errors change when children start and what they meet
+(docs/gray_failure_study.md, "The study's gap is made in closed loop"). Per scenario: the
+family, degraded GPUs and R, ns-3's completion (last flow's end) and each backend's completion /
+ns-3's; then each backend's mean and worst |completion error|. Open-loop families (no DAG) are
+skipped: their arrivals are fixed.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ run the dataset recorded.
 Training and the per-flow benches score a backend on ns-3's own arrivals (each flow meets what
 it met in ns-3). In closed loop nothing of ns-3's run is given, as in a sweep: each flow starts
 when its parents end in the backend's own run, so small per-flow errors change what later flows
-meet, and on SimAI's rings they compound (README, "The study's gap is made in closed loop").
+meet, and on SimAI's rings they compound (docs/gray_failure_study.md, "The study's gap is made
+in closed loop").
 Scenarios are drawn again from the datagen run's ``manifest.json`` config (the same seeds and
 ids), so nothing but the dataset's folder is needed. Open-loop families have fixed arrivals:
 there is nothing to close, and they are skipped.

@@ -225,7 +225,7 @@ def lot_queues(
     round trip is its network route's (:attr:`~m4ray.m3.paths.PathScenario.route_latency_s`),
     as network-wide flowSim has it, not its lot segment's: a background flow's segment is
     shorter than its route, so its round trip, and the bandwidth-delay product it keeps its
-    window beyond, came out short and its excess large (README, issue 32); TIMELY's level then
+    window beyond, came out short and its excess large (docs/m3.md, issue 32); TIMELY's level then
     takes the largest route round trip. A lot without routes (drawn as a lot, not cut from a
     network) is its flows' whole network: their segments are their routes."""
     paths, cls = class_paths(lot, scenario.a, scenario.b)

@@ -3,7 +3,7 @@ targets from network-wide ns-3 (``datagen.families.net``; a departure from m3, b
 
 m3 trains on parking lots: one path, its own flows and every flow crossing it, simulated alone
 in ns-3. On m3's default experiment the estimate's paths look nothing like those lots (links
-carrying thousands of flows, little fluid contention, yet queues; README, issue 32), and a
+carrying thousands of flows, little fluid contention, yet queues; docs/m3.md, issue 32), and a
 correction learned on lots moved the network-wide answer away from ns-3. A
 :class:`NetworkPathsScenario` instead runs a whole network in ns-3 (a fat-tree and an open-loop
 workload drawn from :class:`NetworkFamily`'s ranges), samples paths ∝ their foreground as

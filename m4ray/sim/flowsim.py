@@ -31,7 +31,7 @@ queues nothing there). A flow arriving waits for the queues of the full links on
 against the HPCC simulator's own DCTCP run (``bench/m4_example.py``) and our ns-3 on m3's
 default workload (``+experiment=m3 'm3.compare=[ns3,flowsim,flowsim_queues]'``); counting
 each flow's excess only at its bottleneck, or leaving the hosts' uplinks in, missed one of the
-two by 23-89 % (README). With ``StandingQueues.buffer_bytes`` the first windows of flows in
+two by 23-89 % (docs/flowsim.md). With ``StandingQueues.buffer_bytes`` the first windows of flows in
 their first round trip queue on top of that level, up to the switch buffer (a new flow's
 window leaves at line rate before any mark or INT returns), each flow keeping in flight at
 most what it has left.
@@ -58,7 +58,7 @@ recovery, AI and hyper AI, K_min, minimum rate); nothing is fitted. The compiled
 ``rate_control`` may also be :class:`DctcpRates`, RDMA DCTCP's (the reference's ``CC_MODE 8``):
 the same cuts, at most once a round trip (its CWR), and the rate back up by the AI once a round
 trip since, for every flow on one grid of round trips. It runs in the numpy loop only. On the
-gray-failure study it answers as classic flowSim does (README, "DCTCP's rates in flowSim"):
+gray-failure study it answers as classic flowSim does (docs/flowsim.md, "DCTCP's rates in flowSim"):
 each chunk is a new queue pair starting at line rate, so a cut is forgotten when its flow ends.
 
 Units: seconds, bits, bits/s.
@@ -137,7 +137,7 @@ class StandingQueues:
         ``bursts`` first windows over the level, up to its switch buffer, where the CC holds a
         level (HPCC, whose queue is its first windows, keeps them as they are: capping them at
         what each flow has left lost 24-31 points under 1 KB against the HPCC simulator's HPCC
-        run and ours, README)."""
+        run and ours, docs/flowsim.md)."""
         from m4ray.sim.ns3.transports import max_base_rtt_s
 
         if network.transport != "rdma":
