@@ -434,6 +434,15 @@ typedef struct {
     double d_dec, d_inc, d_ai, d_hai, d_min;
     int64_t d_frs;
     int dcqcn, d_clamp;
+    /* FIFO service (m4ray_fluidsim_fifo; FlowSim's service="fifo"): the flows of at most f_bits
+     * (f_in[i]) served in order of arrival (each stamped, in t_start, at the first rate
+     * computation after it arrived), the flows of one instant sharing max-min what earlier ones
+     * left, then the others sharing what is left (f_resid, f_sum: per link; f_members,
+     * f_off, f_idx, f_caps, f_rates: one group's flows gathered) */
+    double *f_resid, *f_sum, *f_caps, *f_rates, f_bits;
+    int64_t *f_members, *f_off, *f_idx, f_stamped;
+    unsigned char *f_in;
+    int fifo;
 } fluidsim;
 
 void m4ray_fluidsim_free(fluidsim *s) {
@@ -470,6 +479,14 @@ void m4ray_fluidsim_free(fluidsim *s) {
     free(s->d_load);
     free(s->d_held);
     free(s->d_excess);
+    free(s->f_resid);
+    free(s->f_sum);
+    free(s->f_caps);
+    free(s->f_rates);
+    free(s->f_members);
+    free(s->f_off);
+    free(s->f_idx);
+    free(s->f_in);
     mm_free(s->ws);
     sc_free(s->sc);
     free(s);
@@ -524,6 +541,11 @@ static int fs_grow(fluidsim *s, int64_t n, int64_t n_idx) {
         GROW(d_caps, double);
         GROW(d_cont, double);
         GROW(d_stage, int64_t);
+        GROW(f_caps, double);
+        GROW(f_rates, double);
+        GROW(f_members, int64_t);
+        GROW(f_off, int64_t);
+        GROW(f_in, unsigned char);
 #undef GROW
         s->cap = c;
     }
@@ -532,7 +554,10 @@ static int fs_grow(fluidsim *s, int64_t n, int64_t n_idx) {
         while (c < n_idx) c *= 2;
         void *q = realloc(s->idx, c * sizeof(int64_t));
         if (!q) return 2;
-        s->idx = q, s->cap_idx = c;
+        s->idx = q;
+        q = realloc(s->f_idx, c * sizeof(int64_t));
+        if (!q) return 2;
+        s->f_idx = q, s->cap_idx = c;
     }
     return 0;
 }
@@ -551,6 +576,7 @@ int m4ray_fluidsim_add(fluidsim *s, int64_t tag, int64_t n, const int64_t *links
     s->d_line[i] = cap < first ? cap : first;
     s->d_rate[i] = INFINITY, s->d_target[i] = INFINITY, s->d_tcut[i] = -INFINITY;
     s->d_tinc[i] = INFINITY, s->d_stage[i] = 0;
+    s->f_in[i] = bits <= s->f_bits;
     s->dirty = 1;
     return 0;
 }
@@ -585,6 +611,66 @@ static int fs_share_into(fluidsim *s, const double *caps, double *rates) {
         rc = fs_max_min(s, s->ack_cap, caps, rates);
         if (rc) return rc;
     }
+    return 0;
+}
+
+/* FIFO service on (FlowSim's service="fifo") for flows of at most bits on the wire (INFINITY:
+ * every flow), before any flow arrives. 0 or 2. */
+int m4ray_fluidsim_fifo(fluidsim *s, double bits) {
+    s->f_resid = malloc((s->n_links + 1) * sizeof(double));
+    s->f_sum = malloc((s->n_links + 1) * sizeof(double));
+    if (!s->f_resid || !s->f_sum) return 2;
+    s->fifo = 1, s->f_bits = bits;
+    return 0;
+}
+
+/* One group of FlowSim._fifo_share: its flows (f_members[0 .. m)) share max-min (under caps;
+ * NULL: none) what f_resid has left; their rates written, f_resid reduced. 0 or 2. */
+static int fs_fifo_group(fluidsim *s, int64_t m, const double *caps, double *rates) {
+    double *resid = s->f_resid, *sum = s->f_sum;
+    int64_t e_out = 0;
+    s->f_off[0] = 0;
+    for (int64_t k = 0; k < m; ++k) {
+        int64_t i = s->f_members[k];
+        for (int64_t e = s->off[i]; e < s->off[i + 1]; ++e) s->f_idx[e_out++] = s->idx[e];
+        s->f_off[k + 1] = e_out;
+        if (caps) s->f_caps[k] = caps[i];
+    }
+    int rc = caps ? max_min_scan(s->sc, m, s->f_off, s->f_idx, s->n_links, resid, s->f_caps,
+                                 s->f_rates)
+                  : max_min_fill(s->ws, m, s->f_off, s->f_idx, resid, s->f_rates);
+    if (rc) return rc;
+    for (int64_t l = 0; l < s->n_links; ++l) sum[l] = 0.0;
+    for (int64_t k = 0; k < m; ++k) {
+        rates[s->f_members[k]] = s->f_rates[k];
+        for (int64_t e = s->f_off[k]; e < s->f_off[k + 1]; ++e) sum[s->f_idx[e]] += s->f_rates[k];
+    }
+    for (int64_t l = 0; l < s->n_links; ++l) {
+        double r = resid[l] - sum[l];
+        resid[l] = r > 0.0 ? r : 0.0;
+    }
+    return 0;
+}
+
+/* FlowSim._fifo_share: the flows served in order (f_in), in arrival order, each instant's
+ * sharing max-min (under caps; NULL: none) what the earlier instants' left, per link floored
+ * at 0; then the others sharing what is left. */
+static int fs_fifo_share(fluidsim *s, const double *caps, double *rates) {
+    for (int64_t l = 0; l < s->n_links; ++l) s->f_resid[l] = s->capacity[l];
+    int64_t m = 0, rc;
+    for (int64_t i = 0; i < s->n; ++i) {
+        if (!s->f_in[i]) continue;
+        if (m && s->t_start[i] != s->t_start[s->f_members[m - 1]]) {
+            if ((rc = fs_fifo_group(s, m, caps, rates))) return (int)rc;
+            m = 0;
+        }
+        s->f_members[m++] = i;
+    }
+    if (m && (rc = fs_fifo_group(s, m, caps, rates))) return (int)rc;
+    m = 0;
+    for (int64_t i = 0; i < s->n; ++i)
+        if (!s->f_in[i]) s->f_members[m++] = i;
+    if (m && (rc = fs_fifo_group(s, m, caps, rates))) return (int)rc;
     return 0;
 }
 
@@ -681,7 +767,14 @@ static int fs_refresh(fluidsim *s, double now) {
     if (s->n == 0) return 0;
     if (s->dcqcn && dq_increase(s, now)) s->dirty = 1;
     if (!s->dirty) return 0;
-    int rc = s->dcqcn ? dq_rates(s, now) : fs_share_into(s, s->capped ? s->caps : NULL, s->rates);
+    const double *caps = s->capped ? s->caps : NULL;
+    int rc;
+    if (s->fifo) {
+        for (; s->f_stamped < s->n; ++s->f_stamped) s->t_start[s->f_stamped] = now;
+        rc = fs_fifo_share(s, caps, s->rates);
+    } else {
+        rc = s->dcqcn ? dq_rates(s, now) : fs_share_into(s, caps, s->rates);
+    }
     if (!rc) s->dirty = 0;
     return rc;
 }
@@ -851,11 +944,13 @@ void m4ray_fluidsim_complete(fluidsim *s, int64_t *tags, double *delays) {
         s->d_rate[kept] = s->d_rate[i], s->d_target[kept] = s->d_target[i];
         s->d_line[kept] = s->d_line[i], s->d_tcut[kept] = s->d_tcut[i];
         s->d_tinc[kept] = s->d_tinc[i], s->d_stage[kept] = s->d_stage[i];
+        s->f_in[kept] = s->f_in[i];
         for (int64_t e = lo; e < hi; ++e) s->idx[e_out++] = s->idx[e];
         ++kept;
         s->off[kept] = e_out;
     }
     s->n = kept, s->n_idx = e_out, s->n_finishing = 0;
+    s->f_stamped = kept; /* every flow left was stamped by the step that found these */
     s->dirty = 1;
 }
 

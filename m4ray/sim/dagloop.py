@@ -89,6 +89,7 @@ def library() -> ctypes.CDLL | None:
         "m4ray_fluidsim_queue_delay": (cint, [vp, i64, vp, f64, vp]),
         "m4ray_fluidsim_set_queue_cap": (None, [vp, i64, f64]),
         "m4ray_fluidsim_set_rtt": (None, [vp, f64, f64]),
+        "m4ray_fluidsim_fifo": (cint, [vp, f64]),
         "m4ray_fluidsim_dcqcn": (cint, [vp, f64, f64, i64, f64, f64, cint, f64, vp, vp]),
         "m4ray_fluidsim_trace": (cint, [vp, i64, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp]),
         "m4ray_loop_m4": (cint, [vp] * 7 + [i64, i64]),
@@ -267,6 +268,11 @@ class NativeLoop:
             self.fluid, window_wire_bytes, _ptr(caps), first_rtt, float(buffer_bytes)
         )
         _check(-rc)
+
+    def fifo(self, bits: float) -> None:
+        """FIFO service on (``FlowSim``'s ``service="fifo"``) for flows of at most ``bits`` on
+        the wire (inf: every flow)."""
+        _check(-self.lib.m4ray_fluidsim_fifo(self.fluid, bits))
 
     def dcqcn(self, params, min_rate_bps: float, switch_link: np.ndarray, k_min: np.ndarray):
         """DCQCN's rates on (``flowsim.DcqcnRates``): its parameters

@@ -61,6 +61,17 @@ trip since, for every flow on one grid of round trips. It runs in the numpy loop
 gray-failure study it answers as classic flowSim does (docs/flowsim.md, "DCTCP's rates in flowSim"):
 each chunk is a new queue pair starting at line rate, so a cut is forgotten when its flow ends.
 
+With ``service="fifo"`` a link serves its flows in order of arrival instead of max-min: the
+flows that arrived at one instant share max-min what the earlier ones left on each link, in
+arrival order (the later ones may get nothing until the earlier drain), and with ``fifo_bytes``
+only flows of at most that many bytes are served so, the larger sharing max-min what they
+leave. An RDMA sender whose flow fits its window puts the whole flow on the wire at line rate
+before any feedback returns, so a congested switch port holds it in its queue and drains the
+flows first-come first-served, where processor sharing (max-min) would finish them all late
+together; a flow longer than its window keeps only a window queued and interleaves. On the
+gray-failure grid, whose chunks all fit the window (README), FIFO takes flowSim's error
+against ns-3 from 8.2 % to 2.1 %. The compiled fluid state runs it too, to the bit.
+
 Units: seconds, bits, bits/s.
 """
 
@@ -436,6 +447,11 @@ class FlowSimConfig:
     queues: StandingQueues | None = added_field(None, "standing queues (issue 32)")  # noqa: RUF009
     # DCQCN's sticky rates (DcqcnRates; None: max-min shares)
     rate_control: DcqcnRates | DctcpRates | None = added_field(None, "DCQCN's rates (issue 32)")  # noqa: RUF009
+    # how a link serves the flows crossing it: "fair" (max-min) or "fifo" (in order of arrival)
+    service: str = added_field("fair", "FIFO service (issue 29)")
+    # under FIFO service, which flows it serves in order: those of at most this many bytes (the
+    # rest share max-min what they leave); null: every flow; "window": RDMA's default window
+    fifo_bytes: int | str | None = added_field(None, "FIFO's flows (issue 29)")
 
     def __post_init__(self) -> None:
         if isinstance(self.queues, dict):
@@ -455,6 +471,15 @@ class FlowSimConfig:
             raise InputError(f"must be >= 0 or null, got {self.window_bytes}", field="window_bytes")
         if self.ack_bytes <= 0:
             raise InputError(f"must be > 0, got {self.ack_bytes}", field="ack_bytes")
+        if self.service not in ("fair", "fifo"):
+            raise InputError(f"expected fair or fifo, got {self.service!r}", field="service")
+        if self.fifo_bytes is not None and self.fifo_bytes != "window":
+            if isinstance(self.fifo_bytes, bool) or not isinstance(self.fifo_bytes, int):
+                raise InputError(
+                    f'expected bytes, "window" or null, got {self.fifo_bytes!r}', field="fifo_bytes"
+                )
+            if self.fifo_bytes < 0:
+                raise InputError(f"must be >= 0, got {self.fifo_bytes}", field="fifo_bytes")
 
     @classmethod
     def windowed(cls, network, routing: Routing, *, acks: bool = False) -> FlowSimConfig:
@@ -476,7 +501,19 @@ class FlowSimConfig:
             queues=self.queues,
             ack_bytes=self.ack_bytes,
             rate_control=self.rate_control,
+            service=self.service,
+            fifo_bits=self.fifo_bits(routing),
         )
+
+    def fifo_bits(self, routing: Routing) -> float:
+        """The most bits on the wire a flow served in order of arrival carries (inf: any)."""
+        if self.fifo_bytes is None:
+            return math.inf
+        if self.fifo_bytes == "window":
+            from m4ray.sim.ns3.transports import bdp_window_bytes
+
+            return wire_window(bdp_window_bytes(routing, self.ack_bytes), routing.wire) * 8.0
+        return wire_window(self.fifo_bytes, routing.wire) * 8.0 if self.fifo_bytes else 0.0
 
 
 class FlowSim(QueueClock):
@@ -493,6 +530,8 @@ class FlowSim(QueueClock):
         queues: StandingQueues | None = None,
         ack_bytes: int = 64,
         rate_control: DcqcnRates | DctcpRates | None = None,
+        service: str = "fair",
+        fifo_bits: float = math.inf,
     ):
         self.topology = topology
         self.routing = routing
@@ -526,6 +565,7 @@ class FlowSim(QueueClock):
         self._q_window = 0.0 if queues is None else queues.window_wire(routing.wire)
         self._rtt = np.zeros(0)
         self._start = np.zeros(0)  # arrival times (standing queues' first round trips)
+        self._in_order = np.zeros(0, dtype=bool)  # FIFO service: served in order of arrival
         self._shared = self._capacity  # the capacity the last rate computation shared
         self._q_sums: tuple[np.ndarray, np.ndarray] | None = None  # per link, at these rates
         # the same state and the event loop in C (``_dagloop.c``), where it compiles: the
@@ -540,17 +580,23 @@ class FlowSim(QueueClock):
         if rate_control is not None:  # where CNPs come from, and where RED starts marking
             self._switch_link = ~np.isin(topology.link_src, topology.hosts)
             self._k_min = rate_control.k_min_bytes(self._capacity)
+        self.service, self.fifo_bits = _service(service, fifo_bits, self)
         if native_fluid() and not isinstance(rate_control, DctcpRates):
-            capped = window is not None or rate_cap_bps is not None
-            self._core = NativeLoop.make(self._capacity, ack_fraction, ACK_PASSES, capped)
-            self.events = self._core.queue
-            if queues is not None:
-                self._core.queued(
-                    self._q_window, self._q_cap, queues.first_rtt, queues.buffer_bytes
-                )
-            if rate_control is not None:
-                rc = self._dcqcn.rc
-                self._core.dcqcn(rc, rate_control.min_rate_bps, self._switch_link, self._k_min)
+            self._start_core(rate_control)
+
+    def _start_core(self, rate_control: DcqcnRates | None) -> None:
+        """The fluid state and event loop in C (``__init__``'s comment), set up alike."""
+        capped = self.window is not None or self.rate_cap_bps is not None
+        self._core = NativeLoop.make(self._capacity, self.ack_fraction, ACK_PASSES, capped)
+        self.events = self._core.queue
+        queues = self.queues
+        if queues is not None:
+            self._core.queued(self._q_window, self._q_cap, queues.first_rtt, queues.buffer_bytes)
+        if rate_control is not None:
+            rc = self._dcqcn.rc
+            self._core.dcqcn(rc, rate_control.min_rate_bps, self._switch_link, self._k_min)
+        if self.service == "fifo":
+            self._core.fifo(self.fifo_bits)
 
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
@@ -651,6 +697,8 @@ class FlowSim(QueueClock):
         self._remaining = np.concatenate([self._remaining, np.array(bits, dtype=np.float64)])
         self._rtt = np.concatenate([self._rtt, np.array(rtt, dtype=np.float64)])
         self._start = np.concatenate([self._start, np.array(start, dtype=np.float64)])
+        in_order = np.array(bits, dtype=np.float64) <= self.fifo_bits
+        self._in_order = np.concatenate([self._in_order, in_order])
         if self._dcqcn is not None:
             firsts = np.array([path[0] for path in links], dtype=np.int64)
             self._dcqcn.add(np.minimum(np.array(caps, dtype=np.float64), self._capacity[firsts]))
@@ -724,6 +772,8 @@ class FlowSim(QueueClock):
         few, and the third pass leaves an error of ``a³``)."""
         off = np.zeros(len(self._lens) + 1, dtype=np.int64)
         np.cumsum(self._lens, out=off[1:])
+        if self.service == "fifo":
+            return self._fifo_share(caps, off)
         csr = (off, self._idx)  # flow_csr's arrays, kept as flows come and go
         rates = compiled_max_min_rates(None, self._capacity, caps, csr)
         self._shared = self._capacity
@@ -738,6 +788,32 @@ class FlowSim(QueueClock):
             capacity = ack_capacity(self._capacity, self._reverse, self.ack_fraction, data)
             rates = compiled_max_min_rates(None, capacity, caps, csr)
             self._shared = capacity
+        return rates
+
+    def _fifo_share(self, caps: np.ndarray | None, off: np.ndarray) -> np.ndarray:
+        """Rates under FIFO service (module docstring): the flows served in order, in order of
+        arrival (as they are kept), each instant's sharing max-min what the earlier instants'
+        left on each link; then the others sharing max-min what is left (``fs_fifo_share`` in
+        ``_maxmin.c`` is its twin, sum for sum)."""
+        n_links = len(self._capacity)
+        residual = self._capacity.copy()
+        rates = np.zeros(len(self._ids))
+        first = np.flatnonzero(self._in_order)
+        classes = np.split(first, np.flatnonzero(np.diff(self._start[first]) != 0) + 1)
+        rest = np.flatnonzero(~self._in_order)
+        for members in [*classes, rest]:
+            if not len(members):
+                continue
+            lens = self._lens[members]
+            idx = np.concatenate([self._idx[off[m] : off[m + 1]] for m in members])
+            sub = np.zeros(len(members) + 1, dtype=np.int64)
+            np.cumsum(lens, out=sub[1:])
+            got = compiled_max_min_rates(
+                None, residual, None if caps is None else caps[members], (sub, idx)
+            )
+            rates[members] = got
+            used = np.bincount(idx, np.repeat(got, lens), n_links)
+            residual = np.maximum(residual - used, 0.0)
         return rates
 
     def _queue_delay(self, links: np.ndarray) -> float:
@@ -830,6 +906,7 @@ class FlowSim(QueueClock):
         self._remaining = self._remaining[keep]
         self._rtt = self._rtt[keep]
         self._start = self._start[keep]
+        self._in_order = self._in_order[keep]
         if self._dcqcn is not None:
             self._dcqcn.keep(keep)
         self._dirty = True
@@ -837,6 +914,19 @@ class FlowSim(QueueClock):
         for flow_id, delay, on_done in callbacks:
             t = self._now + delay
             self.events.push(t, lambda f=flow_id, t=t, cb=on_done: cb(f, t))
+
+
+def _service(service: str, fifo_bits: float, sim: FlowSim) -> tuple[str, float]:
+    """``service`` and ``fifo_bits`` checked against the rest of ``sim``'s settings."""
+    if service not in ("fair", "fifo"):
+        raise InputError(f"expected fair or fifo, got {service!r}", field="service")
+    if service == "fifo" and (sim.ack_fraction or sim.queues is not None or sim._dcqcn is not None):
+        raise InputError(
+            "FIFO service is classic flowSim's (a rate cap or window at most): no ACK load, "
+            "standing queues or rate control with it",
+            field="service",
+        )
+    return service, fifo_bits
 
 
 def native_fluid() -> bool:

@@ -62,6 +62,12 @@ def assert_same(python, compiled):
         ("simai-noack", {"rate_cap_bps": 150e9}, GrayFailure(n_degraded=5, reduction=2)),
         ("hierarchical", {}, GrayFailure(n_degraded=4, reduction=4)),
         ("ring", {"ack_load": True}, GrayFailure(n_degraded=2, reduction=5)),
+        ("simai", {"service": "fifo"}, GrayFailure(n_degraded=6, reduction=4)),
+        (
+            "simai",
+            {"service": "fifo", "fifo_bytes": 200_000},
+            GrayFailure(n_degraded=8, reduction=8),
+        ),
     ],
 )
 def test_compiled_replay_equals_the_python_replay_to_the_bit(

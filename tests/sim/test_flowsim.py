@@ -319,6 +319,10 @@ def test_compiled_max_min_equals_the_numpy_reference():
             "rate_cap_bps": 8e9,
             "ack_load": True,
         },
+        {"service": "fifo"},
+        {"service": "fifo", "rate_cap_bps": 8e9},
+        {"service": "fifo", "window_bytes": 20_000},
+        {"service": "fifo", "fifo_bytes": 100_000, "rate_cap_bps": 8e9},
     ],
     ids=[
         "classic",
@@ -334,6 +338,10 @@ def test_compiled_max_min_equals_the_numpy_reference():
         "DCQCN's rates",
         "DCQCN's rates, fast timer, queues",
         "DCQCN's rates, clamped, bursts, cap, acks",
+        "FIFO",
+        "FIFO, cap",
+        "FIFO, window",
+        "FIFO up to 100 KB, cap",
     ],
 )
 def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
@@ -670,3 +678,64 @@ def test_dctcp_rates_take_the_networks_settings_and_refuse_another_cc():
     with pytest.raises(InputError) as err:
         FlowSimConfig(rate_control={"cc": "reno"})
     assert err.value.field == "rate_control.cc"
+
+
+def test_fifo_service_serves_flows_in_order_of_arrival_and_shares_ties():
+    """``service: fifo``, analytically: into one 10 Gbit/s receiver, A (t = 0) takes the whole
+    link until it is done and B (t = 1 µs), queued behind it, drains after A at the full rate:
+    A finishes as if alone, B when both are through (classic flowSim shares the link and
+    finishes A later). Two flows arriving together share it max-min, as classic flowSim."""
+    from m4ray.errors import InputError
+
+    topo, routing = _incast_pair()
+    wire = routing.wire
+    size, t1 = 100_000, 1e-6
+    bits = wire.wire_bytes(size) * 8.0
+    flows = [Flow(0, 0, 2, size, 0.0), Flow(1, 1, 2, size, t1)]
+    late = [routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst, f.id)) for f in flows]
+    table = run_trace(topo, flows, FlowSimConfig(service="fifo"), routing)
+    fct = dict(zip(*(table.column(c).to_pylist() for c in ("flow_id", "fct_s")), strict=True))
+    assert fct[0] == pytest.approx(bits / 10e9 + late[0], rel=1e-9)
+    assert fct[1] == pytest.approx(2 * bits / 10e9 - t1 + late[1], rel=1e-9)
+    classic = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_pylist()
+    assert classic[0] > fct[0] * 1.5
+    together = [Flow(0, 0, 2, size, 0.0), Flow(1, 1, 2, size, 0.0)]
+    ours = run_trace(topo, together, FlowSimConfig(service="fifo"), routing).column("fct_s")
+    theirs = run_trace(topo, together, FlowSimConfig(), routing).column("fct_s")
+    assert ours.to_pylist() == pytest.approx(theirs.to_pylist(), rel=1e-12)
+    with pytest.raises(InputError) as err:
+        FlowSimConfig(service="lifo")
+    assert err.value.field == "service"
+
+
+def test_fifo_service_up_to_a_size_serves_larger_flows_with_what_is_left():
+    """``fifo_bytes``: only flows of at most that many bytes are served in order of arrival
+    (ahead of larger ones); a larger flow shares max-min what they leave. A 1 MB flow alone
+    from t = 0 has the link until a 50 KB flow arrives at t = 10 µs, which then takes it
+    whole until done; the large one resumes after. ``"window"`` is RDMA's default window."""
+    from m4ray.errors import InputError
+    from m4ray.sim.ns3.transports import bdp_window_bytes
+
+    topo, routing = _incast_pair()
+    wire = routing.wire
+    big, small, t1 = 1_000_000, 50_000, 10e-6
+    flows = [Flow(0, 0, 2, big, 0.0), Flow(1, 1, 2, small, t1)]
+    late = [routing.delivery_delay(f.size_bytes, routing.path(f.src, f.dst, f.id)) for f in flows]
+    config = FlowSimConfig(service="fifo", fifo_bytes=100_000)
+    table = run_trace(topo, flows, config, routing)
+    fct = dict(zip(*(table.column(c).to_pylist() for c in ("flow_id", "fct_s")), strict=True))
+    bits_big, bits_small = (wire.wire_bytes(s) * 8.0 for s in (big, small))
+    assert fct[1] == pytest.approx(bits_small / 10e9 + late[1], rel=1e-9)
+    assert fct[0] == pytest.approx((bits_big + bits_small) / 10e9 + late[0], rel=1e-9)
+    every = run_trace(topo, flows, FlowSimConfig(service="fifo"), routing).column("fct_s")
+    assert every.to_pylist()[0] == pytest.approx(bits_big / 10e9 + late[0], rel=1e-9)
+    window = FlowSimConfig(service="fifo", fifo_bytes="window").fifo_bits(routing)
+    assert window == pytest.approx(
+        math.ceil(bdp_window_bytes(routing, 64) / wire.mtu_bytes)
+        * (wire.mtu_bytes + wire.header_bytes)
+        * 8.0
+    )
+    for bad in ("bdp", -1, 1.5, True):
+        with pytest.raises(InputError) as err:
+            FlowSimConfig(service="fifo", fifo_bytes=bad)
+        assert err.value.field == "fifo_bytes"

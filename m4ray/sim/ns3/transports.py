@@ -190,10 +190,7 @@ class RdmaConfig:
             return self.window_bytes
         if self.window_rule == "simai":
             return simai_window_bytes(routing)
-        wire = routing.wire
-        return (
-            math.ceil(max_bdp_bytes(routing, self.ack_bytes)) + wire.mtu_bytes + wire.header_bytes
-        )
+        return bdp_window_bytes(routing, self.ack_bytes)
 
     def params13(self, routing: Routing) -> list[float]:
         """m4's vector (reference/m4.md §3.1): buffer in 10 KB, window in KB, the CC one-hot
@@ -219,6 +216,13 @@ class RdmaConfig:
 
     def fabric(self, ns, topology: Topology, routing: Routing) -> RdmaFabric:
         return RdmaFabric(ns, topology, routing, self)
+
+
+def bdp_window_bytes(routing: Routing, ack_bytes: int) -> int:
+    """RDMA's default window (the reference's): the largest bandwidth-delay product over host
+    pairs (:func:`max_bdp_bytes`) plus one packet."""
+    wire = routing.wire
+    return math.ceil(max_bdp_bytes(routing, ack_bytes)) + wire.mtu_bytes + wire.header_bytes
 
 
 def max_bdp_bytes(routing: Routing, ack_bytes: int) -> float:
