@@ -155,6 +155,10 @@ def main() -> None:
         "flowSim+window+ACKs": FlowSimConfig.windowed(ns3, routing, acks=True),
         "flowSim+queues": FlowSimConfig(queues=StandingQueues.of(ns3, routing)),
         "flowSim+bursts": FlowSimConfig(queues=StandingQueues.of(ns3, routing, bursts=True)),
+        "flowSim FIFO up to the window": FlowSimConfig(
+            service="fifo", fifo_bytes=ns3.rdma.window(routing)
+        ),
+        "flowSim FIFO": FlowSimConfig(service="fifo"),
     }
     if args.tcp:
         import dataclasses

@@ -62,6 +62,7 @@ def backends(names: list[str], preset: str = "ns3_simai") -> dict:
         "ns3": ("ns3", rdma),
         "ns3-tcp": ("ns3", dataclasses.replace(rdma, transport="tcp")),
         "flowsim": ("flowsim", FlowSimConfig()),
+        "flowsim_fifo": ("flowsim", FlowSimConfig(service="fifo", fifo_bytes="window")),
     }
     out = {}
     for name in names:
@@ -85,7 +86,8 @@ def compare_results(path: Path) -> str:
     column = reported_column(frame)
     times = frame.pivot_table(index=["n_degraded", "reduction"], columns="backend", values=column)
     published = {**TREND_US, **UNISON_US}
-    backends = [b for b in ("ns3", "flowsim", "flowsim_acks", "m4") if b in times.columns]
+    known = ("ns3", "flowsim", "flowsim_acks", "flowsim_fifo", "m4")
+    backends = [b for b in known if b in times.columns]
     rows = []
     for (n, r), ours in times.iterrows():
         ref = published.get((n, r))
