@@ -53,8 +53,9 @@ def completion(scenario, config) -> float:
 def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Factory]:
     """Backends by name, each made for a scenario's ns-3 network: ``flowsim`` (classic),
     ``flowsim_acks`` (ACKs load the reverse links), ``flowsim_dcqcn`` (DCQCN's rates; DCQCN
-    networks only), ``m4`` (``checkpoint``, told the network it imitates) and ``m4=<checkpoint>``
-    (another checkpoint, so several models replay side by side)."""
+    networks only), ``flowsim_fifo`` (links serve window-sized flows in order of arrival),
+    ``m4`` (``checkpoint``, told the network it imitates) and ``m4=<checkpoint>`` (another
+    checkpoint, so several models replay side by side)."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
     from m4ray.sim.m4 import M4Config
 
@@ -62,6 +63,7 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
         "flowsim": lambda network: FlowSimConfig(),
         "flowsim_acks": lambda network: FlowSimConfig(ack_load=True),
         "flowsim_dcqcn": lambda network: FlowSimConfig(rate_control=DcqcnRates.of(network)),
+        "flowsim_fifo": lambda network: FlowSimConfig(service="fifo", fifo_bytes=_window(network)),
         "m4": lambda network: M4Config(checkpoint=checkpoint, network=network),
     }
     names = list(names)
@@ -73,6 +75,16 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
     if unknown:
         raise InputError(f"unknown backend(s) {unknown}; choose from {sorted(made)}")
     return {name: made[name] for name in names}
+
+
+def _window(network) -> int | str:
+    """The sender window of an ns-3 network config, as flowSim's ``fifo_bytes`` takes it: its
+    RDMA window where one is set, else RDMA's default rule (``"window"``: also for no window,
+    where serving every flow in order would let long flows block the rest)."""
+    rdma = network.rdma if network.transport == "rdma" else None
+    if rdma is not None and rdma.window_bytes and rdma.window_rule != "simai":
+        return int(rdma.window_bytes)
+    return "window"
 
 
 @dataclass(slots=True)
