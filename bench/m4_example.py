@@ -158,6 +158,11 @@ def main() -> None:
         "flowSim FIFO up to the window": FlowSimConfig(
             service="fifo", fifo_bytes=ns3.rdma.window(routing)
         ),
+        "flowSim FIFO up to the window+bursts": FlowSimConfig(
+            service="fifo",
+            fifo_bytes=ns3.rdma.window(routing),
+            queues=StandingQueues.of(ns3, routing, bursts=True),
+        ),
         "flowSim FIFO": FlowSimConfig(service="fifo"),
     }
     if args.tcp:

@@ -13,10 +13,12 @@ there is nothing to close, and they are skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -54,6 +56,8 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
     """Backends by name, each made for a scenario's ns-3 network: ``flowsim`` (classic),
     ``flowsim_acks`` (ACKs load the reverse links), ``flowsim_dcqcn`` (DCQCN's rates; DCQCN
     networks only), ``flowsim_fifo`` (links serve window-sized flows in order of arrival),
+    ``flowsim_bursts`` and ``flowsim_fifo_bursts`` (those with the network's standing queues
+    and first windows over them, ``StandingQueues.of(..., bursts=True)``),
     ``m4`` (``checkpoint``, told the network it imitates) and ``m4=<checkpoint>`` (another
     checkpoint, so several models replay side by side)."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
@@ -64,6 +68,10 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
         "flowsim_acks": lambda network: FlowSimConfig(ack_load=True),
         "flowsim_dcqcn": lambda network: FlowSimConfig(rate_control=DcqcnRates.of(network)),
         "flowsim_fifo": lambda network: FlowSimConfig(service="fifo", fifo_bytes=_window(network)),
+        "flowsim_bursts": lambda network: _Bursts(network, FlowSimConfig()),
+        "flowsim_fifo_bursts": lambda network: _Bursts(
+            network, FlowSimConfig(service="fifo", fifo_bytes=_window(network))
+        ),
         "m4": lambda network: M4Config(checkpoint=checkpoint, network=network),
     }
     names = list(names)
@@ -75,6 +83,21 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
     if unknown:
         raise InputError(f"unknown backend(s) {unknown}; choose from {sorted(made)}")
     return {name: made[name] for name in names}
+
+
+@dataclass(frozen=True, slots=True)
+class _Bursts:
+    """flowSim ``config`` with the standing queues and bursts of ``network`` on the routing it
+    is built on (:meth:`~m4ray.sim.flowsim.StandingQueues.of` needs the routing)."""
+
+    network: Any
+    config: Any
+
+    def build(self, topology, routing):
+        from m4ray.sim.flowsim import StandingQueues
+
+        queues = StandingQueues.of(self.network, routing, bursts=True)
+        return dataclasses.replace(self.config, queues=queues).build(topology, routing)
 
 
 def _window(network) -> int | str:

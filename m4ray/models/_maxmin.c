@@ -771,6 +771,7 @@ static int fs_refresh(fluidsim *s, double now) {
     int rc;
     if (s->fifo) {
         for (; s->f_stamped < s->n; ++s->f_stamped) s->t_start[s->f_stamped] = now;
+        s->q_fresh = 0;
         rc = fs_fifo_share(s, caps, s->rates);
     } else {
         rc = s->dcqcn ? dq_rates(s, now) : fs_share_into(s, caps, s->rates);

@@ -920,10 +920,10 @@ def _service(service: str, fifo_bits: float, sim: FlowSim) -> tuple[str, float]:
     """``service`` and ``fifo_bits`` checked against the rest of ``sim``'s settings."""
     if service not in ("fair", "fifo"):
         raise InputError(f"expected fair or fifo, got {service!r}", field="service")
-    if service == "fifo" and (sim.ack_fraction or sim.queues is not None or sim._dcqcn is not None):
+    if service == "fifo" and (sim.ack_fraction or sim._dcqcn is not None):
         raise InputError(
-            "FIFO service is classic flowSim's (a rate cap or window at most): no ACK load, "
-            "standing queues or rate control with it",
+            "FIFO service shares links as classic flowSim does (with a rate cap, window or "
+            "standing queues at most): no ACK load or rate control with it",
             field="service",
         )
     return service, fifo_bits

@@ -323,6 +323,11 @@ def test_compiled_max_min_equals_the_numpy_reference():
         {"service": "fifo", "rate_cap_bps": 8e9},
         {"service": "fifo", "window_bytes": 20_000},
         {"service": "fifo", "fifo_bytes": 100_000, "rate_cap_bps": 8e9},
+        {
+            "service": "fifo",
+            "fifo_bytes": 100_000,
+            "queues": {"window_bytes": 20_000, "k_bytes": [[10e9, 12_000]], "buffer_bytes": 50_000},
+        },
     ],
     ids=[
         "classic",
@@ -342,6 +347,7 @@ def test_compiled_max_min_equals_the_numpy_reference():
         "FIFO, cap",
         "FIFO, window",
         "FIFO up to 100 KB, cap",
+        "FIFO up to 100 KB, bursts",
     ],
 )
 def test_compiled_fluid_state_equals_the_numpy_loop_to_the_bit(monkeypatch, settings):
