@@ -116,12 +116,16 @@ class Fluid:
         hold: bool = True,
         native: bool = True,
         acks: tuple[float, np.ndarray] | None = None,
+        fifo_bits: float | None = None,
     ) -> None:
         # hold: a drained flow that is still active is projected no earlier than now (m4-v2);
         # otherwise at its drain end + delay, possibly past (the backend then completes it at
         # once), so a correction > 0 cannot compound through a projection that grows with time
         self.hold = hold
-        self.native = native and library() is not None
+        # fifo_bits: rows of at most this much work are shared in order of arrival (flowSim's
+        # service="fifo"; None: max-min); the Python loops only
+        self.fifo_bits = fifo_bits
+        self.native = native and library() is not None and fifo_bits is None
         self._state = np.zeros((len(self._ARRAYS), 0))
         self._slot = np.zeros(0, dtype=np.int64)  # the compiled twin's per-link scratch
         self.ack_fraction, self.reverse, self.data = 0.0, None, None
@@ -296,9 +300,58 @@ class Fluid:
         live = np.flatnonzero(left > 0)
         if len(live):
             caps = self.cap[rows[live]]
-            rate[live] = max_min_rates(
-                [links[i] for i in live], capacity_bps, caps if np.isfinite(caps).any() else None
+            paths = [links[i] for i in live]
+            if self.fifo_bits is not None:
+                rate[live] = self._fifo_rates(rows[live], paths, capacity_bps, caps)
+            else:
+                rate[live] = max_min_rates(
+                    paths, capacity_bps, caps if np.isfinite(caps).any() else None
+                )
+        return rate
+
+    def _fifo_ends(self, rows, left, rate, links, capacity_bps, *, t, ends) -> np.ndarray:
+        """Under FIFO service a flow's projection is when it drains if nothing else arrives:
+        the rows drained forward from ``t``, re-shared as each drains (without moving the
+        state); a row with no rate yet gets its turn."""
+        ends = ends.copy()
+        left, now = left.copy(), t
+        capacity = capacity_bps
+        if self.reverse is not None:
+            capacity = ack_capacity(capacity_bps, self.reverse, self.ack_fraction, self.data)
+        while True:
+            live = (left > 0) & (rate > 0)
+            if not live.any():
+                break
+            to_go = np.where(live, left / np.where(live, rate, 1.0), np.inf)
+            dt = float(to_go.min())
+            done = live & (to_go <= dt * (1 + _REL_TIE))
+            left = np.where(done, 0.0, np.maximum(left - rate * dt, 0.0))
+            now += dt
+            ends[done] = now
+            rate = self._rates(rows, left, links, capacity)
+        return ends
+
+    def _fifo_rates(self, rows, paths, capacity_bps, caps) -> np.ndarray:
+        """flowSim's FIFO service over ``rows``: those of at most ``fifo_bits`` of work by
+        arrival (one instant's sharing max-min what earlier ones left), then the rest."""
+        residual = np.asarray(capacity_bps, dtype=np.float64).copy()
+        rate = np.zeros(len(rows))
+        start, first = self.start[rows], self.work[rows] <= self.fifo_bits
+        order = np.flatnonzero(first)[np.argsort(start[first], kind="stable")]
+        groups = np.split(order, np.flatnonzero(np.diff(start[order]) != 0) + 1)
+        for members in [*groups, np.flatnonzero(~first)]:
+            if not len(members):
+                continue
+            got = max_min_rates(
+                [paths[i] for i in members],
+                residual,
+                caps[members] if np.isfinite(caps[members]).any() else None,
             )
+            rate[members] = got
+            used = np.zeros(len(residual))
+            for i, r in zip(members.tolist(), got.tolist(), strict=True):
+                used[paths[i]] += r
+            residual = np.maximum(residual - used, 0.0)
         return rate
 
     def advance(
@@ -323,6 +376,8 @@ class Fluid:
         self.rate[rows] = rate
         with np.errstate(divide="ignore", invalid="ignore"):
             drain_end = np.where(left > 0, t + left / rate, self.drained[rows])
+        if self.fifo_bits is not None:  # a flow queued behind others has no rate yet
+            drain_end = self._fifo_ends(rows, left, rate, links, capacity_bps, t=t, ends=drain_end)
         end = drain_end + self.delay[rows]
         projected = (np.maximum(end, t) if self.hold else end) - self.start[rows]
         base = np.maximum(projected / self.ideal[rows], 1.0)

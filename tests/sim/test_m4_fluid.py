@@ -75,8 +75,10 @@ class _Direct:
         param: float = 0.0,
         ack_fraction: float = 0.0,
         batching: Batching | None = None,
+        anchor_fifo: bool = False,
     ) -> None:
         self.model = model.double()
+        self.anchor_fifo = anchor_fifo
         self.window_bytes = window_bytes
         self.native = native
         self.window_us = window_us
@@ -97,19 +99,23 @@ class _Direct:
             ack_fraction=self.ack_fraction,
             batching=self.batching,
             native=self.native,
+            anchor_fifo=self.anchor_fifo,
         )
         self.engines.append(engine)
         return M4Backend(engine, window_us=self.window_us)
 
 
+@pytest.mark.parametrize("fifo", [False, True], ids=["max-min", "fifo"])
 @pytest.mark.parametrize("window", [None, 24_000], ids=["no-window", "window"])
 @pytest.mark.parametrize("hold", [True, False])
 @pytest.mark.parametrize("size_scale", [1.0, 0.002])  # 2–20 MB flows; 4–40 KB flows
-def test_an_untrained_fluid_model_answers_as_flowsim(size_scale, hold, window):
+def test_an_untrained_fluid_model_answers_as_flowsim(size_scale, hold, window, fifo):
     """Correction 0 (the head's last layer starts at zero): the engine is flowSim — max-min
     fluid sharing, re-shared at every arrival and drain end (those between m4's updates are
     simulated by the anchor), delivered a delivery delay after draining; with a window anchor,
-    flowSim with that window (each flow capped at its packets per round trip)."""
+    flowSim with that window (each flow capped at its packets per round trip); with a FIFO
+    anchor (``anchor_fifo``), flowSim with FIFO service up to the window (every flow without
+    one), each flow projected at its drain if nothing else arrives."""
     topo = RailClusterSpec().build()
     routing = Routing(topo, seed=0)  # the default wire: 48-byte headers per 1000 bytes
     hosts = sorted(topo.hosts)
@@ -126,14 +132,18 @@ def test_an_untrained_fluid_model_answers_as_flowsim(size_scale, hold, window):
         for f in flows
     ]
     model = _fluid_model(correction=False, hold=hold, window=window is not None)
-    m4 = run_trace(topo, flows, _Direct(model, window), routing)
-    flowsim = run_trace(topo, flows, FlowSimConfig(window_bytes=window), routing)
+    m4 = run_trace(topo, flows, _Direct(model, window, anchor_fifo=fifo), routing)
+    service = {"service": "fifo", "fifo_bytes": window} if fifo else {}
+    flowsim = run_trace(topo, flows, FlowSimConfig(window_bytes=window, **service), routing)
     a, b = m4.column("fct_s").to_numpy(), flowsim.column("fct_s").to_numpy()
     slowdown = b / flowsim.column("ideal_fct_s").to_numpy()
     assert slowdown.max() > 1.25  # flows do share (or are window-bound)
     if window is not None:  # the window binds: classic flowSim would answer otherwise
         classic = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_numpy()
         assert np.abs(classic / b - 1).max() > 0.1
+    if fifo and window is None:  # every flow in order of arrival: the incast is served FIFO
+        fair = run_trace(topo, flows, FlowSimConfig(window_bytes=window), routing)
+        assert np.abs(fair.column("fct_s").to_numpy() / b - 1).max() > 0.1
     np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
@@ -348,3 +358,13 @@ def test_a_flow_prior_model_reads_classic_flowsims_answer_per_flow(tiny_dataset)
         forward_period(model, moved)
     with pytest.raises(InputError, match="flow_prior"):
         M4Engine(p.link_bandwidth.numpy(), prior_cfg, p.params.tolist())
+
+
+def test_the_backends_anchor_is_fair_or_fifo():
+    from m4ray.errors import InputError
+    from m4ray.sim.m4 import M4Config
+
+    assert M4Config().anchor == "fair"
+    with pytest.raises(InputError) as err:
+        M4Config(anchor="lifo")
+    assert err.value.field == "anchor"

@@ -217,6 +217,9 @@ class M4Config(M4Settings):
         DEFAULT_PRECISION, "the numpy step's float type (2026-11-26)", ids_had="float64"
     )  # float32 by default since 2026-11-29: runs before then were float64, and keep their ids
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
+    # the fluid anchor's service: fair (max-min, as every checkpoint was trained) or fifo
+    # (flowSim's service="fifo" up to the window: an experiment; the Python engine only)
+    anchor: str = added_field("fair", "a FIFO anchor (issue 29)")
 
     def __post_init__(self) -> None:
         from m4ray.models.numpy_step import float_type
@@ -227,6 +230,8 @@ class M4Config(M4Settings):
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
         if self.share_steps < 1:
             raise InputError(f"must be >= 1, got {self.share_steps}", field="share_steps")
+        if self.anchor not in ("fair", "fifo"):
+            raise InputError(f"expected fair or fifo, got {self.anchor!r}", field="anchor")
         self.check_settings()
         if not re.fullmatch(DEVICE_PATTERN, self.device):
             raise InputError(
@@ -280,6 +285,7 @@ class M4Config(M4Settings):
             batching=self.batching(),
             params_range=None if self.extrapolate else trained_params_range(self.checkpoint),
             checkpoint=self.checkpoint,
+            anchor_fifo=self.anchor == "fifo",
         )
         if CURRENT.get() is None and hasattr(engine, "use_compiled_pass"):
             engine.use_compiled_pass(model)  # alone on a CPU: small updates in one C call
@@ -364,6 +370,7 @@ def engine_for(
     batching: Batching | None = None,
     params_range: ParamsRange | None = None,
     checkpoint: str = "m4",
+    anchor_fifo: bool = False,
 ):
     """An m4 engine for ``topology`` described as ``network`` (the model's params13 and, for
     models whose anchor has a window, the network's sender window over the links' latencies;
@@ -385,6 +392,7 @@ def engine_for(
         link_latency_s=topology.latency_s,
         ack_fraction=network_ack_fraction(network, routing.wire) if model_cfg.fluid_acks else 0.0,
         batching=batching,
+        anchor_fifo=anchor_fifo,
     )
     engine.params_notes = notes
     return engine

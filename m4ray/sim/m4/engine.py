@@ -38,6 +38,7 @@ from m4ray.models.fairshare import Window, reverse_links
 from m4ray.models.fluid import N_FEATURES, Fluid, offsets
 from m4ray.models.graph import StepGraph, StepOut
 from m4ray.models.numpy_step import initial_link_state
+from m4ray.sim.flowsim import wire_window
 from m4ray.sim.m4 import memo
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.routing import Routing, WireFormat
@@ -82,8 +83,8 @@ class M4Engine:
     state, the path (padded), its length, start, ideal FCT and last slowdown; an update gathers
     and scatters them with array indexing instead of per-flow Python."""
 
-    def __new__(cls, *args, native: bool = True, **kwargs):
-        compiled = cls is M4Engine and native and core.library() is not None
+    def __new__(cls, *args, native: bool = True, anchor_fifo: bool = False, **kwargs):
+        compiled = cls is M4Engine and native and not anchor_fifo and core.library() is not None
         # the same engine with its bookkeeping compiled
         return super().__new__(NativeM4Engine if compiled else cls)
 
@@ -100,6 +101,7 @@ class M4Engine:
         ack_fraction: float = 0.0,
         batching: Batching | None = None,
         native: bool = True,
+        anchor_fifo: bool = False,
     ) -> None:
         if model_cfg.flow_prior:
             raise InputError(
@@ -126,13 +128,23 @@ class M4Engine:
         # the anchor's ACK load (models with fluid_acks, over RDMA: ACK bits per data bit)
         self._ack_fraction = ack_fraction if model_cfg.fluid and model_cfg.fluid_acks else 0.0
         acks = (self._ack_fraction, reverse_links(len(bw))) if self._ack_fraction > 0 else None
-        self._fluid = Fluid(0, hold=model_cfg.fluid_hold, acks=acks) if model_cfg.fluid else None
         # the anchor's sender window (models with fluid_window; None: no window binds)
         self._window = window if model_cfg.fluid and model_cfg.fluid_window else None
+        self._wire = routing.wire if routing is not None else WireFormat()
+        # anchor_fifo: the anchor serves window-sized flows in order of arrival (flowSim's
+        # service="fifo", fifo_bytes: the window; every flow without one); Python only
+        fifo_bits = None
+        if anchor_fifo:
+            w = self._window
+            fifo_bits = np.inf if w is None else wire_window(w.bytes, self._wire) * 8.0
+        self._fluid = (
+            Fluid(0, hold=model_cfg.fluid_hold, acks=acks, fifo_bits=fifo_bits)
+            if model_cfg.fluid
+            else None
+        )
         if self._window is not None and link_latency_s is None:
             raise InputError("a window needs the links' latencies", field="link_latency_s")
         self._latency = None if link_latency_s is None else np.asarray(link_latency_s, float)
-        self._wire = routing.wire if routing is not None else WireFormat()
         n_links = len(bw)
         self._components = Components(n_links, batching)  # links' users and owners, components
         self._slot = np.full(n_links, -1, dtype=np.int64)  # scratch: a link's row in a graph
