@@ -88,6 +88,17 @@ def _lists(links: Links) -> list[np.ndarray]:
     return links
 
 
+def _next_drain(left: np.ndarray, rate: np.ndarray) -> tuple[float, np.ndarray] | None:
+    """The next drain among rows with ``left`` bits at ``rate``: how long until it and which
+    rows drain then (within the tie), or None when no row drains."""
+    live = (left > 0) & (rate > 0)
+    if not live.any():
+        return None
+    to_go = np.where(live, left / np.where(live, rate, 1.0), np.inf)
+    dt = float(to_go.min())
+    return dt, live & (to_go <= dt * (1 + _REL_TIE))
+
+
 class Fluid:
     """Fluid state per flow row (see the module docstring); ``resize`` keeps rows' contents.
 
@@ -244,16 +255,11 @@ class Fluid:
 
     def _drain(self, rows, links, capacity_bps, now: float, t: float) -> None:
         left, rate = self.left[rows], self.rate[rows]
-        while True:
-            live = (left > 0) & (rate > 0)
-            if not live.any():
-                break
-            to_go = np.where(live, left / np.where(live, rate, 1.0), np.inf)
-            dt = float(to_go.min())
+        while (step := _next_drain(left, rate)) is not None:
+            dt, done = step
             if now + dt > t:
                 left = np.maximum(left - rate * (t - now), 0.0)
                 break
-            done = live & (to_go <= dt * (1 + _REL_TIE))
             left = np.where(done, 0.0, np.maximum(left - rate * dt, 0.0))
             now += dt
             self.drained[rows[done]] = now
@@ -318,13 +324,8 @@ class Fluid:
         capacity = capacity_bps
         if self.reverse is not None:
             capacity = ack_capacity(capacity_bps, self.reverse, self.ack_fraction, self.data)
-        while True:
-            live = (left > 0) & (rate > 0)
-            if not live.any():
-                break
-            to_go = np.where(live, left / np.where(live, rate, 1.0), np.inf)
-            dt = float(to_go.min())
-            done = live & (to_go <= dt * (1 + _REL_TIE))
+        while (step := _next_drain(left, rate)) is not None:
+            dt, done = step
             left = np.where(done, 0.0, np.maximum(left - rate * dt, 0.0))
             now += dt
             ends[done] = now
