@@ -440,8 +440,8 @@ typedef struct {
      * left, then the others sharing what is left (f_resid, f_sum: per link; f_members,
      * f_off, f_idx, f_caps, f_rates: one group's flows gathered) */
     double *f_resid, *f_sum, *f_caps, *f_rates, f_bits;
-    int64_t *f_members, *f_off, *f_idx, f_stamped;
-    unsigned char *f_in;
+    int64_t *f_members, *f_off, *f_idx, *f_touched, f_stamped;
+    unsigned char *f_in, *f_mark;
     int fifo;
 } fluidsim;
 
@@ -487,6 +487,8 @@ void m4ray_fluidsim_free(fluidsim *s) {
     free(s->f_off);
     free(s->f_idx);
     free(s->f_in);
+    free(s->f_touched);
+    free(s->f_mark);
     mm_free(s->ws);
     sc_free(s->sc);
     free(s);
@@ -619,7 +621,9 @@ static int fs_share_into(fluidsim *s, const double *caps, double *rates) {
 int m4ray_fluidsim_fifo(fluidsim *s, double bits) {
     s->f_resid = malloc((s->n_links + 1) * sizeof(double));
     s->f_sum = malloc((s->n_links + 1) * sizeof(double));
-    if (!s->f_resid || !s->f_sum) return 2;
+    s->f_touched = malloc((s->n_links + 1) * sizeof(int64_t));
+    s->f_mark = calloc(s->n_links + 1, 1);
+    if (!s->f_resid || !s->f_sum || !s->f_touched || !s->f_mark) return 2;
     s->fifo = 1, s->f_bits = bits;
     return 0;
 }
@@ -640,14 +644,21 @@ static int fs_fifo_group(fluidsim *s, int64_t m, const double *caps, double *rat
                                  s->f_rates)
                   : max_min_fill(s->ws, m, s->f_off, s->f_idx, resid, s->f_rates);
     if (rc) return rc;
-    for (int64_t l = 0; l < s->n_links; ++l) sum[l] = 0.0;
+    /* per link the group's rates summed in flow order (np.bincount), only on its own links */
+    int64_t n_touched = 0;
     for (int64_t k = 0; k < m; ++k) {
         rates[s->f_members[k]] = s->f_rates[k];
-        for (int64_t e = s->f_off[k]; e < s->f_off[k + 1]; ++e) sum[s->f_idx[e]] += s->f_rates[k];
+        for (int64_t e = s->f_off[k]; e < s->f_off[k + 1]; ++e) {
+            int64_t l = s->f_idx[e];
+            if (!s->f_mark[l]) s->f_mark[l] = 1, sum[l] = 0.0, s->f_touched[n_touched++] = l;
+            sum[l] += s->f_rates[k];
+        }
     }
-    for (int64_t l = 0; l < s->n_links; ++l) {
+    for (int64_t j = 0; j < n_touched; ++j) {
+        int64_t l = s->f_touched[j];
         double r = resid[l] - sum[l];
         resid[l] = r > 0.0 ? r : 0.0;
+        s->f_mark[l] = 0;
     }
     return 0;
 }
