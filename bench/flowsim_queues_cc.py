@@ -126,6 +126,9 @@ def field(folder: Path, rows: list, notes: list, errors: dict) -> list[str]:
             "flowsim": classic,
             "flowsim_queues": fcts(label, FlowSimConfig(queues=queues)),
             "flowsim_bursts": fcts(f"{label} bursts", FlowSimConfig(queues=bursts)),
+            "flowsim_fifo": fcts(  # links serve the run's window-sized flows in order
+                f"{label} FIFO", FlowSimConfig(service="fifo", fifo_bytes=queues.window_bytes)
+            ),
         }
         slow = {
             name: np.maximum(fct + back, ideal)[done] / ideal[done] for name, fct in ours.items()
