@@ -112,13 +112,16 @@ def tail_row(name: str, slowdown: np.ndarray, size: np.ndarray, ref: np.ndarray 
 
 
 def m4_config(entry: str, network):
-    """``--m4``'s ``checkpoint[:precision]`` as an m4 backend imitating ``network``."""
+    """``--m4``'s ``checkpoint[:precision][:fifo]`` as an m4 backend imitating ``network``
+    (``fifo``: on a FIFO anchor, ``M4Config.anchor``)."""
     from m4ray.sim.m4.backend import M4Config
 
-    checkpoint, _, precision = entry.partition(":")
-    return M4Config(
-        checkpoint=checkpoint, network=network, **({"precision": precision} if precision else {})
-    )
+    checkpoint, *rest = entry.split(":")
+    options = {"anchor": "fifo"} if "fifo" in rest else {}
+    precision = [r for r in rest if r != "fifo"]
+    if precision:
+        options["precision"] = precision[0]
+    return M4Config(checkpoint=checkpoint, network=network, **options)
 
 
 def main() -> None:
@@ -129,8 +132,9 @@ def main() -> None:
         "--m4",
         nargs="+",
         default=[],
-        metavar="CHECKPOINT[:PRECISION]",
-        help="also run these m4 checkpoints (m4-v2:float64 for its float64 pass)",
+        metavar="CHECKPOINT[:PRECISION][:fifo]",
+        help="also run these m4 checkpoints (m4-v2:float64 for its float64 pass, m4-v2:fifo on "
+        "a FIFO anchor)",
     )
     args = parser.parse_args()
 
