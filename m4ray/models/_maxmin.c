@@ -628,7 +628,7 @@ int m4ray_fluidsim_fifo(fluidsim *s, double bits) {
     return 0;
 }
 
-/* One group of FlowSim._fifo_share: its flows (f_members[0 .. m)) share max-min (under caps;
+/* One group of fairshare.fifo_rates: its flows (f_members[0 .. m)) share max-min (under caps;
  * NULL: none) what f_resid has left; their rates written, f_resid reduced. 0 or 2. */
 static int fs_fifo_group(fluidsim *s, int64_t m, const double *caps, double *rates) {
     double *resid = s->f_resid, *sum = s->f_sum;
@@ -663,7 +663,7 @@ static int fs_fifo_group(fluidsim *s, int64_t m, const double *caps, double *rat
     return 0;
 }
 
-/* FlowSim._fifo_share: the flows served in order (f_in), in arrival order, each instant's
+/* fairshare.fifo_rates: the flows served in order (f_in), in arrival order, each instant's
  * sharing max-min (under caps; NULL: none) what the earlier instants' left, per link floored
  * at 0; then the others sharing what is left. */
 static int fs_fifo_share(fluidsim *s, const double *caps, double *rates) {

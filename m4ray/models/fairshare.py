@@ -141,6 +141,42 @@ def compiled_max_min_rates(
     return rate
 
 
+def fifo_rates(
+    csr: tuple[np.ndarray, np.ndarray],
+    capacity_bps: np.ndarray,
+    caps: np.ndarray | None,
+    start: np.ndarray,
+    in_order: np.ndarray,
+) -> np.ndarray:
+    """Rates under FIFO service (``m4ray.sim.flowsim``'s module docstring): the flows
+    ``in_order`` by ``start`` (stably), each instant's sharing max-min
+    (:func:`compiled_max_min_rates`, under ``caps``; None: none) what the earlier instants left
+    on each link, floored at 0; then the others sharing what is left. Flows as CSR
+    ``(offsets, link ids)``. flowSim's numpy loop (flows kept in arrival order:
+    ``fs_fifo_share`` in ``_maxmin.c`` is its twin, sum for sum) and m4's FIFO anchor
+    (:class:`~m4ray.models.fluid.Fluid`) share it."""
+    off, idx = csr
+    residual = np.array(capacity_bps, dtype=np.float64)
+    rates = np.zeros(len(off) - 1)
+    lens = np.diff(off)
+    first = np.flatnonzero(in_order)
+    first = first[np.argsort(start[first], kind="stable")]
+    groups = np.split(first, np.flatnonzero(np.diff(start[first]) != 0) + 1)
+    for members in [*groups, np.flatnonzero(~in_order)]:
+        if not len(members):
+            continue
+        sub_idx = np.concatenate([idx[off[m] : off[m + 1]] for m in members])
+        sub_off = np.zeros(len(members) + 1, dtype=np.int64)
+        np.cumsum(lens[members], out=sub_off[1:])
+        got = compiled_max_min_rates(
+            None, residual, None if caps is None else caps[members], (sub_off, sub_idx)
+        )
+        rates[members] = got
+        used = np.bincount(sub_idx, np.repeat(got, lens[members]), len(residual))
+        residual = np.maximum(residual - used, 0.0)
+    return rates
+
+
 def ack_capacity(
     capacity_bps: np.ndarray, reverse: np.ndarray, fraction: float, data_bps: np.ndarray
 ) -> np.ndarray:

@@ -52,7 +52,7 @@ import numpy as np
 
 from m4ray.errors import SimulationError
 from m4ray.models.core import library
-from m4ray.models.fairshare import ACK_PASSES, ack_capacity, max_min_rates
+from m4ray.models.fairshare import ACK_PASSES, ack_capacity, fifo_rates, max_min_rates
 
 N_FEATURES = 3
 _REL_TIE = 1e-9  # drains within this relative distance of the earliest happen together (flowSim)
@@ -307,12 +307,13 @@ class Fluid:
         if len(live):
             caps = self.cap[rows[live]]
             paths = [links[i] for i in live]
-            if self.fifo_bits is not None:
-                rate[live] = self._fifo_rates(rows[live], paths, capacity_bps, caps)
+            caps = caps if np.isfinite(caps).any() else None
+            if self.fifo_bits is not None:  # flowSim's FIFO service: by arrival, window-sized
+                r = rows[live]
+                fits = self.work[r] <= self.fifo_bits
+                rate[live] = fifo_rates(csr(paths), capacity_bps, caps, self.start[r], fits)
             else:
-                rate[live] = max_min_rates(
-                    paths, capacity_bps, caps if np.isfinite(caps).any() else None
-                )
+                rate[live] = max_min_rates(paths, capacity_bps, caps)
         return rate
 
     def _fifo_ends(self, rows, left, rate, links, capacity_bps, *, t, ends) -> np.ndarray:
@@ -331,29 +332,6 @@ class Fluid:
             ends[done] = now
             rate = self._rates(rows, left, links, capacity)
         return ends
-
-    def _fifo_rates(self, rows, paths, capacity_bps, caps) -> np.ndarray:
-        """flowSim's FIFO service over ``rows``: those of at most ``fifo_bits`` of work by
-        arrival (one instant's sharing max-min what earlier ones left), then the rest."""
-        residual = np.asarray(capacity_bps, dtype=np.float64).copy()
-        rate = np.zeros(len(rows))
-        start, first = self.start[rows], self.work[rows] <= self.fifo_bits
-        order = np.flatnonzero(first)[np.argsort(start[first], kind="stable")]
-        groups = np.split(order, np.flatnonzero(np.diff(start[order]) != 0) + 1)
-        for members in [*groups, np.flatnonzero(~first)]:
-            if not len(members):
-                continue
-            got = max_min_rates(
-                [paths[i] for i in members],
-                residual,
-                caps[members] if np.isfinite(caps[members]).any() else None,
-            )
-            rate[members] = got
-            used = np.zeros(len(residual))
-            for i, r in zip(members.tolist(), got.tolist(), strict=True):
-                used[paths[i]] += r
-            residual = np.maximum(residual - used, 0.0)
-        return rate
 
     def advance(
         self, rows: np.ndarray, links: Links, capacity_bps: np.ndarray, t: float

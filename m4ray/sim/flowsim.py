@@ -92,6 +92,7 @@ from m4ray.models.fairshare import (
     ack_capacity,
     ack_fraction,
     compiled_max_min_rates,
+    fifo_rates,
     reverse_links,
     round_trip_s,
 )
@@ -471,8 +472,7 @@ class FlowSimConfig:
             raise InputError(f"must be >= 0 or null, got {self.window_bytes}", field="window_bytes")
         if self.ack_bytes <= 0:
             raise InputError(f"must be > 0, got {self.ack_bytes}", field="ack_bytes")
-        if self.service not in ("fair", "fifo"):
-            raise InputError(f"expected fair or fifo, got {self.service!r}", field="service")
+        _check_service(self.service, ack_load=self.ack_load, rate_control=self.rate_control)
         if self.fifo_bytes is not None and self.fifo_bytes != "window":
             if isinstance(self.fifo_bytes, bool) or not isinstance(self.fifo_bytes, int):
                 raise InputError(
@@ -580,7 +580,8 @@ class FlowSim(QueueClock):
         if rate_control is not None:  # where CNPs come from, and where RED starts marking
             self._switch_link = ~np.isin(topology.link_src, topology.hosts)
             self._k_min = rate_control.k_min_bytes(self._capacity)
-        self.service, self.fifo_bits = _service(service, fifo_bits, self)
+        _check_service(service, ack_load=bool(ack_fraction), rate_control=rate_control)
+        self.service, self.fifo_bits = service, fifo_bits
         if native_fluid() and not isinstance(rate_control, DctcpRates):
             self._start_core(rate_control)
 
@@ -772,8 +773,8 @@ class FlowSim(QueueClock):
         few, and the third pass leaves an error of ``a³``)."""
         off = np.zeros(len(self._lens) + 1, dtype=np.int64)
         np.cumsum(self._lens, out=off[1:])
-        if self.service == "fifo":
-            return self._fifo_share(caps, off)
+        if self.service == "fifo":  # the flows are kept in arrival order
+            return fifo_rates((off, self._idx), self._capacity, caps, self._start, self._in_order)
         csr = (off, self._idx)  # flow_csr's arrays, kept as flows come and go
         rates = compiled_max_min_rates(None, self._capacity, caps, csr)
         self._shared = self._capacity
@@ -788,32 +789,6 @@ class FlowSim(QueueClock):
             capacity = ack_capacity(self._capacity, self._reverse, self.ack_fraction, data)
             rates = compiled_max_min_rates(None, capacity, caps, csr)
             self._shared = capacity
-        return rates
-
-    def _fifo_share(self, caps: np.ndarray | None, off: np.ndarray) -> np.ndarray:
-        """Rates under FIFO service (module docstring): the flows served in order, in order of
-        arrival (as they are kept), each instant's sharing max-min what the earlier instants'
-        left on each link; then the others sharing max-min what is left (``fs_fifo_share`` in
-        ``_maxmin.c`` is its twin, sum for sum)."""
-        n_links = len(self._capacity)
-        residual = self._capacity.copy()
-        rates = np.zeros(len(self._ids))
-        first = np.flatnonzero(self._in_order)
-        classes = np.split(first, np.flatnonzero(np.diff(self._start[first]) != 0) + 1)
-        rest = np.flatnonzero(~self._in_order)
-        for members in [*classes, rest]:
-            if not len(members):
-                continue
-            lens = self._lens[members]
-            idx = np.concatenate([self._idx[off[m] : off[m + 1]] for m in members])
-            sub = np.zeros(len(members) + 1, dtype=np.int64)
-            np.cumsum(lens, out=sub[1:])
-            got = compiled_max_min_rates(
-                None, residual, None if caps is None else caps[members], (sub, idx)
-            )
-            rates[members] = got
-            used = np.bincount(idx, np.repeat(got, lens), n_links)
-            residual = np.maximum(residual - used, 0.0)
         return rates
 
     def _queue_delay(self, links: np.ndarray) -> float:
@@ -916,17 +891,17 @@ class FlowSim(QueueClock):
             self.events.push(t, lambda f=flow_id, t=t, cb=on_done: cb(f, t))
 
 
-def _service(service: str, fifo_bits: float, sim: FlowSim) -> tuple[str, float]:
-    """``service`` and ``fifo_bits`` checked against the rest of ``sim``'s settings."""
+def _check_service(service: str, *, ack_load: bool, rate_control) -> None:
+    """A link's service (``fair`` or ``fifo``) and the settings FIFO cannot take (the config
+    checks it before any task, the simulator for callers that build one directly)."""
     if service not in ("fair", "fifo"):
         raise InputError(f"expected fair or fifo, got {service!r}", field="service")
-    if service == "fifo" and (sim.ack_fraction or sim._dcqcn is not None):
+    if service == "fifo" and (ack_load or rate_control is not None):
         raise InputError(
             "FIFO service shares links as classic flowSim does (with a rate cap, window or "
             "standing queues at most): no ACK load or rate control with it",
             field="service",
         )
-    return service, fifo_bits
 
 
 def native_fluid() -> bool:

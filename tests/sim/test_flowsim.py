@@ -709,9 +709,10 @@ def test_fifo_service_serves_flows_in_order_of_arrival_and_shares_ties():
     ours = run_trace(topo, together, FlowSimConfig(service="fifo"), routing).column("fct_s")
     theirs = run_trace(topo, together, FlowSimConfig(), routing).column("fct_s")
     assert ours.to_pylist() == pytest.approx(theirs.to_pylist(), rel=1e-12)
-    with pytest.raises(InputError) as err:
-        FlowSimConfig(service="lifo")
-    assert err.value.field == "service"
+    for bad in ({"service": "lifo"}, {"service": "fifo", "ack_load": True}):
+        with pytest.raises(InputError) as err:
+            FlowSimConfig(**bad)  # refused before any simulator is built
+        assert err.value.field == "service"
 
 
 def test_fifo_service_up_to_a_size_serves_larger_flows_with_what_is_left():
