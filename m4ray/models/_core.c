@@ -27,6 +27,10 @@ enum { WORK, LEFT, RATE, CAP, T_LAST, START, IDEAL, DELAY, BOTTLENECK, DRAINED, 
 
 typedef struct {
     double *f[N_FIELDS];
+    /* FIFO service (Fluid's fifo_bits; flowSim's service="fifo"): rows of at most fifo_bits of
+     * work are shared in order of arrival (fairshare.fifo_rates); fifo 0: max-min */
+    int fifo;
+    double fifo_bits;
 } fluid;
 
 typedef struct {
@@ -49,6 +53,16 @@ static double effective(const double *capacity, const ackload *a, int64_t link) 
 static fluid view(double *state, int64_t n_rows) {
     fluid s;
     for (int k = 0; k < N_FIELDS; k++) s.f[k] = state + (int64_t)k * n_rows;
+    s.fifo = 0;
+    s.fifo_bits = 0.0;
+    return s;
+}
+
+/* the exported calls' FIFO service: off where bits < 0 (Python's None) */
+static fluid fifo_view(double *state, int64_t n_rows, double bits) {
+    fluid s = view(state, n_rows);
+    s.fifo = bits >= 0;
+    s.fifo_bits = bits;
     return s;
 }
 
@@ -200,6 +214,92 @@ static int set_rates(fluid *s, const ackload *a, int64_t n, const int64_t *rows,
     return changed;
 }
 
+static int cmp_order(const void *a, const void *b);
+
+/* fairshare.fifo_rates over the live flows (m of them: CSR entries sel[j], caps[j], rows
+ * rows[live[j]]): the flows of at most fifo_bits of work in order of START (stably), each
+ * instant's max-min on what the earlier instants left per link (floored at 0), then the others
+ * on what is left; rates into got[m]. The residual starts at each link's capacity for data
+ * (with ACK load, effective()), as Python's _rates receives it. 0, or 2 on no memory. */
+static int fifo_share(fluid *s, const ackload *ack, int64_t m, const int64_t *sel,
+                      const int64_t *live, const int64_t *rows, const int64_t *off,
+                      const int64_t *idx, const double *capacity, const double *caps,
+                      int64_t *slot, double *got) {
+    int64_t n_links = 0;
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t e = off[sel[j]]; e < off[sel[j] + 1]; e++)
+            if (idx[e] + 1 > n_links) n_links = idx[e] + 1;
+    double *resid = malloc(sizeof(double) * (n_links + 1));
+    double *used = malloc(sizeof(double) * (n_links + 1));
+    double (*order)[2] = malloc(sizeof(double[2]) * (m + 1)); /* (start, j) of the in-order */
+    int64_t *msel = malloc(sizeof(int64_t) * (m + 1)), *mem = malloc(sizeof(int64_t) * (m + 1));
+    double *mcaps = malloc(sizeof(double) * (m + 1)), *mgot = malloc(sizeof(double) * (m + 1));
+    int rc = 0;
+    if (!resid || !used || !order || !msel || !mem || !mcaps || !mgot) {
+        rc = 2;
+        goto out;
+    }
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t e = off[sel[j]]; e < off[sel[j] + 1]; e++) {
+            resid[idx[e]] = effective(capacity, ack, idx[e]);
+            used[idx[e]] = 0.0;
+        }
+    int64_t n_in = 0;
+    for (int64_t j = 0; j < m; j++)
+        if (s->f[WORK][rows[live[j]]] <= s->fifo_bits) {
+            order[n_in][0] = s->f[START][rows[live[j]]];
+            order[n_in++][1] = (double)j;
+        }
+    qsort(order, n_in, sizeof(double[2]), cmp_order); /* by start, then j: a stable sort */
+    int64_t q = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (;;) { /* the next group: one instant's in-order flows, or (pass 1) the others */
+            int64_t k = 0;
+            if (pass == 0) {
+                if (q >= n_in) break;
+                double t0 = order[q][0];
+                while (q < n_in && order[q][0] == t0) mem[k++] = (int64_t)order[q++][1];
+            } else {
+                for (int64_t j = 0; j < m; j++)
+                    if (!(s->f[WORK][rows[live[j]]] <= s->fifo_bits)) mem[k++] = j;
+            }
+            if (k) {
+                for (int64_t i = 0; i < k; i++) msel[i] = sel[mem[i]], mcaps[i] = caps[mem[i]];
+                if ((rc = max_min(k, msel, off, idx, resid, NULL, mcaps, slot, mgot))) goto out;
+                /* per link the group's rates summed in flow order (np.bincount), then the
+                 * residual reduced once per link (used back to 0: a second visit is a no-op) */
+                for (int64_t i = 0; i < k; i++) {
+                    got[mem[i]] = mgot[i];
+                    for (int64_t e = off[msel[i]]; e < off[msel[i] + 1]; e++) used[idx[e]] += mgot[i];
+                }
+                for (int64_t i = 0; i < k; i++)
+                    for (int64_t e = off[msel[i]]; e < off[msel[i] + 1]; e++) {
+                        int64_t l = idx[e];
+                        double x = resid[l] - used[l];
+                        resid[l] = x > 0.0 ? x : 0.0;
+                        used[l] = 0.0;
+                    }
+            }
+            if (pass == 1) break;
+        }
+    }
+out:
+    free(resid);
+    free(used);
+    free(order);
+    free(msel);
+    free(mem);
+    free(mcaps);
+    free(mgot);
+    return rc;
+}
+
+static int cmp_order(const void *a, const void *b) {
+    const double *x = a, *y = b;
+    if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
 /* Fluid._rates: max-min rates of the rows with bits left (0 for the others) into rate[n].
  * Flow i is row rows[i] with the links of CSR entry pos[i] (pos NULL: entry i). */
 static int rates(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, const int64_t *pos,
@@ -224,7 +324,8 @@ static int rates(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, c
         }
     }
     if (m) {
-        rc = max_min(m, sel, off, idx, capacity, ack, caps, slot, got);
+        rc = s->fifo ? fifo_share(s, ack, m, sel, live, rows, off, idx, capacity, caps, slot, got)
+                     : max_min(m, sel, off, idx, capacity, ack, caps, slot, got);
         if (!rc)
             for (int64_t j = 0; j < m; j++) rate[live[j]] = got[j];
     }
@@ -251,6 +352,36 @@ static int share(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, c
     return 0;
 }
 
+/* fluid._next_drain: how long until the next drain among rows with left[i] bits at rate[i]
+ * (each row's time to drain into to_go[n]), or -1 when no row drains. */
+static double next_drain(int64_t n, const double *left, const double *rate, double *to_go) {
+    int any = 0;
+    double dt = INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        int live = left[i] > 0 && rate[i] > 0;
+        to_go[i] = live ? left[i] / rate[i] : INFINITY;
+        any |= live;
+        if (to_go[i] < dt) dt = to_go[i];
+    }
+    return any ? dt : -1.0;
+}
+
+/* The rows move by dt to `now`: those draining within the tie of dt are empty and their end is
+ * now (end[at ? at[i] : i]); the others lose rate × dt. */
+static void drain_step(int64_t n, double *left, const double *rate, const double *to_go,
+                       double dt, double now, double *end, const int64_t *at) {
+    double tie = dt * (1 + REL_TIE);
+    for (int64_t i = 0; i < n; i++) {
+        if (left[i] > 0 && rate[i] > 0 && to_go[i] <= tie) {
+            left[i] = 0.0;
+            end[at ? at[i] : i] = now;
+        } else {
+            double x = left[i] - rate[i] * dt;
+            left[i] = x > 0 ? x : 0.0;
+        }
+    }
+}
+
 /* Fluid._drain over rows `sub[0..n-1]` (indices into rows/off) last updated at `now`: they
  * drain at their rates, re-shared among themselves whenever one drains, until t. */
 static int drain(fluid *s, const ackload *ack, int64_t n, const int64_t *sub, const int64_t *rows,
@@ -271,15 +402,8 @@ static int drain(fluid *s, const ackload *ack, int64_t n, const int64_t *sub, co
         rate[i] = s->f[RATE][r[i]];
     }
     for (;;) {
-        int any = 0;
-        double dt = INFINITY;
-        for (int64_t i = 0; i < n; i++) {
-            int live = left[i] > 0 && rate[i] > 0;
-            to_go[i] = live ? left[i] / rate[i] : INFINITY;
-            any |= live;
-            if (to_go[i] < dt) dt = to_go[i];
-        }
-        if (!any) break;
+        double dt = next_drain(n, left, rate, to_go);
+        if (dt < 0) break;
         if (now + dt > t) {
             for (int64_t i = 0; i < n; i++) {
                 double x = left[i] - rate[i] * (t - now);
@@ -287,17 +411,8 @@ static int drain(fluid *s, const ackload *ack, int64_t n, const int64_t *sub, co
             }
             break;
         }
-        double tie = dt * (1 + REL_TIE);
         now += dt;
-        for (int64_t i = 0; i < n; i++) {
-            if (left[i] > 0 && rate[i] > 0 && to_go[i] <= tie) {
-                left[i] = 0.0;
-                s->f[DRAINED][r[i]] = now;
-            } else {
-                double x = left[i] - rate[i] * dt;
-                left[i] = x > 0 ? x : 0.0;
-            }
-        }
+        drain_step(n, left, rate, to_go, dt, now, s->f[DRAINED], r);
         rc = share(s, ack, n, r, sub, left, off, idx, capacity, slot, rate);
         if (rc) goto out;
     }
@@ -335,8 +450,8 @@ static const ackload *acks_of(ackload *a, double frac, const int64_t *reverse, d
 int m4ray_fluid_catch_up(double *state, int64_t n_rows, int64_t n, const int64_t *rows,
                          const int64_t *off, const int64_t *idx, const double *capacity,
                          int64_t *slot, double t, double ack_frac, const int64_t *reverse,
-                         double *data) {
-    fluid s = view(state, n_rows);
+                         double *data, double fifo_bits) {
+    fluid s = fifo_view(state, n_rows, fifo_bits);
     ackload a;
     return catch_up(&s, acks_of(&a, ack_frac, reverse, data), n, rows, off, idx, capacity, slot,
                     t);
@@ -418,11 +533,45 @@ static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows
 int m4ray_fluid_advance(double *state, int64_t n_rows, int64_t n, const int64_t *rows,
                         const int64_t *off, const int64_t *idx, const double *capacity,
                         int64_t *slot, double t, int hold, double *base, double *features,
-                        double ack_frac, const int64_t *reverse, double *data) {
-    fluid s = view(state, n_rows);
+                        double ack_frac, const int64_t *reverse, double *data,
+                        double fifo_bits) {
+    fluid s = fifo_view(state, n_rows, fifo_bits);
     ackload a;
     return advance(&s, acks_of(&a, ack_frac, reverse, data), n, rows, off, idx, capacity, slot,
                    t, hold, base, features);
+}
+
+/* Fluid._fifo_ends: each row's drain end if nothing else arrives, the rows drained forward
+ * from t (their left and rate copied, the state not moved), re-shared as each drains on the
+ * capacity the ACKs leave now (rates without set_rates: the data rates stay); ends[n] holds
+ * today's projection on entry (INFINITY for a row with no rate yet). */
+static int fifo_ends(fluid *s, const ackload *ack, int64_t n, const int64_t *rows,
+                     const double *left0, const double *rate0, const int64_t *off,
+                     const int64_t *idx, const double *capacity, int64_t *slot, double t,
+                     double *ends) {
+    double *left = malloc(sizeof(double) * (n + 1));
+    double *rate = malloc(sizeof(double) * (n + 1));
+    double *to_go = malloc(sizeof(double) * (n + 1));
+    int rc = 0;
+    if (!left || !rate || !to_go) {
+        rc = 2;
+        goto out;
+    }
+    memcpy(left, left0, sizeof(double) * n);
+    memcpy(rate, rate0, sizeof(double) * n);
+    double now = t;
+    for (;;) {
+        double dt = next_drain(n, left, rate, to_go);
+        if (dt < 0) break;
+        now += dt;
+        drain_step(n, left, rate, to_go, dt, now, ends, NULL);
+        if ((rc = rates(s, ack, n, rows, NULL, left, off, idx, capacity, slot, rate))) goto out;
+    }
+out:
+    free(left);
+    free(rate);
+    free(to_go);
+    return rc;
 }
 
 static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows,
@@ -433,6 +582,7 @@ static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows
     fluid s = *sp;
     double *left = malloc(sizeof(double) * (n + 1));
     double *rate = malloc(sizeof(double) * (n + 1));
+    double *ends = NULL;
     if (!left || !rate) {
         rc = 2;
         goto out;
@@ -440,10 +590,21 @@ static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows
     for (int64_t i = 0; i < n; i++) left[i] = s.f[LEFT][rows[i]];
     rc = share(&s, ack, n, rows, NULL, left, off, idx, capacity, slot, rate);
     if (rc) goto out;
+    if (s.fifo) { /* a flow queued behind others has no rate yet: Fluid._fifo_ends */
+        ends = malloc(sizeof(double) * (n + 1));
+        if (!ends) {
+            rc = 2;
+            goto out;
+        }
+        for (int64_t i = 0; i < n; i++)
+            ends[i] = left[i] > 0 ? t + left[i] / rate[i] : s.f[DRAINED][rows[i]];
+        if ((rc = fifo_ends(&s, ack, n, rows, left, rate, off, idx, capacity, slot, t, ends)))
+            goto out;
+    }
     for (int64_t i = 0; i < n; i++) {
         int64_t r = rows[i];
         s.f[RATE][r] = rate[i];
-        double drain_end = left[i] > 0 ? t + left[i] / rate[i] : s.f[DRAINED][r];
+        double drain_end = ends ? ends[i] : left[i] > 0 ? t + left[i] / rate[i] : s.f[DRAINED][r];
         double end = drain_end + s.f[DELAY][r];
         double projected = (hold ? (end > t ? end : t) : end) - s.f[START][r];
         double b = projected / s.f[IDEAL][r];
@@ -456,6 +617,7 @@ static int advance(fluid *sp, const ackload *ack, int64_t n, const int64_t *rows
 out:
     free(left);
     free(rate);
+    free(ends);
     return rc;
 }
 
@@ -503,7 +665,11 @@ typedef struct {
     int64_t batch_above, frozen_above;
     double batch_fraction;
     struct fused *fused; /* the compiled pass and its memo (m4ray_engine_model), or NULL */
+    double fifo_bits;    /* the anchor's FIFO service (m4ray_engine_fifo; < 0: max-min) */
 } engine;
+
+/* the anchor's rows with the engine's service */
+static fluid engine_view(const engine *e) { return fifo_view(e->state, e->n_rows, e->fifo_bits); }
 
 static void fused_free(struct fused *m);
 
@@ -598,6 +764,7 @@ engine *m4ray_engine_new(int64_t n_links, int64_t hidden, const double *capacity
     e->window_bytes = window_bytes;
     e->ack_bytes = ack_bytes;
     e->batch_above = -1;
+    e->fifo_bits = -1.0;
     e->users = calloc(n_links + 1, sizeof(int64_t));
     e->owner = malloc((n_links + 1) * sizeof(int64_t));
     e->slot = malloc((n_links + 1) * sizeof(int64_t));
@@ -620,6 +787,10 @@ engine *m4ray_engine_new(int64_t n_links, int64_t hidden, const double *capacity
     }
     return e;
 }
+
+/* The anchor serves rows of at most `bits` of work in order of arrival (Fluid's fifo_bits,
+ * INFINITY: every row; < 0: max-min, the default). */
+void m4ray_engine_fifo(engine *e, double bits) { e->fifo_bits = bits; }
 
 /* components.Batching: components of more than `above` flows (< 0: none) wait for an arrival
  * or for completions numbering `fraction` of their flows; above `frozen_above` flows too, their
@@ -783,7 +954,7 @@ int64_t m4ray_engine_arrive(engine *e, const int64_t *links, int64_t n, double w
         for (int64_t i = 0; i < n; i++)
             if (e->capacity[links[i]] < bottleneck) bottleneck = e->capacity[links[i]];
         if (e->latency) window_limit(e, links, n, bits, &cap, &work);
-        fluid s = view(e->state, e->n_rows);
+        fluid s = engine_view(e);
         double delay = ideal - bits / bottleneck;
         double v[N_FIELDS] = {work, work, 0.0, cap, t, t, ideal, delay > 0 ? delay : 0.0,
                               bottleneck, INFINITY};
@@ -820,7 +991,7 @@ int m4ray_engine_complete(engine *e, int64_t row, double t) {
         int rc = (!rows || !off || !idx) ? 2 : 0;
         if (!rc) {
             int64_t n = comp_rows(e, c, rows, off, idx);
-            fluid s = view(e->state, e->n_rows);
+            fluid s = engine_view(e);
             rc = catch_up(&s, engine_acks(e), n, rows, off, idx, e->capacity, e->slot, t);
         }
         free(rows);
@@ -830,7 +1001,7 @@ int m4ray_engine_complete(engine *e, int64_t row, double t) {
         c->t_fluid = t;
     }
     if (engine_acks(e)) { /* Fluid.release: its data leaves its links */
-        fluid s = view(e->state, e->n_rows);
+        fluid s = engine_view(e);
         int64_t entry[2] = {0, e->plen[row]};
         double zero = 0.0;
         set_rates(&s, &e->ack, 1, &row, NULL, entry, e->path + row * e->max_len, &zero);
@@ -986,7 +1157,7 @@ int64_t m4ray_engine_prepare(engine *e, double t, int64_t *comps, int64_t *n_flo
             memcpy(idx + off[f], e->path + rows[f] * e->max_len, plen[f] * sizeof(int64_t));
             off[f + 1] = off[f] + plen[f];
         }
-        fluid s = view(e->state, e->n_rows);
+        fluid s = engine_view(e);
         for (int64_t j = 0, f = 0; j < k; f += n_flows[j], j++)
             if (frozen(e, &e->comps[comps[j]])) catch_up_frozen(&s, n_flows[j], rows + f, t);
         int rc = advance(&s, engine_acks(e), F, rows, off, idx, e->capacity, e->slot, t, e->hold,

@@ -24,6 +24,9 @@ class ModelConfig:
     fluid_hold: bool = True  # a drained, active flow's projection is >= now (Fluid's `hold`)
     fluid_window: bool = False  # the anchor drains each flow as its sender's window allows
     fluid_acks: bool = False  # the anchor's links also carry RDMA's ACKs (Fluid's `acks`)
+    # the anchor serves flows of at most the sender's window in order of arrival (flowSim's
+    # service="fifo", fifo_bytes: window; Fluid's `fifo_bits`); every flow where none is set
+    fluid_fifo: bool = False
     # classic flowSim's slowdown of each flow (a flowSim run of the whole scenario) as one more
     # per-flow input beside params13, log2: what the rate cell and the head read with the
     # anchor's features (training replays only for now: the engines refuse such a model)
@@ -41,13 +44,15 @@ class ModelConfig:
     @property
     def anchor(self) -> str | None:
         """The fluid anchor's kind for :func:`collate` (None: off): ``hold`` or ``drain``, and
-        ``+window`` with ``fluid_window``, ``+acks`` with ``fluid_acks``."""
+        ``+window`` with ``fluid_window``, ``+acks`` with ``fluid_acks``, ``+fifo`` with
+        ``fluid_fifo``."""
         if not self.fluid:
             return None
         return (
             ("hold" if self.fluid_hold else "drain")
             + ("+window" if self.fluid_window else "")
             + ("+acks" if self.fluid_acks else "")
+            + ("+fifo" if self.fluid_fifo else "")
         )
 
     def __post_init__(self) -> None:
@@ -55,6 +60,8 @@ class ModelConfig:
             raise ValueError("hidden, gnn_hidden, gnn_layers and n_params must be >= 1")
         if self.hidden < 4:
             raise ValueError("hidden must be >= 4 (the initial states use 4 slots)")
+        if self.fluid_fifo and not self.fluid:
+            raise ValueError("fluid_fifo needs fluid (it is the anchor's service)")
         if self.flow_prior and not self.fluid:
             raise ValueError("flow_prior needs fluid (the prior is read beside the anchor)")
 

@@ -24,18 +24,21 @@ def library() -> ctypes.CDLL | None:
     ptr, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
     common = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, f64]  # state .. t
     acks = [f64, ptr, ptr]  # ACK fraction, reverse links (NULL: no ACK load), data rates
+    fifo = [f64]  # FIFO service: bits of work served in order (< 0: max-min)
     lib.m4ray_fluid_catch_up.restype = ctypes.c_int
-    lib.m4ray_fluid_catch_up.argtypes = [*common, *acks]
+    lib.m4ray_fluid_catch_up.argtypes = [*common, *acks, *fifo]
     lib.m4ray_fluid_catch_up_frozen.restype = None
     lib.m4ray_fluid_catch_up_frozen.argtypes = [ptr, i64, i64, ptr, f64]
     lib.m4ray_fluid_advance.restype = ctypes.c_int
-    lib.m4ray_fluid_advance.argtypes = [*common, ctypes.c_int, ptr, ptr, *acks]
+    lib.m4ray_fluid_advance.argtypes = [*common, ctypes.c_int, ptr, ptr, *acks, *fifo]
     # the engine core (NativeM4Engine)
     lib.m4ray_engine_new.restype = ptr
     lib.m4ray_engine_new.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int]
     lib.m4ray_engine_new.argtypes += [f64] * 5
     lib.m4ray_engine_free.restype = None
     lib.m4ray_engine_free.argtypes = [ptr]
+    lib.m4ray_engine_fifo.restype = None
+    lib.m4ray_engine_fifo.argtypes = [ptr, f64]
     lib.m4ray_engine_batching.restype = None
     lib.m4ray_engine_batching.argtypes = [ptr, i64, f64, i64]
     lib.m4ray_engine_arrive.restype = i64

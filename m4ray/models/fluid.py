@@ -134,9 +134,9 @@ class Fluid:
         # once), so a correction > 0 cannot compound through a projection that grows with time
         self.hold = hold
         # fifo_bits: rows of at most this much work are shared in order of arrival (flowSim's
-        # service="fifo"; None: max-min); the Python loops only
+        # service="fifo"; None: max-min)
         self.fifo_bits = fifo_bits
-        self.native = native and library() is not None and fifo_bits is None
+        self.native = native and library() is not None
         self._state = np.zeros((len(self._ARRAYS), 0))
         self._slot = np.zeros(0, dtype=np.int64)  # the compiled twin's per-link scratch
         self.ack_fraction, self.reverse, self.data = 0.0, None, None
@@ -218,7 +218,8 @@ class Fluid:
         itself whenever one of its flows drains."""
         if self.native:
             _keep, args = self._native_args(rows, links, capacity_bps, t)
-            self._check(library().m4ray_fluid_catch_up(*args, *self._native_acks()))
+            rc = library().m4ray_fluid_catch_up(*args, *self._native_acks(), self._native_fifo())
+            self._check(rc)
             return
         links = _lists(links)
         rows = np.asarray(rows, dtype=np.int64)
@@ -270,6 +271,9 @@ class Fluid:
         if self.reverse is None:
             return (0.0, None, None)
         return (self.ack_fraction, self.reverse.ctypes.data, self.data.ctypes.data)
+
+    def _native_fifo(self) -> float:
+        return -1.0 if self.fifo_bits is None else float(self.fifo_bits)
 
     def release(self, row: int, links) -> None:
         """``row``'s flow has left (caught up first): its rate leaves its ``links``."""
@@ -343,7 +347,12 @@ class Fluid:
             base = np.empty(len(keep[0]))
             features = np.empty((len(keep[0]), N_FEATURES))
             rc = library().m4ray_fluid_advance(
-                *args, int(self.hold), base.ctypes.data, features.ctypes.data, *self._native_acks()
+                *args,
+                int(self.hold),
+                base.ctypes.data,
+                features.ctypes.data,
+                *self._native_acks(),
+                self._native_fifo(),
             )
             self._check(rc)
             return base, features

@@ -18,6 +18,7 @@ with the period (at 3,054 flows, 24 GB and 95 s a step), not the component.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import torch
 from m4ray.errors import InputError
 from m4ray.models.fairshare import ACK_BYTES, Window, ack_fraction
 from m4ray.models.wire import WireFormat
+from m4ray.sim.flowsim import wire_window
 from m4ray.train.periods import PeriodSample, split_components
 
 SIZE_BINS = (2, 4, 6, 8, 10, 15, 20, 30, 40, 50, 75, 100)
@@ -169,6 +171,7 @@ def scenario_samples(
     wire = _wire(scenarios.loc[scenario_id, "params"])
     window = _window(scenarios.loc[scenario_id, "params"], link_table, wire)
     acks = _ack_fraction(scenarios.loc[scenario_id, "params"], wire)
+    fifo_bits = _fifo_bits(scenarios.loc[scenario_id, "params"], wire)
     return [
         _sample(
             scenario_id,
@@ -181,13 +184,25 @@ def scenario_samples(
             wire=wire,
             window=window,
             acks=acks,
+            fifo_bits=fifo_bits,
         )
         for p in keep.period_id
     ]
 
 
 def _sample(
-    scenario_id, period, *, groups, remaining, queues, params, bandwidth, wire, window, acks
+    scenario_id,
+    period,
+    *,
+    groups,
+    remaining,
+    queues,
+    params,
+    bandwidth,
+    wire,
+    window,
+    acks,
+    fifo_bits,
 ) -> Sample:
     flows = groups["flows"][period].sort_values("flow_id")
     events = groups["events"][period].sort_values("event")
@@ -249,6 +264,7 @@ def _sample(
         ),
         link_reverse=torch.tensor(reverse),
         ack_fraction=acks,
+        fifo_bits=fifo_bits,
     )
     flowsim = np.maximum(flows.flowsim_fct_s.to_numpy() / ideal, 1.0)
     sample.prior = torch.tensor(flowsim, dtype=torch.float32)
@@ -278,6 +294,16 @@ def _ack_fraction(params_json: str, wire: WireFormat) -> float:
     if params.get("transport", "rdma") != "rdma":
         return 0.0
     return ack_fraction(int(params.get("ack_bytes", ACK_BYTES)), wire)
+
+
+def _fifo_bits(params_json: str, wire: WireFormat) -> float:
+    """The scenario's sender window on the wire, in bits (inf: none; TCP's is no fixed
+    window): the flows a ``fluid_fifo`` anchor serves in order, as the engine's
+    ``anchor_fifo`` takes it from ``Window.of``."""
+    params = json.loads(params_json)
+    if params.get("transport", "rdma") != "rdma" or not params.get("window_bytes"):
+        return math.inf
+    return wire_window(int(params["window_bytes"]), wire) * 8.0
 
 
 def _window(params_json: str, links: pd.DataFrame, wire: WireFormat):

@@ -36,7 +36,8 @@ class PeriodSample:
     drain) where the sender's window binds (:meth:`~m4ray.models.fairshare.Window.limit`; inf, wire
     bits elsewhere), which models with ``fluid_window`` need; ``link_reverse [L]`` each link
     row's reverse link row (-1: not in the period) and ``ack_fraction`` (ACK bits per data
-    bit; 0: TCP), which models with ``fluid_acks`` need.
+    bit; 0: TCP), which models with ``fluid_acks`` need; ``fifo_bits``: the sender window on
+    the wire in bits (inf: none), up to which a ``fluid_fifo`` anchor serves flows in order.
     """
 
     size_bytes: torch.Tensor
@@ -55,6 +56,7 @@ class PeriodSample:
     window: torch.Tensor | None = None
     link_reverse: torch.Tensor | None = None
     ack_fraction: float = 0.0
+    fifo_bits: float = math.inf
     # classic flowSim's slowdown of each flow [F] (a run of the whole scenario; >= 1), which
     # models with flow_prior read
     prior: torch.Tensor | None = None
@@ -196,8 +198,9 @@ def _schedule(s: PeriodSample, fluid: bool | str | None) -> list[EventUpdate]:
             if s.link_reverse is None:
                 raise ValueError("an ACK-loaded anchor needs the periods' reverse links")
             acks = (s.ack_fraction, s.link_reverse.cpu().numpy())
+        fifo_bits = float(s.fifo_bits) if "fifo" in kinds else None
         anchor = (
-            Fluid(len(paths), hold="drain" not in kinds, acks=acks),
+            Fluid(len(paths), hold="drain" not in kinds, acks=acks, fifo_bits=fifo_bits),
             s.link_bandwidth.double().cpu().numpy(),
             s.ideal_s.double().cpu().numpy(),
             (s.size_bytes if s.wire_bytes is None else s.wire_bytes).double().cpu().numpy(),
@@ -306,6 +309,7 @@ def split_components(
             window=None if s.window is None else s.window[flows],
             link_reverse=None if reverse is None else torch.from_numpy(_rows_in(links, reverse)),
             ack_fraction=s.ack_fraction,
+            fifo_bits=s.fifo_bits,
             prior=None if s.prior is None else s.prior[flows],
         )
         part.schedules[fluid] = [_local(schedule[j], flow_local, links) for j in events]

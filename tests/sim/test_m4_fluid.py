@@ -13,7 +13,7 @@ from m4ray.models.fairshare import Window, max_min_rates
 from m4ray.models.fluid import Fluid
 from m4ray.models.m4 import M4Model, ModelConfig
 from m4ray.sim.flows import Flow
-from m4ray.sim.flowsim import FlowSimConfig
+from m4ray.sim.flowsim import FlowSimConfig, wire_window
 from m4ray.sim.m4 import LocalStepper, M4Engine
 from m4ray.sim.m4.backend import M4Backend
 from m4ray.sim.routing import Routing, WireFormat
@@ -178,20 +178,27 @@ def test_engine_reproduces_offline_predictions_with_the_fluid_anchor(tiny_datase
         torch.testing.assert_close(online, offline, rtol=3e-4, atol=3e-4)
 
 
-def test_engine_reproduces_offline_predictions_with_a_window_anchor():
-    """The replay drains each flow as the sample's window says and the engine as its own
-    window over the links' latencies says: the same caps, so the same predictions."""
-    model = _fluid_model(correction=True, window=True)
+def _windowed_chain(window: Window):
+    """The chain with ideals, its wire bytes and each flow's ``window`` limit over links of
+    1 µs (two per path); the window and the links' latencies."""
     p = _chain_with_ideals()
     wire = WireFormat()
     p.wire_bytes = torch.tensor(wire.wire_bytes(p.size_bytes.numpy()))
-    window, latency = Window(1_500), np.full(len(p.link_bandwidth), 1e-6)
+    latency = np.full(len(p.link_bandwidth), 1e-6)
     limits = []
     for f in range(len(p.arrival)):
         rates = p.link_bandwidth[p.incidence[1, p.incidence[0] == f]].double().numpy()
         bits = float(p.wire_bytes[f]) * 8
         limits.append(window.limit_on(wire, 2e-6, (1 / rates).sum(), rates.min(), bits))
     p.window = torch.tensor(limits, dtype=torch.float64)
+    return p, window, latency
+
+
+def test_engine_reproduces_offline_predictions_with_a_window_anchor():
+    """The replay drains each flow as the sample's window says and the engine as its own
+    window over the links' latencies says: the same caps, so the same predictions."""
+    model = _fluid_model(correction=True, window=True)
+    p, window, latency = _windowed_chain(Window(1_500))
     assert np.isfinite(p.window[:, 0].numpy()).all()  # the window binds for every flow
     with torch.no_grad():
         offline = forward_period(copy.deepcopy(model).float(), p)[0].clamp(min=1.0)
@@ -204,6 +211,28 @@ def test_engine_reproduces_offline_predictions_with_a_window_anchor():
     p.schedules.clear()  # the replay's schedule is kept on the sample
     with pytest.raises(ValueError, match="windows"):
         forward_period(model, p)
+
+
+def test_engine_reproduces_offline_predictions_with_a_fifo_anchor():
+    """A model trained on the FIFO anchor (``fluid_fifo``): the replay serves the flows of at
+    most the sample's ``fifo_bits`` in order of arrival, and the engine those of at most its
+    window on the wire (it takes the anchor from the checkpoint's config, unasked): the same
+    shares and drain projections, so the same predictions; and FIFO changes them."""
+    model = _fluid_model(correction=True, window=True)
+    model.cfg.fluid_fifo = True
+    p, window, latency = _windowed_chain(Window(12_000))
+    p.fifo_bits = wire_window(window.bytes, WireFormat()) * 8.0
+    assert 0 < int((p.wire_bytes * 8 <= p.fifo_bits).sum()) < len(p.arrival)
+    with torch.no_grad():
+        offline = forward_period(copy.deepcopy(model).float(), p)[0].clamp(min=1.0)
+        fair = _fluid_model(correction=True, window=True)
+        plain = forward_period(fair.float(), p)[0].clamp(min=1.0)
+    assert model.cfg.anchor == "hold+window+fifo"
+    online = _replay_online(copy.deepcopy(model).double(), p, window, latency)
+    assert not torch.allclose(offline, plain, rtol=1e-3)  # FIFO changes the answers
+    torch.testing.assert_close(online, offline, rtol=3e-4, atol=3e-4)
+    with pytest.raises(ValueError, match="fluid_fifo needs fluid"):
+        ModelConfig(fluid_fifo=True)
 
 
 def test_engine_reproduces_offline_predictions_with_ack_load():

@@ -111,6 +111,42 @@ def test_the_compiled_engine_answers_as_the_python_one_bit_for_bit(  # noqa: PLR
     assert slowdown.max() > 1.5  # flows do share
 
 
+@pytest.mark.parametrize(
+    ("window", "hold", "window_us", "acks", "batching"),
+    [
+        (True, False, 0.0, False, None),  # m4-v2's engine on the FIFO anchor
+        (True, False, 0.0, True, None),  # with ACK load
+        (False, True, None, False, None),  # every flow in order of arrival
+        (True, False, 0.0, True, Batching(4, 0.25, 8)),  # batched, frozen anchors
+    ],
+    ids=["v2-fifo", "v2-fifo-acks", "fifo-no-window", "v2-fifo-batched-frozen"],
+)
+def test_the_compiled_fifo_anchor_answers_as_the_python_one_bit_for_bit(
+    window, hold, window_us, acks, batching
+):
+    """``anchor_fifo`` (flowSim's FIFO service up to the window) in the compiled core: its share
+    by arrival instant (``fifo_share``) and its drain projection (``fifo_ends``) give the Python
+    reference's FCTs exactly, and the FIFO anchor does move the answers (it is not max-min)."""
+    topo = GrayFailure(n_degraded=2, reduction=4).apply(FatTreeSpec(k=4).build())
+    routing = Routing(topo, seed=0)
+    hosts = sorted(topo.hosts)
+    flows = _flows(hosts, np.random.default_rng(7), 120)
+    flows += [Flow(300 + i, hosts[1 + i % 3], hosts[0], 5_000, 5e-4) for i in range(9)]
+    model = _model(True, window, hold, acks)
+    common = {"window_us": window_us, "param": 0.1, "ack_fraction": 0.05 if acks else 0.0}
+    cfgs = [
+        _Direct(
+            model, 6_000 if window else None, native=n, batching=batching, anchor_fifo=f, **common
+        )
+        for n, f in ((False, True), (True, True), (True, False))
+    ]
+    answers, engines, _ = _run(topo, flows, routing, cfgs)
+    assert [type(e) for e in engines] == [M4Engine, NativeM4Engine, NativeM4Engine]
+    assert engines[1].n_updates == engines[0].n_updates > 40
+    np.testing.assert_array_equal(answers[1], answers[0])
+    assert np.abs(answers[2] / answers[0] - 1).max() > 0.05
+
+
 class _Fused(_Direct):
     """:class:`_Direct` stepping the numpy model, its small updates in one core call
     (``fused``) or through the stepper."""

@@ -218,7 +218,7 @@ class M4Config(M4Settings):
     )  # float32 by default since 2026-11-29: runs before then were float64, and keep their ids
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
     # the fluid anchor's service: fair (max-min, as every checkpoint was trained) or fifo
-    # (flowSim's service="fifo" up to the window: an experiment; the Python engine only)
+    # (flowSim's service="fifo" up to the window; compiled core and Python reference alike)
     anchor: str = added_field("fair", "a FIFO anchor (issue 29)")
 
     def __post_init__(self) -> None:

@@ -83,8 +83,8 @@ class M4Engine:
     state, the path (padded), its length, start, ideal FCT and last slowdown; an update gathers
     and scatters them with array indexing instead of per-flow Python."""
 
-    def __new__(cls, *args, native: bool = True, anchor_fifo: bool = False, **kwargs):
-        compiled = cls is M4Engine and native and not anchor_fifo and core.library() is not None
+    def __new__(cls, *args, native: bool = True, **kwargs):
+        compiled = cls is M4Engine and native and core.library() is not None
         # the same engine with its bookkeeping compiled
         return super().__new__(NativeM4Engine if compiled else cls)
 
@@ -132,13 +132,14 @@ class M4Engine:
         self._window = window if model_cfg.fluid and model_cfg.fluid_window else None
         self._wire = routing.wire if routing is not None else WireFormat()
         # anchor_fifo: the anchor serves window-sized flows in order of arrival (flowSim's
-        # service="fifo", fifo_bytes: the window; every flow without one); Python only
+        # service="fifo", fifo_bytes: the window; every flow without one)
         fifo_bits = None
-        if anchor_fifo:
+        if anchor_fifo or model_cfg.fluid_fifo:  # asked for, or the model was trained on it
             w = self._window
             fifo_bits = np.inf if w is None else wire_window(w.bytes, self._wire) * 8.0
+        self._fifo_bits = fifo_bits if model_cfg.fluid else None
         self._fluid = (
-            Fluid(0, hold=model_cfg.fluid_hold, acks=acks, fifo_bits=fifo_bits)
+            Fluid(0, hold=model_cfg.fluid_hold, acks=acks, fifo_bits=fifo_bits, native=native)
             if model_cfg.fluid
             else None
         )
@@ -519,6 +520,8 @@ class NativeM4Engine(M4Engine):
         )
         if not self._core:
             raise MemoryError("m4 engine core: out of memory")
+        if self._fifo_bits is not None:
+            lib.m4ray_engine_fifo(self._core, self._fifo_bits)
         if self.batching is not None:
             batching = self.batching
             lib.m4ray_engine_batching(
