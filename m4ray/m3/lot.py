@@ -24,7 +24,8 @@ from m4ray.errors import InputError
 from m4ray.m3.paths import PathScenario
 from m4ray.m3.pathsim import path_drain_times
 from m4ray.models.fairshare import round_trip_s
-from m4ray.sim.flowsim import queue_caps, round_trip, standing_levels, wire_window
+from m4ray.models.wire import wire_window
+from m4ray.sim.flowsim import queue_caps, round_trip, standing_levels
 from m4ray.sim.routing import Path, Routing, WireFormat
 from m4ray.sim.topology import Cable, Topology
 

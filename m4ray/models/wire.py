@@ -4,6 +4,7 @@ states the FCT convention built on it)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -20,4 +21,12 @@ class WireFormat:
         return size_bytes + -(-size_bytes // self.mtu_bytes) * self.header_bytes
 
 
-__all__ = ["WireFormat"]
+def wire_window(window_bytes: int, wire: WireFormat) -> float:
+    """A window of payload on the wire (bytes: whole packets with their headers); none (0):
+    unbounded, so a full link's queue stands at its cap."""
+    if window_bytes <= 0:
+        return math.inf
+    return math.ceil(window_bytes / wire.mtu_bytes) * float(wire.mtu_bytes + wire.header_bytes)
+
+
+__all__ = ["WireFormat", "wire_window"]

@@ -36,7 +36,7 @@ import gc
 import secrets
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -107,6 +107,11 @@ class NewSession(BaseModel):
         False,
         description="network parameters outside the span the checkpoint was trained on are "
         "brought to its edge (false; the session's notes say which) or fed as they are (true)",
+    )
+    anchor: Literal["fair", "fifo"] = Field(
+        "fair",
+        description="the fluid anchor's service: fair (max-min) or fifo (flows of at most the "
+        "sender's window served in order of arrival); a checkpoint trained on fifo runs on it",
     )
 
 
@@ -467,7 +472,7 @@ class M4Sessions:
         batching = Batching.of(spec.batch_above_flows, spec.batch_fraction, spec.batch_frozen_above)
         engine = engine_for(
             topo, cfg, ns3, routing, batching=batching, params_range=span,
-            checkpoint=self.checkpoint,
+            checkpoint=self.checkpoint, anchor_fifo=spec.anchor == "fifo",
         )  # fmt: skip
         session_id = uuid.uuid4().hex
         expire(self.sessions, time.monotonic(), self.session_idle_s)

@@ -50,6 +50,7 @@ class SessionClient:
         token: str | None = None,
         batching: Batching | None = None,
         extrapolate: bool = False,
+        anchor: str = "fair",
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -66,6 +67,7 @@ class SessionClient:
             "header_bytes": routing.wire.header_bytes,
             "network": asdict(network or Ns3Config()),
             "extrapolate": extrapolate,
+            "anchor": anchor,
         }
         if batching is not None:
             body["batch_above_flows"] = batching.above_flows
@@ -217,9 +219,9 @@ class M4ServedConfig(M4Settings):
     """``backend=m4_served``: ``via`` http (``url`` of the Serve app, with its route prefix, and
     its bearer ``token`` if it has one) or handle (the app named ``app_name`` on this Ray
     cluster); update ``window_us`` (default: 10 µs temporal batches, one call each); the call
-    timeout; the ns-3 ``network`` the model imitates, completion batching and ``extrapolate``
-    as for ``backend=m4`` (:class:`~m4ray.sim.m4.backend.M4Settings`, one definition for
-    both)."""
+    timeout; the ns-3 ``network`` the model imitates, completion batching, ``extrapolate`` and
+    the fluid ``anchor`` as for ``backend=m4`` (:class:`~m4ray.sim.m4.backend.M4Settings`, one
+    definition for both)."""
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
@@ -247,6 +249,7 @@ class M4ServedConfig(M4Settings):
             engine = engine_for(
                 topology, model_cfg, self.network, routing, stepper, batching=self.batching(),
                 params_range=span, checkpoint=stepper.config.get("checkpoint", "m4"),
+                anchor_fifo=self.anchor == "fifo",
             )  # fmt: skip
             return M4Backend(engine, window_us=self.window_us)
         client = SessionClient(
@@ -258,6 +261,7 @@ class M4ServedConfig(M4Settings):
             token=self.token,
             batching=self.batching(),
             extrapolate=self.extrapolate,
+            anchor=self.anchor,
         )
         backend = M4Backend(ServedEngine(client, routing), window_us=self.window_us)
         weakref.finalize(backend, client.close)

@@ -96,6 +96,7 @@ from m4ray.models.fairshare import (
     reverse_links,
     round_trip_s,
 )
+from m4ray.models.wire import wire_window
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.dagloop import NativeLoop, library
 from m4ray.sim.flows import Flow
@@ -213,14 +214,6 @@ def queue_caps(k_bytes: list[list[float]], capacity_bps) -> np.ndarray:
     points = sorted(k_bytes)
     rates, values = [p[0] for p in points], [p[1] for p in points]
     return np.interp(np.asarray(capacity_bps, dtype=np.float64), rates, values)
-
-
-def wire_window(window_bytes: int, wire: WireFormat) -> float:
-    """A window of payload on the wire (bytes: whole packets with their headers); none (0):
-    unbounded, so a full link's queue stands at its cap."""
-    if window_bytes <= 0:
-        return math.inf
-    return math.ceil(window_bytes / wire.mtu_bytes) * float(wire.mtu_bytes + wire.header_bytes)
 
 
 def round_trip(path: Path, wire: WireFormat, ack_bytes: int) -> float:

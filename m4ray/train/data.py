@@ -29,8 +29,7 @@ import torch
 
 from m4ray.errors import InputError
 from m4ray.models.fairshare import ACK_BYTES, Window, ack_fraction
-from m4ray.models.wire import WireFormat
-from m4ray.sim.flowsim import wire_window
+from m4ray.models.wire import WireFormat, wire_window
 from m4ray.train.periods import PeriodSample, split_components
 
 SIZE_BINS = (2, 4, 6, 8, 10, 15, 20, 30, 40, 50, 75, 100)

@@ -391,9 +391,11 @@ def test_a_flow_prior_model_reads_classic_flowsims_answer_per_flow(tiny_dataset)
 
 def test_the_backends_anchor_is_fair_or_fifo():
     from m4ray.errors import InputError
+    from m4ray.serve.client import M4ServedConfig
     from m4ray.sim.m4 import M4Config
 
-    assert M4Config().anchor == "fair"
-    with pytest.raises(InputError) as err:
-        M4Config(anchor="lifo")
-    assert err.value.field == "anchor"
+    for kind in (M4Config, M4ServedConfig):  # one setting (M4Settings) for both m4 backends
+        assert kind().anchor == "fair"
+        with pytest.raises(InputError) as err:
+            kind(anchor="lifo")
+        assert err.value.field == "anchor"

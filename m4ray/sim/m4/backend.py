@@ -166,6 +166,8 @@ class M4Settings:
     ``extrapolate``: network parameters outside the span the checkpoint was trained on (its
     ``model.json`` ``params_range``: the SimAI study's 100 MB buffers against training's
     1-16 MB) are brought to the span's edge, with a warning (False), or fed as they are (True).
+    ``anchor``: the fluid anchor's service, ``fair`` (max-min) or ``fifo`` (flows of at most the
+    sender's window served in order of arrival, as flowSim's ``service: fifo``).
     A subclass's ``__post_init__`` calls :meth:`check_settings`. Run ids hash the fields by name
     (:mod:`m4ray.fingerprint`), so they are the same as when each backend declared its own."""
 
@@ -176,10 +178,15 @@ class M4Settings:
         0, "batched components' anchors frozen (2026-11-29)", ids_had=1024
     )
     extrapolate: bool = added_field(False, "params13 outside the checkpoint's range (2026-11-27)")
+    # the fluid anchor's service: fair (max-min) or fifo (flowSim's service="fifo" up to the
+    # window); a checkpoint trained on the FIFO anchor runs on it either way
+    anchor: str = added_field("fair", "a FIFO anchor (issue 29)")
 
     def check_settings(self) -> None:
         """Bad values fail here, before any task."""
         self.batching()
+        if self.anchor not in ("fair", "fifo"):
+            raise InputError(f"expected fair or fifo, got {self.anchor!r}", field="anchor")
 
     def batching(self) -> Batching | None:
         """The engine's completion batching of large components (None: every update)."""
@@ -217,9 +224,6 @@ class M4Config(M4Settings):
         DEFAULT_PRECISION, "the numpy step's float type (2026-11-26)", ids_had="float64"
     )  # float32 by default since 2026-11-29: runs before then were float64, and keep their ids
     device: str = added_field("cpu", "m4's step on a GPU (2026-11-27)")
-    # the fluid anchor's service: fair (max-min, as every checkpoint was trained) or fifo
-    # (flowSim's service="fifo" up to the window; compiled core and Python reference alike)
-    anchor: str = added_field("fair", "a FIFO anchor (issue 29)")
 
     def __post_init__(self) -> None:
         from m4ray.models.numpy_step import float_type
@@ -230,8 +234,6 @@ class M4Config(M4Settings):
             raise InputError(f"must be >= 0 or null, got {self.window_us}", field="window_us")
         if self.share_steps < 1:
             raise InputError(f"must be >= 1, got {self.share_steps}", field="share_steps")
-        if self.anchor not in ("fair", "fifo"):
-            raise InputError(f"expected fair or fifo, got {self.anchor!r}", field="anchor")
         self.check_settings()
         if not re.fullmatch(DEVICE_PATTERN, self.device):
             raise InputError(

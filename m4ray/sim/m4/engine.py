@@ -38,7 +38,7 @@ from m4ray.models.fairshare import Window, reverse_links
 from m4ray.models.fluid import N_FEATURES, Fluid, offsets
 from m4ray.models.graph import StepGraph, StepOut
 from m4ray.models.numpy_step import initial_link_state
-from m4ray.sim.flowsim import wire_window
+from m4ray.models.wire import wire_window
 from m4ray.sim.m4 import memo
 from m4ray.sim.m4.arrival import Arrival
 from m4ray.sim.routing import Routing, WireFormat
