@@ -271,7 +271,8 @@ def test_both_m4_backends_take_their_engine_settings_from_one_definition():
 
     shared = {f.name: f for f in dataclasses.fields(M4Settings)}
     assert set(shared) == {
-        "network", "batch_above_flows", "batch_fraction", "batch_frozen_above", "extrapolate"
+        "network", "batch_above_flows", "batch_fraction", "batch_frozen_above", "extrapolate",
+        "anchor",
     }  # fmt: skip
     cfg = sweep_cfg("+experiment=gray_failure", "backend_options.m4.batch_fraction=0.2")
     for cls, name in ((M4Config, "m4"), (M4ServedConfig, "m4_served")):
@@ -288,3 +289,6 @@ def test_both_m4_backends_take_their_engine_settings_from_one_definition():
         assert err.value.field == "batch_fraction"
     assert cfg.backend_options.m4.batch_fraction == 0.2
     assert cfg.backend_options.m4_served.batch_fraction == 0.5
+    # the gray-failure experiment gives both m4 backends the FIFO anchor (m4_served follows m4)
+    assert cfg.backend_options.m4.anchor == cfg.backend_options.m4_served.anchor == "fifo"
+    assert M4Settings().anchor == "fair"
