@@ -215,6 +215,7 @@ def backend_configs(
         "flowsim_fifo": ("flowsim", FlowSimConfig(service="fifo", fifo_bytes="window")),
         "ns3": ("ns3", ns3),
         "m4": ("m4", M4Config(checkpoint=checkpoint, network=ns3)),
+        "m4_fifo": ("m4", M4Config(checkpoint=checkpoint, network=ns3, anchor="fifo")),
     }
     return {name: every[name] for name in names}
 
