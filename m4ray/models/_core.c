@@ -73,22 +73,16 @@ static int max_min(int64_t n, const int64_t *sel, const int64_t *off, const int6
                    double *rate) {
     int64_t n_edges = 0;
     for (int64_t i = 0; i < n; i++) n_edges += off[sel[i] + 1] - off[sel[i]];
-    int64_t *used = malloc(sizeof(int64_t) * (n_edges + 1));
-    int64_t *flow_of = malloc(sizeof(int64_t) * (n_edges + 1));
-    int64_t *link_of = malloc(sizeof(int64_t) * (n_edges + 1));
-    double *remaining = malloc(sizeof(double) * (n_edges + 1));
-    double *load = malloc(sizeof(double) * (n_edges + 1));
-    double *used_bw = malloc(sizeof(double) * (n_edges + 1));
-    double *counts = malloc(sizeof(double) * (n_edges + 1));
-    int64_t *open_links = malloc(sizeof(int64_t) * (n_edges + 1));
-    int64_t *open_flows = malloc(sizeof(int64_t) * (n + 1));
-    char *hit = malloc(n + 1);
+    /* one block (8-byte slots: eight arrays of n_edges + 1, one of n + 1, then the flags) */
+    int64_t e1 = n_edges + 1;
+    char *block = malloc(8 * (8 * e1 + n + 1) + n + 1);
+    if (!block) return 2;
+    int64_t *used = (int64_t *)block, *flow_of = used + e1, *link_of = flow_of + e1;
+    int64_t *open_links = link_of + e1, *open_flows = open_links + e1;
+    double *remaining = (double *)(open_flows + n + 1), *load = remaining + e1;
+    double *used_bw = load + e1, *counts = used_bw + e1;
+    char *hit = (char *)(counts + e1);
     int rc = 0;
-    if (!used || !flow_of || !link_of || !remaining || !load || !used_bw || !counts ||
-        !open_links || !open_flows || !hit) {
-        rc = 2;
-        goto out;
-    }
     int64_t n_used = 0, e = 0;
     for (int64_t i = 0; i < n; i++) {
         for (int64_t j = off[sel[i]]; j < off[sel[i] + 1]; j++, e++) {
@@ -183,17 +177,7 @@ static int max_min(int64_t n, const int64_t *sel, const int64_t *off, const int6
         }
         n_flows_open = flows_kept;
     }
-out:
-    free(used);
-    free(flow_of);
-    free(link_of);
-    free(remaining);
-    free(load);
-    free(used_bw);
-    free(counts);
-    free(open_links);
-    free(open_flows);
-    free(hit);
+    free(block);
     return rc;
 }
 
@@ -229,16 +213,14 @@ static int fifo_share(fluid *s, const ackload *ack, int64_t m, const int64_t *se
     for (int64_t j = 0; j < m; j++)
         for (int64_t e = off[sel[j]]; e < off[sel[j] + 1]; e++)
             if (idx[e] + 1 > n_links) n_links = idx[e] + 1;
-    double *resid = malloc(sizeof(double) * (n_links + 1));
-    double *used = malloc(sizeof(double) * (n_links + 1));
-    double (*order)[2] = malloc(sizeof(double[2]) * (m + 1)); /* (start, j) of the in-order */
-    int64_t *msel = malloc(sizeof(int64_t) * (m + 1)), *mem = malloc(sizeof(int64_t) * (m + 1));
-    double *mcaps = malloc(sizeof(double) * (m + 1)), *mgot = malloc(sizeof(double) * (m + 1));
+    /* one block of 8-byte slots: two per link, (start, j) of the in-order, four per flow */
+    double *resid = malloc(sizeof(double) * (2 * (n_links + 1) + 6 * (m + 1)));
+    if (!resid) return 2;
+    double *used = resid + n_links + 1;
+    double (*order)[2] = (double (*)[2])(used + n_links + 1);
+    int64_t *msel = (int64_t *)(order + m + 1), *mem = msel + m + 1;
+    double *mcaps = (double *)(mem + m + 1), *mgot = mcaps + m + 1;
     int rc = 0;
-    if (!resid || !used || !order || !msel || !mem || !mcaps || !mgot) {
-        rc = 2;
-        goto out;
-    }
     for (int64_t j = 0; j < m; j++)
         for (int64_t e = off[sel[j]]; e < off[sel[j] + 1]; e++) {
             resid[idx[e]] = effective(capacity, ack, idx[e]);
@@ -285,12 +267,6 @@ static int fifo_share(fluid *s, const ackload *ack, int64_t m, const int64_t *se
     }
 out:
     free(resid);
-    free(used);
-    free(order);
-    free(msel);
-    free(mem);
-    free(mcaps);
-    free(mgot);
     return rc;
 }
 
@@ -305,15 +281,11 @@ static int cmp_order(const void *a, const void *b) {
 static int rates(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, const int64_t *pos,
                  const double *left, const int64_t *off, const int64_t *idx,
                  const double *capacity, int64_t *slot, double *rate) {
-    int64_t *live = malloc(sizeof(int64_t) * (n + 1));
-    int64_t *sel = malloc(sizeof(int64_t) * (n + 1));
-    double *caps = malloc(sizeof(double) * (n + 1));
-    double *got = malloc(sizeof(double) * (n + 1));
+    int64_t *live = malloc(sizeof(int64_t) * 4 * (n + 1)); /* and sel, caps, got */
+    if (!live) return 2;
+    int64_t *sel = live + n + 1;
+    double *caps = (double *)(sel + n + 1), *got = caps + n + 1;
     int rc = 0;
-    if (!live || !sel || !caps || !got) {
-        rc = 2;
-        goto out;
-    }
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++) {
         rate[i] = 0.0;
@@ -329,11 +301,7 @@ static int rates(fluid *s, const ackload *ack, int64_t n, const int64_t *rows, c
         if (!rc)
             for (int64_t j = 0; j < m; j++) rate[live[j]] = got[j];
     }
-out:
     free(live);
-    free(sel);
-    free(caps);
-    free(got);
     return rc;
 }
 
@@ -549,14 +517,10 @@ static int fifo_ends(fluid *s, const ackload *ack, int64_t n, const int64_t *row
                      const double *left0, const double *rate0, const int64_t *off,
                      const int64_t *idx, const double *capacity, int64_t *slot, double t,
                      double *ends) {
-    double *left = malloc(sizeof(double) * (n + 1));
-    double *rate = malloc(sizeof(double) * (n + 1));
-    double *to_go = malloc(sizeof(double) * (n + 1));
+    double *left = malloc(sizeof(double) * 3 * (n + 1)); /* and rate, to_go */
+    if (!left) return 2;
+    double *rate = left + n + 1, *to_go = rate + n + 1;
     int rc = 0;
-    if (!left || !rate || !to_go) {
-        rc = 2;
-        goto out;
-    }
     memcpy(left, left0, sizeof(double) * n);
     memcpy(rate, rate0, sizeof(double) * n);
     double now = t;
@@ -565,12 +529,9 @@ static int fifo_ends(fluid *s, const ackload *ack, int64_t n, const int64_t *row
         if (dt < 0) break;
         now += dt;
         drain_step(n, left, rate, to_go, dt, now, ends, NULL);
-        if ((rc = rates(s, ack, n, rows, NULL, left, off, idx, capacity, slot, rate))) goto out;
+        if ((rc = rates(s, ack, n, rows, NULL, left, off, idx, capacity, slot, rate))) break;
     }
-out:
     free(left);
-    free(rate);
-    free(to_go);
     return rc;
 }
 
