@@ -198,7 +198,46 @@ static int set_rates(fluid *s, const ackload *a, int64_t n, const int64_t *rows,
     return changed;
 }
 
-static int cmp_order(const void *a, const void *b);
+/* A flow fifo_share serves in order: at most fifo_bits of work. */
+static int fits(const fluid *s, int64_t row) { return s->f[WORK][row] <= s->fifo_bits; }
+
+/* fifo_share's scratch: the residual per link and each link's sum over a group (0 between
+ * groups), and a group's CSR entries, caps and rates */
+typedef struct {
+    double *resid, *used, *mcaps, *mgot;
+    int64_t *msel, *slot;
+} fifo_scratch;
+
+/* One group of fifo_share: flows mem[0..k-1] (indices into sel, caps, got) share max-min what
+ * w->resid has left; their rates into got; then per link the group's rates summed in flow
+ * order (np.bincount) and the residual reduced once per link, floored at 0 (used back to 0,
+ * so a second visit of a link is a no-op). */
+static int fifo_group(fifo_scratch *w, int64_t k, const int64_t *mem, const int64_t *sel,
+                      const double *caps, const int64_t *off, const int64_t *idx, double *got) {
+    if (!k) return 0;
+    for (int64_t i = 0; i < k; i++) w->msel[i] = sel[mem[i]], w->mcaps[i] = caps[mem[i]];
+    int rc = max_min(k, w->msel, off, idx, w->resid, NULL, w->mcaps, w->slot, w->mgot);
+    if (rc) return rc;
+    for (int64_t i = 0; i < k; i++) {
+        got[mem[i]] = w->mgot[i];
+        for (int64_t e = off[w->msel[i]]; e < off[w->msel[i] + 1]; e++)
+            w->used[idx[e]] += w->mgot[i];
+    }
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t e = off[w->msel[i]]; e < off[w->msel[i] + 1]; e++) {
+            int64_t l = idx[e];
+            double x = w->resid[l] - w->used[l];
+            w->resid[l] = x > 0.0 ? x : 0.0;
+            w->used[l] = 0.0;
+        }
+    return 0;
+}
+
+static int cmp_order(const void *a, const void *b) {
+    const double *x = a, *y = b;
+    if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
 
 /* fairshare.fifo_rates over the live flows (m of them: CSR entries sel[j], caps[j], rows
  * rows[live[j]]): the flows of at most fifo_bits of work in order of START (stably), each
@@ -214,66 +253,37 @@ static int fifo_share(fluid *s, const ackload *ack, int64_t m, const int64_t *se
         for (int64_t e = off[sel[j]]; e < off[sel[j] + 1]; e++)
             if (idx[e] + 1 > n_links) n_links = idx[e] + 1;
     /* one block of 8-byte slots: two per link, (start, j) of the in-order, four per flow */
-    double *resid = malloc(sizeof(double) * (2 * (n_links + 1) + 6 * (m + 1)));
-    if (!resid) return 2;
-    double *used = resid + n_links + 1;
-    double (*order)[2] = (double (*)[2])(used + n_links + 1);
-    int64_t *msel = (int64_t *)(order + m + 1), *mem = msel + m + 1;
-    double *mcaps = (double *)(mem + m + 1), *mgot = mcaps + m + 1;
-    int rc = 0;
+    double *block = malloc(sizeof(double) * (2 * (n_links + 1) + 6 * (m + 1)));
+    if (!block) return 2;
+    fifo_scratch w = {.resid = block, .used = block + n_links + 1, .slot = slot};
+    double (*order)[2] = (double (*)[2])(w.used + n_links + 1);
+    w.msel = (int64_t *)(order + m + 1);
+    int64_t *mem = w.msel + m + 1;
+    w.mcaps = (double *)(mem + m + 1), w.mgot = w.mcaps + m + 1;
     for (int64_t j = 0; j < m; j++)
         for (int64_t e = off[sel[j]]; e < off[sel[j] + 1]; e++) {
-            resid[idx[e]] = effective(capacity, ack, idx[e]);
-            used[idx[e]] = 0.0;
+            w.resid[idx[e]] = effective(capacity, ack, idx[e]);
+            w.used[idx[e]] = 0.0;
         }
     int64_t n_in = 0;
     for (int64_t j = 0; j < m; j++)
-        if (s->f[WORK][rows[live[j]]] <= s->fifo_bits) {
+        if (fits(s, rows[live[j]])) {
             order[n_in][0] = s->f[START][rows[live[j]]];
             order[n_in++][1] = (double)j;
         }
     qsort(order, n_in, sizeof(double[2]), cmp_order); /* by start, then j: a stable sort */
-    int64_t q = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (;;) { /* the next group: one instant's in-order flows, or (pass 1) the others */
-            int64_t k = 0;
-            if (pass == 0) {
-                if (q >= n_in) break;
-                double t0 = order[q][0];
-                while (q < n_in && order[q][0] == t0) mem[k++] = (int64_t)order[q++][1];
-            } else {
-                for (int64_t j = 0; j < m; j++)
-                    if (!(s->f[WORK][rows[live[j]]] <= s->fifo_bits)) mem[k++] = j;
-            }
-            if (k) {
-                for (int64_t i = 0; i < k; i++) msel[i] = sel[mem[i]], mcaps[i] = caps[mem[i]];
-                if ((rc = max_min(k, msel, off, idx, resid, NULL, mcaps, slot, mgot))) goto out;
-                /* per link the group's rates summed in flow order (np.bincount), then the
-                 * residual reduced once per link (used back to 0: a second visit is a no-op) */
-                for (int64_t i = 0; i < k; i++) {
-                    got[mem[i]] = mgot[i];
-                    for (int64_t e = off[msel[i]]; e < off[msel[i] + 1]; e++) used[idx[e]] += mgot[i];
-                }
-                for (int64_t i = 0; i < k; i++)
-                    for (int64_t e = off[msel[i]]; e < off[msel[i] + 1]; e++) {
-                        int64_t l = idx[e];
-                        double x = resid[l] - used[l];
-                        resid[l] = x > 0.0 ? x : 0.0;
-                        used[l] = 0.0;
-                    }
-            }
-            if (pass == 1) break;
-        }
+    int rc = 0;
+    for (int64_t q = 0, k = 0; q < n_in && !rc; k = 0) { /* one arrival instant at a time */
+        double t0 = order[q][0];
+        while (q < n_in && order[q][0] == t0) mem[k++] = (int64_t)order[q++][1];
+        rc = fifo_group(&w, k, mem, sel, caps, off, idx, got);
     }
-out:
-    free(resid);
+    int64_t k = 0; /* then the flows larger than the window */
+    for (int64_t j = 0; j < m; j++)
+        if (!fits(s, rows[live[j]])) mem[k++] = j;
+    if (!rc) rc = fifo_group(&w, k, mem, sel, caps, off, idx, got);
+    free(block);
     return rc;
-}
-
-static int cmp_order(const void *a, const void *b) {
-    const double *x = a, *y = b;
-    if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
-    return (x[1] > y[1]) - (x[1] < y[1]);
 }
 
 /* Fluid._rates: max-min rates of the rows with bits left (0 for the others) into rate[n].

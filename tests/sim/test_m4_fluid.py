@@ -213,21 +213,23 @@ def test_engine_reproduces_offline_predictions_with_a_window_anchor():
         forward_period(model, p)
 
 
-def test_engine_reproduces_offline_predictions_with_a_fifo_anchor():
+@pytest.mark.parametrize("drains_by_window", [True, False], ids=["window", "no-window-cap"])
+def test_engine_reproduces_offline_predictions_with_a_fifo_anchor(drains_by_window):
     """A model trained on the FIFO anchor (``fluid_fifo``): the replay serves the flows of at
-    most the sample's ``fifo_bits`` in order of arrival, and the engine those of at most its
-    window on the wire (it takes the anchor from the checkpoint's config, unasked): the same
-    shares and drain projections, so the same predictions; and FIFO changes them."""
-    model = _fluid_model(correction=True, window=True)
+    most the sample's ``fifo_bits`` in order of arrival, and the engine those of at most the
+    sender's window on the wire (it takes the anchor from the checkpoint's config, unasked),
+    whether or not the anchor also drains by the window (``fluid_window``): the same shares
+    and drain projections, so the same predictions; and FIFO changes them."""
+    model = _fluid_model(correction=True, window=drains_by_window)
     model.cfg.fluid_fifo = True
     p, window, latency = _windowed_chain(Window(12_000))
     p.fifo_bits = wire_window(window.bytes, WireFormat()) * 8.0
     assert 0 < int((p.wire_bytes * 8 <= p.fifo_bits).sum()) < len(p.arrival)
     with torch.no_grad():
         offline = forward_period(copy.deepcopy(model).float(), p)[0].clamp(min=1.0)
-        fair = _fluid_model(correction=True, window=True)
+        fair = _fluid_model(correction=True, window=drains_by_window)
         plain = forward_period(fair.float(), p)[0].clamp(min=1.0)
-    assert model.cfg.anchor == "hold+window+fifo"
+    assert model.cfg.anchor == ("hold+window+fifo" if drains_by_window else "hold+fifo")
     online = _replay_online(copy.deepcopy(model).double(), p, window, latency)
     assert not torch.allclose(offline, plain, rtol=1e-3)  # FIFO changes the answers
     torch.testing.assert_close(online, offline, rtol=3e-4, atol=3e-4)

@@ -132,11 +132,11 @@ class M4Engine:
         self._window = window if model_cfg.fluid and model_cfg.fluid_window else None
         self._wire = routing.wire if routing is not None else WireFormat()
         # anchor_fifo: the anchor serves window-sized flows in order of arrival (flowSim's
-        # service="fifo", fifo_bytes: the window; every flow without one)
+        # service="fifo", fifo_bytes: the sender's window, whether or not the anchor drains by
+        # it, as training's periods carry it; every flow without one)
         fifo_bits = None
         if anchor_fifo or model_cfg.fluid_fifo:  # asked for, or the model was trained on it
-            w = self._window
-            fifo_bits = np.inf if w is None else wire_window(w.bytes, self._wire) * 8.0
+            fifo_bits = wire_window(0 if window is None else window.bytes, self._wire) * 8.0
         self._fifo_bits = fifo_bits if model_cfg.fluid else None
         self._fluid = (
             Fluid(0, hold=model_cfg.fluid_hold, acks=acks, fifo_bits=fifo_bits, native=native)
