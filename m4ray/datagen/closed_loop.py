@@ -58,10 +58,12 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
     networks only), ``flowsim_fifo`` (links serve window-sized flows in order of arrival),
     ``flowsim_bursts`` and ``flowsim_fifo_bursts`` (those with the network's standing queues
     and first windows over them, ``StandingQueues.of(..., bursts=True)``),
-    ``m4`` (``checkpoint``, told the network it imitates), ``m4_fifo`` (that on a FIFO anchor:
-    ``M4Config.anchor``) and ``m4=<checkpoint>`` (another checkpoint, so several models replay
-    side by side)."""
+    ``fluid_dctcp`` (:mod:`m4ray.sim.fluidcc`: RDMA DCTCP's rates and queues, time-stepped;
+    DCTCP networks only), ``m4`` (``checkpoint``, told the network it imitates), ``m4_fifo``
+    (that on a FIFO anchor: ``M4Config.anchor``) and ``m4=<checkpoint>`` (another checkpoint,
+    so several models replay side by side)."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
+    from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.m4 import M4Config
 
     made: dict[str, Factory] = {
@@ -73,6 +75,7 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
         "flowsim_fifo_bursts": lambda network: _Bursts(
             network, FlowSimConfig(service="fifo", fifo_bytes=_window(network))
         ),
+        "fluid_dctcp": lambda network: FluidDctcpConfig(network=network),
         "m4": lambda network: M4Config(checkpoint=checkpoint, network=network),
         "m4_fifo": lambda network: M4Config(checkpoint=checkpoint, network=network, anchor="fifo"),
     }

@@ -39,13 +39,14 @@ def test_closed_loop_redraws_the_recorded_scenarios_and_ns3_finishes_as_recorded
 
 def test_the_fluid_variants_replay_in_closed_loop_on_each_scenarios_network(tiny_dataset):
     """The named flowSim variants build on each scenario's own network and routing (FIFO up to
-    its window; standing queues and bursts from its CC's levels), as does m4 on a FIFO anchor:
-    each answers every collective scenario, and an unknown name is refused before anything
-    runs."""
+    its window; standing queues and bursts from its CC's levels), as do m4 on a FIFO anchor and
+    the fluid DCTCP: each answers every collective scenario, and an unknown name is refused
+    before anything runs."""
     from m4ray.datagen.closed_loop import backends, closed_loop
 
     run_dir, _ = tiny_dataset
     names = ["flowsim", "flowsim_fifo", "flowsim_bursts", "flowsim_fifo_bursts", "m4_fifo"]
+    names.append("fluid_dctcp")
     result = closed_loop(run_dir, backends(names))
     assert result.rows
     for name in names:

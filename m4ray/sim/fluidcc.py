@@ -1,0 +1,278 @@
+"""A fluid model of RDMA DCTCP with switch queues: what a max-min share cannot say about a
+congestion control's transients (issue 29's closed-loop gap; a probe, not a default backend).
+
+flowSim gives every flow its max-min share at once. A congestion control gets there by cutting
+on marks and climbing back, and on the gray-failure study that path costs time: every chunk of
+SimAI's rings is a new queue pair starting at line rate with DCTCP's α = 1, so a sender with
+few flows meets marks, halves, and its NIC idles until the additive increase brings it back
+(docs/gray_failure_study.md, "The study's gap is made in closed loop"). This model keeps what
+those dynamics need and nothing fitted, in the classic fluid form of DCTCP (Alizadeh et al.,
+SIGMETRICS 2011), time-stepped at ``dt_s``:
+
+* every flow sends at ``x = min(rate, window / round trip)``; the round trip is its base round
+  trip plus the queueing delay on its path now; a host's NIC serves its flows max-min with
+  those caps (its queue pairs round robin);
+* every switch egress link integrates its queue, ``q' = Σ x − C`` (at least 0): each link sees
+  its flows' sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
+* RED marks with probability ``p(q)`` (K_min, K_max, P_max; a step at K where there is no
+  K_max); links on an NVSwitch never mark; a sender sees the marks one base round trip late;
+* per round trip (a window of ACKs), as continuous rates: α moves by g (F − α), F the chance
+  of a packet's mark on the path, and the rate by a factor (1 − α / 2)^m and by (1 − m) AI,
+  m the chance that the window saw a mark (a cut, at most one a round trip: its CWR); the
+  rate is held between the minimum rate and the line rate;
+* a flow is done when its last bit has left the sender plus the queueing delay on its path
+  then plus the routing's delivery delay (propagation and the first packet's store and
+  forward), so a flow alone takes its ideal FCT.
+
+Units: seconds, bits, bits/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from m4ray.errors import InputError
+from m4ray.models.fairshare import round_trip_s
+from m4ray.models.wire import wire_window
+from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
+from m4ray.sim.flows import Flow
+from m4ray.sim.routing import Routing
+from m4ray.sim.topology import Topology
+
+
+@dataclass(kw_only=True, slots=True)
+class FluidDctcpConfig:
+    """The fluid DCTCP of an ns-3 network config (``network``, an ``Ns3Config`` running RDMA
+    DCTCP: its window, marking, gain, AI, minimum rate and α's start) and the time step."""
+
+    replay: ClassVar[str] = "dag"
+
+    network: Any
+    dt_s: float = 0.5e-6
+
+    def __post_init__(self) -> None:
+        if not self.dt_s > 0:
+            raise InputError(f"must be > 0, got {self.dt_s}", field="dt_s")
+
+    def build(self, topology: Topology, routing: Routing) -> FluidDctcp:
+        network = self.network
+        rdma = network.rdma if network.transport == "rdma" else None
+        if rdma is None or rdma.cc != "dctcp":
+            cc = network.transport if rdma is None else rdma.cc
+            raise InputError(f"models RDMA DCTCP, not {cc}", field="fluid_dctcp.network")
+        return FluidDctcp(topology, routing, rdma, self.dt_s)
+
+
+class FluidDctcp(QueueClock):
+    """The time-stepped fluid (module docstring), a ``NetworkBackend``."""
+
+    def __init__(self, topology: Topology, routing: Routing, rdma, dt_s: float) -> None:
+        self.topology, self.routing, self.dt_s = topology, routing, dt_s
+        self.ack_bytes = rdma.ack_bytes
+        self.gain, self.rate_ai, self.min_rate = (
+            rdma.dctcp_gain,
+            rdma.rate_ai_bps,
+            rdma.min_rate_bps,
+        )
+        self.alpha_init = getattr(rdma, "dctcp_alpha_init", 1.0)
+        window_bytes = int(rdma.window(routing) or 0)
+        self.events = EventQueue()
+        self._now = 0.0
+        cap = topology.bandwidth_bps.astype(np.float64)
+        self._cap = cap
+        n_links = topology.n_links
+        src, dst = topology.link_src, topology.link_dst
+        hosts = np.zeros(max(topology.n_nodes, int(max(src.max(), dst.max())) + 1), dtype=bool)
+        hosts[list(topology.hosts)] = True
+        nv = np.zeros_like(hosts)
+        nv[list(topology.nvswitches)] = True
+        self._switch = ~hosts[src]  # a switch's egress port queues
+        self._marks = self._switch & ~nv[src] & ~nv[dst]  # and marks unless on an NVSwitch
+        k_min = np.array([rdma.ecn_k(c) for c in cap], dtype=np.float64) * 8.0
+        k_max, p_max = k_min.copy(), np.ones(n_links)
+        for link, c in enumerate(cap):
+            red = rdma.red_marking(c)
+            if red is not None:
+                k_max[link], p_max[link] = red[1] * 8.0, red[2]
+        self._k_min, self._k_max, self._p_max = k_min, k_max, p_max
+        self._q = np.zeros(n_links)  # bits queued at each link
+        self._lag = max(1, round(self._base_rtt() / dt_s))
+        self._p_hist = np.zeros((self._lag, n_links))  # marking probability, one row per step
+        self._step = 0
+        self._win_bits = wire_window(window_bytes, routing.wire) * 8.0 if window_bytes else 0.0
+        self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
+        # active flows
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._links = np.zeros((0, 1), dtype=np.int64)  # padded with -1
+        self._left = np.zeros(0)  # bits not yet sent
+        self._rate = np.zeros(0)
+        self._line = np.zeros(0)
+        self._alpha = np.zeros(0)
+        self._rtt0 = np.zeros(0)
+        self._delay = np.zeros(0)
+        self._cb: list[DoneCallback] = []
+        self._new: list[tuple] = []
+        self._groups: tuple[np.ndarray, np.ndarray] | None = None
+        self._n_steps = 0
+
+    def _base_rtt(self) -> float:
+        """The largest base round trip over host pairs (the marks' feedback delay)."""
+        from m4ray.sim.ns3.transports import max_base_rtt_s
+
+        return max_base_rtt_s(self.routing, self.ack_bytes)
+
+    # ------------------------------------------------------------ protocol
+    def send(self, flow: Flow, on_done: DoneCallback) -> None:
+        path = self.routing.path(flow.src, flow.dst, flow.id)
+        wire = self.routing.wire
+        bits = wire.wire_bytes(flow.size_bytes) * 8.0
+        rtt = round_trip_s(wire, path.latency_s, path.inverse_bw_sum, self.ack_bytes)
+        delay = self.routing.delivery_delay(flow.size_bytes, path)
+        self._new.append((flow.id, path.links, bits, rtt, delay, on_done))
+
+    def _flush(self) -> None:
+        if not self._new:
+            return
+        ids, links, bits, rtt, delay, cbs = zip(*self._new, strict=True)
+        self._new = []
+        self._groups = None
+        width = max(self._links.shape[1], *map(len, links))
+        pad = np.full((len(ids), width), -1, dtype=np.int64)
+        for i, ls in enumerate(links):
+            pad[i, : len(ls)] = ls
+        old = np.full((len(self._ids), width), -1, dtype=np.int64)
+        old[:, : self._links.shape[1]] = self._links
+        line = self._cap[pad[:, 0]]
+        rtt = np.asarray(rtt)
+        self._ids = np.concatenate([self._ids, ids])
+        self._links = np.concatenate([old, pad])
+        self._left = np.concatenate([self._left, bits])
+        self._rate = np.concatenate([self._rate, line])
+        self._line = np.concatenate([self._line, line])
+        self._alpha = np.concatenate([self._alpha, np.full(len(ids), self.alpha_init)])
+        self._rtt0 = np.concatenate([self._rtt0, rtt])
+        self._delay = np.concatenate([self._delay, delay])
+        self._cb.extend(cbs)
+
+    def run(self, until: float | None = None) -> None:
+        horizon = math.inf if until is None else until
+        events = self.events
+        while True:
+            self._flush()
+            t_event = events.peek_time()
+            if not len(self._ids):
+                if t_event == math.inf or t_event > horizon:
+                    break
+                self._now = t_event
+            else:
+                t_next = min(self._now + self.dt_s, t_event, horizon)
+                self._advance(t_next)
+                if self._now >= horizon:
+                    break
+            while events.peek_time() <= self._now:
+                _, fn = events.pop()
+                fn()
+
+    # ------------------------------------------------------------ the fluid
+    def _queue_delay(self, links: np.ndarray) -> np.ndarray:
+        """Each flow's queueing delay over its path now (s)."""
+        valid = links >= 0
+        per = np.where(valid, self._q[links] / self._cap[links], 0.0)
+        return per.sum(axis=1)
+
+    def _advance(self, t_next: float) -> None:
+        """Step the fluid from now to at most ``t_next`` (less where a flow's last bit leaves)."""
+        links = self._links
+        qdelay = self._queue_delay(links)
+        x = self._rate.copy()
+        if self._win_bits:
+            x = np.minimum(x, self._win_bits / (self._rtt0 + qdelay))
+        x = self._nic_share(x)
+        with np.errstate(divide="ignore"):
+            t_out = np.where(x > 0, self._left / x, np.inf)
+        dt = min(t_next - self._now, float(t_out.min()))
+        # queues: every switch egress link integrates what its flows send
+        valid = links >= 0
+        sent = np.broadcast_to(x[:, None], links.shape)[valid]
+        arrive = np.bincount(links[valid], weights=sent, minlength=len(self._q))
+        sw = self._switch
+        self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - self._cap[sw]) * dt)
+        self._left -= x * dt
+        self._now += dt
+        self._n_steps += 1
+        self._control(x, self._rtt0 + qdelay, dt, self._marks_seen())
+        done = np.flatnonzero(t_out <= dt * (1 + 1e-12))
+        if len(done):
+            self._finish(done)
+
+    def _marks_seen(self) -> np.ndarray:
+        """Each link's marking probability now, into the history; the one senders see now (a
+        base round trip ago)."""
+        q, k_min = self._q, self._k_min
+        span = np.maximum(self._k_max - k_min, 1e-9)
+        p = np.where(q <= k_min, 0.0, np.minimum(1.0, self._p_max * (q - k_min) / span))
+        p = np.where(q >= self._k_max, 1.0, p)
+        p[~self._marks] = 0.0
+        row = self._step % self._lag
+        seen = self._p_hist[row].copy()  # written lag steps ago
+        self._p_hist[row] = p
+        self._step += 1
+        return seen
+
+    def _control(self, x: np.ndarray, rtt: np.ndarray, dt: float, seen: np.ndarray) -> None:
+        """DCTCP's α and rate over ``dt``: per round trip (a window of ACKs), as rates."""
+        links = self._links
+        ok = links >= 0
+        unmarked = np.where(ok, 1.0 - seen[np.where(ok, links, 0)], 1.0).prod(axis=1)
+        frac = 1.0 - unmarked  # a packet's chance of a mark on the path
+        pkts = np.maximum(1.0, x * rtt / self._pkt_bits)
+        m = 1.0 - np.power(unmarked, pkts)  # a window's chance of a mark: a cut (its CWR)
+        step = dt / rtt
+        self._alpha += self.gain * (frac - self._alpha) * np.minimum(1.0, step)
+        r = self._rate  # a cut multiplies by 1 - α / 2: per round trip, in expectation over m
+        r *= np.exp(m * np.log1p(-self._alpha / 2.0) * step)
+        r += (1.0 - m) * self.rate_ai * step
+        np.clip(r, self.min_rate, self._line, out=r)
+
+    def _finish(self, done: np.ndarray) -> None:
+        """The flows ``done`` (indices) have sent their last bit: each is delivered after the
+        queues on its path now and its delivery delay; they leave the active set."""
+        qd = self._queue_delay(self._links[done])
+        for j, i in enumerate(done):
+            t_done = self._now + qd[j] + self._delay[i]
+            fid, cb = int(self._ids[i]), self._cb[i]
+            self.events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
+        keep = np.ones(len(self._ids), dtype=bool)
+        keep[done] = False
+        for name in ("_ids", "_left", "_rate", "_line", "_alpha", "_rtt0", "_delay", "_links"):
+            setattr(self, name, getattr(self, name)[keep])
+        self._groups = None
+        self._cb = [cb for cb, k in zip(self._cb, keep, strict=True) if k]
+
+    def _nic_share(self, x: np.ndarray) -> np.ndarray:
+        """Each host link's flows max-min over its capacity with caps ``x`` (round robin)."""
+        if self._groups is None:  # the active flows changed: their NICs again
+            self._groups = np.unique(self._links[:, 0], return_inverse=True)
+        groups, inv = self._groups
+        cap = self._cap[groups]
+        total = np.bincount(inv, weights=x, minlength=len(groups))
+        over = total > cap * (1 + 1e-12)
+        if not over.any():
+            return x
+        sel = over[inv]
+        level = cap / np.bincount(inv, minlength=len(groups))
+        for _ in range(64):  # water-filling: flows under the level keep their caps
+            under = sel & (x < level[inv])
+            used = np.bincount(inv[under], weights=x[under], minlength=len(groups))
+            n_free = np.bincount(inv[sel & ~under], minlength=len(groups))
+            new = np.where(n_free > 0, (cap - used) / np.maximum(n_free, 1), level)
+            if (np.abs(new - level) <= 1e-12 * level).all():
+                break
+            level = new
+        out = x.copy()
+        out[sel] = np.minimum(x[sel], level[inv[sel]])
+        return out

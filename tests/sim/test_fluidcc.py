@@ -1,0 +1,96 @@
+"""The fluid DCTCP (m4ray.sim.fluidcc) against what holds without simulating it: a lone flow's
+ideal FCT, a shared port's capacity and fairness, the cuts' cost when few flows share a marked
+port, and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from m4ray.errors import InputError
+from m4ray.sim.backend import NetworkBackend
+from m4ray.sim.flows import Flow
+from m4ray.sim.flowsim import FlowSimConfig
+from m4ray.sim.fluidcc import FluidDctcpConfig
+from m4ray.sim.ns3.backend import Ns3Config
+from m4ray.sim.ns3.transports import RdmaConfig
+from m4ray.sim.routing import Routing
+from m4ray.sim.topology import Cable, Topology
+from m4ray.sim.trace import run_trace
+
+GBPS = 10e9
+
+
+def star(n_hosts: int) -> Topology:
+    """Hosts 0..n-1 on one switch (node n), 10 Gbit/s and 1 us each way."""
+    cables = tuple(Cable(h, n_hosts, GBPS, 1e-6) for h in range(n_hosts))
+    return Topology(n_nodes=n_hosts + 1, switches=(n_hosts,), cables=cables)
+
+
+def dctcp(**rdma) -> Ns3Config:
+    """RDMA DCTCP with the study's RED (K_min 1 KB per Gbit/s, K_max 4x, P_max 0.2)."""
+    red = {
+        "ecn_k_bytes": [[10e9, 10_000], [400e9, 400_000]],
+        "ecn_k_max_bytes": [[10e9, 40_000], [400e9, 1_600_000]],
+        "ecn_p_max": 0.2,
+        "rate_ai_bps": 2e9,
+    }
+    return Ns3Config(transport="rdma", rdma=RdmaConfig(**{**red, **rdma}))
+
+
+def fcts(topo: Topology, flows: list[tuple[int, int, int, float]], config) -> list[float]:
+    routing = Routing(topo)
+    trace = [Flow(i, s, d, size, t) for i, (s, d, size, t) in enumerate(flows)]
+    table = run_trace(topo, trace, config, routing)
+    ids, fct = table.column("flow_id").to_pylist(), table.column("fct_s").to_pylist()
+    by_id = dict(zip(ids, fct, strict=True))
+    return [by_id[i] for i in range(len(flows))]
+
+
+def test_is_a_network_backend_and_a_lone_flow_takes_its_ideal_fct():
+    topo = star(2)
+    routing = Routing(topo)
+    assert isinstance(FluidDctcpConfig(network=dctcp()).build(topo, routing), NetworkBackend)
+    (fct,) = fcts(topo, [(0, 1, 1_000_000, 0.0)], FluidDctcpConfig(network=dctcp()))
+    assert fct == pytest.approx(routing.ideal_fct(1_000_000, routing.path(0, 1)), rel=1e-9)
+
+
+def test_two_long_flows_share_a_marked_port_fully_and_fairly():
+    """Two 4 MB flows into one host: DCTCP's cuts keep the port's queue near K, so the port
+    stays busy (they finish within 5 % of its capacity's bound) and they share it evenly."""
+    topo = star(3)
+    size = 4_000_000
+    got = fcts(topo, [(0, 2, size, 0.0), (1, 2, size, 0.0)], FluidDctcpConfig(network=dctcp()))
+    wire_bits = (size + -(-size // 1000) * 48) * 8.0
+    bound = 2 * wire_bits / GBPS
+    assert bound <= max(got) <= 1.05 * bound
+    assert abs(got[0] - got[1]) <= 0.05 * max(got)
+
+
+def test_a_capped_sender_cut_on_marks_others_make_finishes_late_where_max_min_says_not():
+    """The study's mechanism in small: a sender on a degraded 25 Gbit/s NIC shares a 100 Gbit/s
+    port with a healthy sender's two flows. Max-min gives it its NIC's rate throughout; under
+    DCTCP the healthy flows' line-rate start fills the port's queue past K, RED marks every
+    flow there, and the degraded sender halves (α starts at 1) and climbs back by the AI while
+    its NIC idles. With marking out of reach the queue alone costs it only its wait."""
+    cables = (Cable(0, 3, 25e9, 1e-6), Cable(1, 3, 100e9, 1e-6), Cable(2, 3, 100e9, 1e-6))
+    topo = Topology(n_nodes=4, switches=(3,), cables=cables)
+    flows = [(0, 2, 2_000_000, 0.0), (1, 2, 8_000_000, 0.0), (1, 2, 8_000_000, 0.0)]
+    window = {"window_bytes": 100_000}
+    fluid = fcts(topo, flows, FluidDctcpConfig(network=dctcp(**window)))
+    fair = fcts(topo, flows, FlowSimConfig())
+    far = dctcp(ecn_k_bytes=[[10e9, 3_000_000]], ecn_k_max_bytes=[[10e9, 3_900_000]], **window)
+    unmarked = fcts(topo, flows, FluidDctcpConfig(network=far))
+    assert fluid[0] > 1.1 * fair[0]
+    assert unmarked[0] == pytest.approx(fair[0], rel=0.05)
+    assert fluid[1:] == pytest.approx(fair[1:], rel=0.01)  # the port itself stays busy
+
+
+def test_it_models_rdma_dctcp_only_and_a_time_step_must_be_positive():
+    topo = star(2)
+    with pytest.raises(InputError, match="not tcp"):
+        FluidDctcpConfig(network=Ns3Config(transport="tcp")).build(topo, Routing(topo))
+    dcqcn = FluidDctcpConfig(network=Ns3Config(transport="rdma", rdma=RdmaConfig(cc="dcqcn")))
+    with pytest.raises(InputError, match="not dcqcn"):
+        dcqcn.build(topo, Routing(topo))
+    with pytest.raises(InputError, match="dt_s"):
+        FluidDctcpConfig(network=dctcp(), dt_s=0.0)
