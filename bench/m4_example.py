@@ -140,6 +140,7 @@ def main() -> None:
 
     from m4ray.sim.flows import read_flows
     from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
+    from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.routing import Routing, WireFormat
     from m4ray.sim.topology import read_topology
 
@@ -168,6 +169,7 @@ def main() -> None:
             queues=StandingQueues.of(ns3, routing, bursts=True),
         ),
         "flowSim FIFO": FlowSimConfig(service="fifo"),
+        "fluid DCTCP": FluidDctcpConfig(network=ns3),
     }
     if args.tcp:
         import dataclasses

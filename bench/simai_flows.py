@@ -207,6 +207,7 @@ def backend_configs(
     names: list[str], checkpoint: str, conf: Path | None = None, preset: str = "ns3_simai"
 ):
     from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.m4.backend import M4Config
 
     ns3 = study_ns3(conf, preset)
@@ -216,6 +217,7 @@ def backend_configs(
         "ns3": ("ns3", ns3),
         "m4": ("m4", M4Config(checkpoint=checkpoint, network=ns3)),
         "m4_fifo": ("m4", M4Config(checkpoint=checkpoint, network=ns3, anchor="fifo")),
+        "fluid_dctcp": ("fluid_dctcp", FluidDctcpConfig(network=ns3)),
     }
     return {name: every[name] for name in names}
 
@@ -301,7 +303,8 @@ def main() -> None:
         same = sorted(zip(mine["src"], mine["dst"], mine["size"], strict=True)) == key
         g = gaps(mine) * 1e6
         us = row["rank0_time_s"] * 1e6
-        kind = name.split("_")[0]  # SimAI's backend of the same kind (flowsim_fifo: flowsim)
+        # SimAI's backend of the same kind (flowsim_fifo: flowsim; the fluid DCTCP: flowsim)
+        kind = "flowsim" if name == "fluid_dctcp" else name.split("_")[0]
         rows.append(
             [
                 name,

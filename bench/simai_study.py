@@ -55,6 +55,7 @@ def backends(names: list[str], preset: str = "ns3_simai") -> dict:
     from simai_flows import study_ns3
 
     from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.m4.backend import M4Config
 
     rdma = study_ns3(preset=preset)
@@ -63,6 +64,7 @@ def backends(names: list[str], preset: str = "ns3_simai") -> dict:
         "ns3-tcp": ("ns3", dataclasses.replace(rdma, transport="tcp")),
         "flowsim": ("flowsim", FlowSimConfig()),
         "flowsim_fifo": ("flowsim", FlowSimConfig(service="fifo", fifo_bytes="window")),
+        "fluid_dctcp": ("fluid_dctcp", FluidDctcpConfig(network=rdma)),
     }
     out = {}
     for name in names:
@@ -86,7 +88,7 @@ def compare_results(path: Path) -> str:
     column = reported_column(frame)
     times = frame.pivot_table(index=["n_degraded", "reduction"], columns="backend", values=column)
     published = {**TREND_US, **UNISON_US}
-    known = ("ns3", "flowsim", "flowsim_acks", "flowsim_fifo", "m4")
+    known = ("ns3", "flowsim", "flowsim_acks", "flowsim_fifo", "fluid_dctcp", "m4")
     backends = [b for b in known if b in times.columns]
     rows = []
     for (n, r), ours in times.iterrows():

@@ -53,10 +53,16 @@ class FluidDctcpConfig:
 
     network: Any
     dt_s: float = 0.5e-6
+    # how a flow's rate moves: "rate" (per round trip as continuous rates: the mean over when
+    # each window's ACKs come back) or "window" (once a round trip per flow, at its own ticks:
+    # DCTCP's CWR as a packet simulator runs it; flows that start together cut together)
+    cuts: str = "rate"
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
             raise InputError(f"must be > 0, got {self.dt_s}", field="dt_s")
+        if self.cuts not in ("rate", "window"):
+            raise InputError(f"expected rate or window, got {self.cuts!r}", field="cuts")
 
     def build(self, topology: Topology, routing: Routing) -> FluidDctcp:
         network = self.network
@@ -64,14 +70,16 @@ class FluidDctcpConfig:
         if rdma is None or rdma.cc != "dctcp":
             cc = network.transport if rdma is None else rdma.cc
             raise InputError(f"models RDMA DCTCP, not {cc}", field="fluid_dctcp.network")
-        return FluidDctcp(topology, routing, rdma, self.dt_s)
+        return FluidDctcp(topology, routing, rdma, self.dt_s, self.cuts)
 
 
 class FluidDctcp(QueueClock):
     """The time-stepped fluid (module docstring), a ``NetworkBackend``."""
 
-    def __init__(self, topology: Topology, routing: Routing, rdma, dt_s: float) -> None:
-        self.topology, self.routing, self.dt_s = topology, routing, dt_s
+    def __init__(
+        self, topology: Topology, routing: Routing, rdma, dt_s: float, cuts: str = "rate"
+    ) -> None:
+        self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
         self.ack_bytes = rdma.ack_bytes
         self.gain, self.rate_ai, self.min_rate = (
             rdma.dctcp_gain,
@@ -112,6 +120,7 @@ class FluidDctcp(QueueClock):
         self._rate = np.zeros(0)
         self._line = np.zeros(0)
         self._alpha = np.zeros(0)
+        self._tick = np.zeros(0)  # cuts=window: each flow's next window end
         self._rtt0 = np.zeros(0)
         self._delay = np.zeros(0)
         self._cb: list[DoneCallback] = []
@@ -154,6 +163,7 @@ class FluidDctcp(QueueClock):
         self._rate = np.concatenate([self._rate, line])
         self._line = np.concatenate([self._line, line])
         self._alpha = np.concatenate([self._alpha, np.full(len(ids), self.alpha_init)])
+        self._tick = np.concatenate([self._tick, self._now + rtt])
         self._rtt0 = np.concatenate([self._rtt0, rtt])
         self._delay = np.concatenate([self._delay, delay])
         self._cb.extend(cbs)
@@ -169,8 +179,7 @@ class FluidDctcp(QueueClock):
                     break
                 self._now = t_event
             else:
-                t_next = min(self._now + self.dt_s, t_event, horizon)
-                self._advance(t_next)
+                self._advance(min(t_event, horizon))
                 if self._now >= horizon:
                     break
             while events.peek_time() <= self._now:
@@ -184,8 +193,10 @@ class FluidDctcp(QueueClock):
         per = np.where(valid, self._q[links] / self._cap[links], 0.0)
         return per.sum(axis=1)
 
-    def _advance(self, t_next: float) -> None:
-        """Step the fluid from now to at most ``t_next`` (less where a flow's last bit leaves)."""
+    def _advance(self, t_far: float) -> None:
+        """Step the fluid from now by ``dt_s``, or to ``t_far`` (the next event) where nothing
+        moves meanwhile (no queue, no mark in flight, every flow at its line rate and no port
+        overfilled: then every rate holds), or less where a flow's last bit leaves first."""
         links = self._links
         qdelay = self._queue_delay(links)
         x = self._rate.copy()
@@ -194,12 +205,19 @@ class FluidDctcp(QueueClock):
         x = self._nic_share(x)
         with np.errstate(divide="ignore"):
             t_out = np.where(x > 0, self._left / x, np.inf)
-        dt = min(t_next - self._now, float(t_out.min()))
         # queues: every switch egress link integrates what its flows send
         valid = links >= 0
         sent = np.broadcast_to(x[:, None], links.shape)[valid]
         arrive = np.bincount(links[valid], weights=sent, minlength=len(self._q))
         sw = self._switch
+        quiet = (
+            not self._q.any()
+            and not self._p_hist.any()
+            and (self._rate >= self._line).all()
+            and (arrive[sw] <= self._cap[sw]).all()
+        )
+        t_next = t_far if quiet else min(t_far, self._now + self.dt_s)
+        dt = min(t_next - self._now, float(t_out.min()))
         self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - self._cap[sw]) * dt)
         self._left -= x * dt
         self._now += dt
@@ -231,12 +249,28 @@ class FluidDctcp(QueueClock):
         frac = 1.0 - unmarked  # a packet's chance of a mark on the path
         pkts = np.maximum(1.0, x * rtt / self._pkt_bits)
         m = 1.0 - np.power(unmarked, pkts)  # a window's chance of a mark: a cut (its CWR)
+        if self.cuts == "window":
+            self._window_ends(frac, m, rtt)
+            return
         step = dt / rtt
-        self._alpha += self.gain * (frac - self._alpha) * np.minimum(1.0, step)
+        self._alpha = frac + (self._alpha - frac) * np.exp(-self.gain * step)  # g a round trip
         r = self._rate  # a cut multiplies by 1 - α / 2: per round trip, in expectation over m
         r *= np.exp(m * np.log1p(-self._alpha / 2.0) * step)
         r += (1.0 - m) * self.rate_ai * step
         np.clip(r, self.min_rate, self._line, out=r)
+
+    def _window_ends(self, frac: np.ndarray, m: np.ndarray, rtt: np.ndarray) -> None:
+        """``cuts="window"``: the flows whose window ended by now update once, as DCTCP's
+        sender does at a window's last ACK (α by g, then a cut by α / 2 if the window saw a
+        mark, else the AI; in expectation over m), and start their next window."""
+        due = np.flatnonzero(self._now >= self._tick)
+        if not len(due):
+            return
+        a = (1 - self.gain) * self._alpha[due] + self.gain * frac[due]
+        self._alpha[due] = a
+        r = self._rate[due] * (1.0 - m[due] * a / 2.0) + (1.0 - m[due]) * self.rate_ai
+        self._rate[due] = np.clip(r, self.min_rate, self._line[due])
+        self._tick[due] = self._now + rtt[due]
 
     def _finish(self, done: np.ndarray) -> None:
         """The flows ``done`` (indices) have sent their last bit: each is delivered after the
@@ -248,7 +282,8 @@ class FluidDctcp(QueueClock):
             self.events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
         keep = np.ones(len(self._ids), dtype=bool)
         keep[done] = False
-        for name in ("_ids", "_left", "_rate", "_line", "_alpha", "_rtt0", "_delay", "_links"):
+        names = ("_ids", "_left", "_rate", "_line", "_alpha", "_tick", "_rtt0", "_delay", "_links")
+        for name in names:
             setattr(self, name, getattr(self, name)[keep])
         self._groups = None
         self._cb = [cb for cb, k in zip(self._cb, keep, strict=True) if k]

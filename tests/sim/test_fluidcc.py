@@ -54,19 +54,22 @@ def test_is_a_network_backend_and_a_lone_flow_takes_its_ideal_fct():
     assert fct == pytest.approx(routing.ideal_fct(1_000_000, routing.path(0, 1)), rel=1e-9)
 
 
-def test_two_long_flows_share_a_marked_port_fully_and_fairly():
+@pytest.mark.parametrize("cuts", ["rate", "window"])
+def test_two_long_flows_share_a_marked_port_fully_and_fairly(cuts):
     """Two 4 MB flows into one host: DCTCP's cuts keep the port's queue near K, so the port
     stays busy (they finish within 5 % of its capacity's bound) and they share it evenly."""
     topo = star(3)
     size = 4_000_000
-    got = fcts(topo, [(0, 2, size, 0.0), (1, 2, size, 0.0)], FluidDctcpConfig(network=dctcp()))
+    config = FluidDctcpConfig(network=dctcp(), cuts=cuts)
+    got = fcts(topo, [(0, 2, size, 0.0), (1, 2, size, 0.0)], config)
     wire_bits = (size + -(-size // 1000) * 48) * 8.0
     bound = 2 * wire_bits / GBPS
     assert bound <= max(got) <= 1.05 * bound
     assert abs(got[0] - got[1]) <= 0.05 * max(got)
 
 
-def test_a_capped_sender_cut_on_marks_others_make_finishes_late_where_max_min_says_not():
+@pytest.mark.parametrize("cuts", ["rate", "window"])
+def test_a_capped_sender_cut_on_marks_others_make_finishes_late_where_max_min_says_not(cuts):
     """The study's mechanism in small: a sender on a degraded 25 Gbit/s NIC shares a 100 Gbit/s
     port with a healthy sender's two flows. Max-min gives it its NIC's rate throughout; under
     DCTCP the healthy flows' line-rate start fills the port's queue past K, RED marks every
@@ -76,16 +79,16 @@ def test_a_capped_sender_cut_on_marks_others_make_finishes_late_where_max_min_sa
     topo = Topology(n_nodes=4, switches=(3,), cables=cables)
     flows = [(0, 2, 2_000_000, 0.0), (1, 2, 8_000_000, 0.0), (1, 2, 8_000_000, 0.0)]
     window = {"window_bytes": 100_000}
-    fluid = fcts(topo, flows, FluidDctcpConfig(network=dctcp(**window)))
+    fluid = fcts(topo, flows, FluidDctcpConfig(network=dctcp(**window), cuts=cuts))
     fair = fcts(topo, flows, FlowSimConfig())
     far = dctcp(ecn_k_bytes=[[10e9, 3_000_000]], ecn_k_max_bytes=[[10e9, 3_900_000]], **window)
-    unmarked = fcts(topo, flows, FluidDctcpConfig(network=far))
+    unmarked = fcts(topo, flows, FluidDctcpConfig(network=far, cuts=cuts))
     assert fluid[0] > 1.1 * fair[0]
     assert unmarked[0] == pytest.approx(fair[0], rel=0.05)
     assert fluid[1:] == pytest.approx(fair[1:], rel=0.01)  # the port itself stays busy
 
 
-def test_it_models_rdma_dctcp_only_and_a_time_step_must_be_positive():
+def test_it_models_rdma_dctcp_only_with_a_positive_time_step_and_a_known_cut_rule():
     topo = star(2)
     with pytest.raises(InputError, match="not tcp"):
         FluidDctcpConfig(network=Ns3Config(transport="tcp")).build(topo, Routing(topo))
@@ -94,3 +97,5 @@ def test_it_models_rdma_dctcp_only_and_a_time_step_must_be_positive():
         dcqcn.build(topo, Routing(topo))
     with pytest.raises(InputError, match="dt_s"):
         FluidDctcpConfig(network=dctcp(), dt_s=0.0)
+    with pytest.raises(InputError, match="cuts"):
+        FluidDctcpConfig(network=dctcp(), cuts="packet")
