@@ -35,13 +35,41 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from m4ray.errors import InputError
+from m4ray.errors import InputError, SimulationError
 from m4ray.models.fairshare import round_trip_s
 from m4ray.models.wire import wire_window
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
 from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
+
+_LIB: list = []  # [library or None], loaded once per process
+
+
+def library():
+    """``_fluidcc.c`` built and loaded (once per process), or ``None`` without a compiler (or
+    with ``M4RAY_NATIVE=0``): then the numpy steps below run, the reference."""
+    if not _LIB:
+        import ctypes
+        from pathlib import Path
+
+        from m4ray import native
+
+        lib = native.load(Path(__file__).with_name("_fluidcc.c"), "compiled fluid DCTCP")
+        if lib is not None:
+            i64, f64, vp, cint = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_int
+            signatures = {
+                "fcc_new": (vp, [i64, vp, vp, vp, vp, vp, vp, i64, vp, cint]),
+                "fcc_free": (None, [vp]),
+                "fcc_n": (i64, [vp]),
+                "fcc_add": (cint, [vp, i64, i64, vp, f64, f64, f64, f64]),
+                "fcc_run": (i64, [vp, ctypes.POINTER(f64), f64, vp, vp, i64]),
+            }
+            for name, (res, args) in signatures.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
+        _LIB.append(lib)
+    return _LIB[0]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,6 +155,50 @@ class FluidDctcp(QueueClock):
         self._new: list[tuple] = []
         self._groups: tuple[np.ndarray, np.ndarray] | None = None
         self._n_steps = 0
+        self._core = None  # the same steps in C (_fluidcc.c), where it compiles
+        lib = library()
+        if lib is not None:
+            self._start_core(lib, topology)
+
+    def _start_core(self, lib, topology: Topology) -> None:
+        """The state in C: the links' arrays are kept here (C reads them in place)."""
+        import ctypes
+
+        self._c_arrays = [
+            np.ascontiguousarray(a)
+            for a in (
+                self._cap,
+                self._switch.astype(np.uint8),
+                self._marks.astype(np.uint8),
+                self._k_min,
+                self._k_max,
+                self._p_max,
+                np.array(
+                    [
+                        self.gain,
+                        self.rate_ai,
+                        self.min_rate,
+                        self._win_bits,
+                        self._pkt_bits,
+                        self.alpha_init,
+                        self.dt_s,
+                    ]
+                ),
+            )
+        ]
+        ptrs = [a.ctypes.data for a in self._c_arrays]
+        core = lib.fcc_new(len(self._cap), *ptrs[:6], self._lag, ptrs[6], self.cuts == "window")
+        if not core:
+            raise MemoryError("fluid DCTCP: no memory for its state")
+        self._lib, self._core = lib, ctypes.c_void_p(core)
+        self._c_now = ctypes.c_double(0.0)
+        self._c_out = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        self._c_cb: dict[int, DoneCallback] = {}
+
+    def __del__(self) -> None:
+        if getattr(self, "_core", None) is not None:
+            self._lib.fcc_free(self._core)
+            self._core = None
 
     def _base_rtt(self) -> float:
         """The largest base round trip over host pairs (the marks' feedback delay)."""
@@ -141,6 +213,15 @@ class FluidDctcp(QueueClock):
         bits = wire.wire_bytes(flow.size_bytes) * 8.0
         rtt = round_trip_s(wire, path.latency_s, path.inverse_bw_sum, self.ack_bytes)
         delay = self.routing.delivery_delay(flow.size_bytes, path)
+        if self._core is not None:
+            links = np.asarray(path.links, dtype=np.int64)
+            rc = self._lib.fcc_add(
+                self._core, flow.id, len(links), links.ctypes.data, bits, rtt, delay, self._now
+            )
+            if rc:
+                raise SimulationError(f"fluid DCTCP: flow {flow.id} not added (code {rc})")
+            self._c_cb[flow.id] = on_done
+            return
         self._new.append((flow.id, path.links, bits, rtt, delay, on_done))
 
     def _flush(self) -> None:
@@ -169,6 +250,9 @@ class FluidDctcp(QueueClock):
         self._cb.extend(cbs)
 
     def run(self, until: float | None = None) -> None:
+        if self._core is not None:
+            self._run_core(math.inf if until is None else until)
+            return
         horizon = math.inf if until is None else until
         events = self.events
         while True:
@@ -180,6 +264,41 @@ class FluidDctcp(QueueClock):
                 self._now = t_event
             else:
                 self._advance(min(t_event, horizon))
+                if self._now >= horizon:
+                    break
+            while events.peek_time() <= self._now:
+                _, fn = events.pop()
+                fn()
+
+    def _run_core(self, horizon: float) -> None:
+        """:meth:`run`'s loop with the steps in C: one call until the next event is due or
+        flows send their last bit (their completions are pushed in the reference's order)."""
+        lib, core, events = self._lib, self._core, self.events
+        while True:
+            t_event = events.peek_time()
+            n = lib.fcc_n(core)
+            if not n:
+                if t_event == math.inf or t_event > horizon:
+                    break
+                self._now = t_event
+            else:
+                if len(self._c_out[0]) < n:
+                    self._c_out = (np.zeros(2 * n, dtype=np.int64), np.zeros(2 * n))
+                ids, times = self._c_out
+                self._c_now.value = self._now
+                k = lib.fcc_run(
+                    core,
+                    self._c_now,
+                    min(t_event, horizon),
+                    ids.ctypes.data,
+                    times.ctypes.data,
+                    len(ids),
+                )
+                self._now = self._c_now.value
+                for j in range(k):
+                    fid, t_done = int(ids[j]), float(times[j])
+                    cb = self._c_cb.pop(fid)
+                    events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
                 if self._now >= horizon:
                     break
             while events.peek_time() <= self._now:

@@ -1,0 +1,258 @@
+/* The fluid DCTCP's time steps in C (m4ray/sim/fluidcc.py is the reference: the same state,
+ * the same arithmetic in the same order; its docstring says what the model is). Python adds
+ * flows as they arrive and calls fcc_run, which steps until the next event is due or flows
+ * have sent their last bit; those come back with their delivery times and leave the state
+ * (swapped out: the order of the active flows is the state's own, not Python's). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WIDTH 16 /* the most links on a path */
+
+typedef struct {
+    int64_t n_links, lag, step, last_mark; /* last_mark: the step that last marked anything */
+    const double *cap, *kmin, *kmax, *pmax;
+    const uint8_t *sw, *marks; /* switch egress ports (they queue), and those that mark */
+    double *q, *hist, *arrive, *seen, *used, *level, *total;
+    int64_t *n_free, *count;
+    double gain, ai, min_rate, win_bits, pkt_bits, alpha_init, dt;
+    int window_cuts;
+    /* active flows */
+    int64_t n, room;
+    int64_t *id, *links, *len;
+    double *left, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout;
+} fcc;
+
+static void *grow(void *p, int64_t n, size_t size) { return realloc(p, (size_t)n * size); }
+
+fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_t *marks,
+             const double *kmin, const double *kmax, const double *pmax, int64_t lag,
+             const double *params, int window_cuts) {
+    fcc *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->n_links = n_links, s->lag = lag, s->last_mark = -(1 << 30);
+    s->cap = cap, s->sw = sw, s->marks = marks;
+    s->kmin = kmin, s->kmax = kmax, s->pmax = pmax;
+    s->gain = params[0], s->ai = params[1], s->min_rate = params[2], s->win_bits = params[3];
+    s->pkt_bits = params[4], s->alpha_init = params[5], s->dt = params[6];
+    s->window_cuts = window_cuts;
+    s->q = calloc(n_links, sizeof(double));
+    s->hist = calloc(lag * n_links, sizeof(double));
+    s->arrive = calloc(n_links, sizeof(double));
+    s->seen = calloc(n_links, sizeof(double));
+    s->used = calloc(n_links, sizeof(double));
+    s->level = calloc(n_links, sizeof(double));
+    s->total = calloc(n_links, sizeof(double));
+    s->n_free = calloc(n_links, sizeof(int64_t));
+    s->count = calloc(n_links, sizeof(int64_t));
+    return s;
+}
+
+void fcc_free(fcc *s) {
+    if (!s) return;
+    void *all[] = {s->q,     s->hist,  s->arrive, s->seen,  s->used, s->level,
+                   s->total, s->n_free, s->count, s->id,   s->links, s->len,
+                   s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
+                   s->delay, s->x,     s->qd,     s->tout};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+    free(s);
+}
+
+int64_t fcc_n(const fcc *s) { return s->n; }
+
+int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits, double rtt,
+            double delay, double now) {
+    if (n_path < 1 || n_path > WIDTH) return 1;
+    if (s->n == s->room) {
+        int64_t r = s->room ? 2 * s->room : 64;
+        int64_t **ints[] = {&s->id, &s->len};
+        double **reals[] = {&s->left, &s->rate, &s->line, &s->alpha, &s->tick, &s->rtt0,
+                            &s->delay, &s->x, &s->qd, &s->tout};
+        for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
+            if (!(*ints[k] = grow(*ints[k], r, sizeof(int64_t)))) return 2;
+        for (size_t k = 0; k < sizeof reals / sizeof *reals; k++)
+            if (!(*reals[k] = grow(*reals[k], r, sizeof(double)))) return 2;
+        if (!(s->links = grow(s->links, r * WIDTH, sizeof(int64_t)))) return 2;
+        s->room = r;
+    }
+    int64_t i = s->n++;
+    s->id[i] = id, s->len[i] = n_path;
+    memcpy(s->links + i * WIDTH, path, n_path * sizeof(int64_t));
+    s->left[i] = bits, s->rate[i] = s->line[i] = s->cap[path[0]];
+    s->alpha[i] = s->alpha_init, s->tick[i] = now + rtt, s->rtt0[i] = rtt, s->delay[i] = delay;
+    return 0;
+}
+
+static double queue_delay(const fcc *s, int64_t i) {
+    const int64_t *p = s->links + i * WIDTH;
+    double d = 0.0;
+    for (int64_t k = 0; k < s->len[i]; k++) d += s->q[p[k]] / s->cap[p[k]];
+    return d;
+}
+
+/* each host link's flows max-min over its capacity with caps x (fluidcc.py's _nic_share) */
+static void nic_share(fcc *s) {
+    int64_t n = s->n;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t h = s->links[i * WIDTH];
+        s->total[h] = 0.0, s->count[h] = 0;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t h = s->links[i * WIDTH];
+        s->total[h] += s->x[i], s->count[h]++;
+    }
+    int any = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t h = s->links[i * WIDTH];
+        if (s->total[h] > s->cap[h] * (1 + 1e-12)) any = 1;
+        s->level[h] = s->cap[h] / (double)s->count[h];
+    }
+    if (!any) return;
+    for (int it = 0; it < 64; it++) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t h = s->links[i * WIDTH];
+            s->used[h] = 0.0, s->n_free[h] = 0;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t h = s->links[i * WIDTH];
+            if (!(s->total[h] > s->cap[h] * (1 + 1e-12))) continue;
+            if (s->x[i] < s->level[h]) s->used[h] += s->x[i];
+            else s->n_free[h]++;
+        }
+        int moved = 0; /* the new levels in used (each group's once: n_free = -1 after) */
+        for (int64_t i = 0; i < n; i++) {
+            int64_t h = s->links[i * WIDTH];
+            if (!(s->total[h] > s->cap[h] * (1 + 1e-12)) || s->n_free[h] < 0) continue;
+            double nw = s->n_free[h] > 0 ? (s->cap[h] - s->used[h]) / (double)s->n_free[h]
+                                         : s->level[h];
+            if (!(fabs(nw - s->level[h]) <= 1e-12 * s->level[h])) moved = 1;
+            s->used[h] = nw, s->n_free[h] = -1;
+        }
+        if (!moved) break; /* as the reference: the levels stay those of the last pass */
+        for (int64_t i = 0; i < n; i++) {
+            int64_t h = s->links[i * WIDTH];
+            if (s->total[h] > s->cap[h] * (1 + 1e-12)) s->level[h] = s->used[h];
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t h = s->links[i * WIDTH];
+        if (s->total[h] > s->cap[h] * (1 + 1e-12) && s->x[i] > s->level[h]) s->x[i] = s->level[h];
+    }
+}
+
+/* keep the flows not marked done (tout < 0), in their order (the reference's sums' order) */
+static void compact(fcc *s) {
+    int64_t j = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        if (s->tout[i] < 0) continue;
+        if (i != j) {
+            s->id[j] = s->id[i], s->len[j] = s->len[i];
+            memcpy(s->links + j * WIDTH, s->links + i * WIDTH, WIDTH * sizeof(int64_t));
+            s->left[j] = s->left[i], s->rate[j] = s->rate[i], s->line[j] = s->line[i];
+            s->alpha[j] = s->alpha[i], s->tick[j] = s->tick[i], s->rtt0[j] = s->rtt0[i];
+            s->delay[j] = s->delay[i];
+        }
+        j++;
+    }
+    s->n = j;
+}
+
+/* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
+ * come back as ids and delivery times, and the count is returned (0: t_far reached). */
+int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_t,
+                int64_t max_out) {
+    const int64_t L = s->n_links;
+    while (s->n && *now < t_far) {
+        int64_t n = s->n;
+        double t_min = INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            double qd = queue_delay(s, i), x = s->rate[i];
+            s->qd[i] = qd;
+            if (s->win_bits) {
+                double w = s->win_bits / (s->rtt0[i] + qd);
+                x = x < w ? x : w;
+            }
+            s->x[i] = x;
+        }
+        nic_share(s);
+        memset(s->arrive, 0, L * sizeof(double));
+        int at_line = 1;
+        for (int64_t i = 0; i < n; i++) {
+            double x = s->x[i];
+            s->tout[i] = x > 0 ? s->left[i] / x : INFINITY;
+            if (s->tout[i] < t_min) t_min = s->tout[i];
+            const int64_t *p = s->links + i * WIDTH;
+            for (int64_t k = 0; k < s->len[i]; k++) s->arrive[p[k]] += x;
+            if (!(s->rate[i] >= s->line[i])) at_line = 0;
+        }
+        int quiet = at_line && s->step - s->last_mark > s->lag;
+        for (int64_t l = 0; quiet && l < L; l++)
+            if (s->q[l] != 0.0 || (s->sw[l] && s->arrive[l] > s->cap[l])) quiet = 0;
+        double t_next = quiet ? t_far : (t_far < *now + s->dt ? t_far : *now + s->dt);
+        double dt = t_next - *now;
+        if (t_min < dt) dt = t_min;
+        for (int64_t l = 0; l < L; l++)
+            if (s->sw[l]) {
+                double v = s->q[l] + (s->arrive[l] - s->cap[l]) * dt;
+                s->q[l] = v > 0.0 ? v : 0.0;
+            }
+        for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
+        *now += dt;
+        /* marks now into the history; those a base round trip old are what senders see */
+        double *row = s->hist + (s->step % s->lag) * L;
+        int marked = 0;
+        for (int64_t l = 0; l < L; l++) {
+            double q = s->q[l], p;
+            if (q <= s->kmin[l]) p = 0.0;
+            else {
+                double span = s->kmax[l] - s->kmin[l];
+                span = span > 1e-9 ? span : 1e-9;
+                p = s->pmax[l] * (q - s->kmin[l]) / span;
+                p = p < 1.0 ? p : 1.0;
+            }
+            if (q >= s->kmax[l]) p = 1.0;
+            if (!s->marks[l]) p = 0.0;
+            s->seen[l] = row[l], row[l] = p;
+            if (p != 0.0) marked = 1;
+        }
+        if (marked) s->last_mark = s->step;
+        s->step++;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t *p = s->links + i * WIDTH;
+            double unmarked = 1.0;
+            for (int64_t k = 0; k < s->len[i]; k++) unmarked *= 1.0 - s->seen[p[k]];
+            double frac = 1.0 - unmarked, rtt = s->rtt0[i] + s->qd[i];
+            double pkts = s->x[i] * rtt / s->pkt_bits;
+            pkts = pkts > 1.0 ? pkts : 1.0;
+            double m = 1.0 - pow(unmarked, pkts), r;
+            if (s->window_cuts) {
+                if (!(*now >= s->tick[i])) continue;
+                double a = (1 - s->gain) * s->alpha[i] + s->gain * frac;
+                s->alpha[i] = a;
+                r = s->rate[i] * (1.0 - m * a / 2.0) + (1.0 - m) * s->ai;
+                s->tick[i] = *now + rtt;
+            } else {
+                double st = dt / rtt;
+                s->alpha[i] = frac + (s->alpha[i] - frac) * exp(-s->gain * st);
+                r = s->rate[i] * exp(m * log1p(-s->alpha[i] / 2.0) * st);
+                r += (1.0 - m) * s->ai * st;
+            }
+            r = r < s->min_rate ? s->min_rate : r;
+            s->rate[i] = r > s->line[i] ? s->line[i] : r;
+        }
+        int64_t k = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (s->tout[i] <= dt * (1 + 1e-12)) {
+                if (k == max_out) return -1; /* the caller's arrays are too small */
+                out_id[k] = s->id[i], out_t[k] = *now + queue_delay(s, i) + s->delay[i];
+                s->tout[i] = -1.0, k++;
+            }
+        if (k) {
+            compact(s);
+            return k;
+        }
+    }
+    if (!s->n && *now < t_far) *now = t_far;
+    return 0;
+}
