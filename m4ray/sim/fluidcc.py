@@ -1,13 +1,13 @@
-"""A fluid model of RDMA DCTCP with switch queues: what a max-min share cannot say about a
-congestion control's transients (issue 29's closed-loop gap; a probe, not a default backend).
+"""A fluid model of RDMA DCTCP with switch queues (the sweep's ``fluid_dctcp``): what a
+max-min share cannot say about a congestion control's transients.
 
 flowSim gives every flow its max-min share at once. A congestion control gets there by cutting
 on marks and climbing back, and on the gray-failure study that path costs time: every chunk of
 SimAI's rings is a new queue pair starting at line rate with DCTCP's α = 1, so a sender with
-few flows meets marks, halves, and its NIC idles until the additive increase brings it back
-(docs/gray_failure_study.md, "The study's gap is made in closed loop"). This model keeps what
-those dynamics need and nothing fitted, in the classic fluid form of DCTCP (Alizadeh et al.,
-SIGMETRICS 2011), time-stepped at ``dt_s``:
+few flows meets marks made by others, halves, and its NIC idles until the additive increase
+brings it back (docs/gray_failure_study.md, "The study's gap is made in closed loop"). This
+model keeps what those dynamics need and nothing fitted, in the fluid form of DCTCP's analyses
+(Alizadeh et al., SIGMETRICS 2011), time-stepped at ``dt_s``:
 
 * every flow sends at ``x = min(rate, window / round trip)``; the round trip is its base round
   trip plus the queueing delay on its path now; a host's NIC serves its flows max-min with
@@ -16,13 +16,24 @@ SIGMETRICS 2011), time-stepped at ``dt_s``:
   its flows' sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
 * RED marks with probability ``p(q)`` (K_min, K_max, P_max; a step at K where there is no
   K_max); links on an NVSwitch never mark; a sender sees the marks one base round trip late;
-* per round trip (a window of ACKs), as continuous rates: α moves by g (F − α), F the chance
-  of a packet's mark on the path, and the rate by a factor (1 − α / 2)^m and by (1 − m) AI,
-  m the chance that the window saw a mark (a cut, at most one a round trip: its CWR); the
-  rate is held between the minimum rate and the line rate;
+  F, a packet's chance of a mark on its path, and m = 1 − (1 − F)^(packets a round trip), the
+  chance that a window of ACKs brings one;
+* ``cuts="window"`` (the default): once a round trip per flow, at its own window's end, as the
+  sender's CWR runs: α ← (1 − g) α + g F, then rate ← rate (1 − m α / 2) + (1 − m) AI. Flows
+  that start together cut together, as packets make them. ``cuts="rate"``: the same per round
+  trip as continuous rates (α relaxes to F at g a round trip, the rate falls by a factor
+  (1 − α / 2)^m a round trip and gains (1 − m) AI): its answers hold still as ``dt_s`` shrinks,
+  but it smooths away the synchronised cuts that idle the study's degraded senders. The rate
+  stays between the minimum rate and the line rate;
 * a flow is done when its last bit has left the sender plus the queueing delay on its path
   then plus the routing's delivery delay (propagation and the first packet's store and
   forward), so a flow alone takes its ideal FCT.
+
+What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a queue's
+output split among its flows (each link sees what senders send, not what upstream queues let
+through), packets and ECMP collisions beyond the routing's, and DCQCN, HPCC or TIMELY (it
+refuses any CC but DCTCP). The steps run in C (``_fluidcc.c``, built on first use), this module's
+numpy loop being the reference and the fallback (``M4RAY_NATIVE=0``).
 
 Units: seconds, bits, bits/s.
 """
@@ -81,10 +92,10 @@ class FluidDctcpConfig:
 
     network: Any
     dt_s: float = 0.5e-6
-    # how a flow's rate moves: "rate" (per round trip as continuous rates: the mean over when
-    # each window's ACKs come back) or "window" (once a round trip per flow, at its own ticks:
-    # DCTCP's CWR as a packet simulator runs it; flows that start together cut together)
-    cuts: str = "rate"
+    # how a flow's rate moves: "window" (once a round trip per flow, at its own ticks: DCTCP's
+    # CWR as a packet simulator runs it; flows that start together cut together) or "rate"
+    # (per round trip as continuous rates: the mean over when each window's ACKs come back)
+    cuts: str = "window"
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
@@ -105,7 +116,7 @@ class FluidDctcp(QueueClock):
     """The time-stepped fluid (module docstring), a ``NetworkBackend``."""
 
     def __init__(
-        self, topology: Topology, routing: Routing, rdma, dt_s: float, cuts: str = "rate"
+        self, topology: Topology, routing: Routing, rdma, dt_s: float, cuts: str = "window"
     ) -> None:
         self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
         self.ack_bytes = rdma.ack_bytes
