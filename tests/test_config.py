@@ -178,6 +178,7 @@ def test_every_backend_composes_in_trace_mode(backend):
             "trace", overrides=[f"backend={backend}", "trace.topology=t", "trace.flows=f"]
         )
     assert cfg.backend._target_.startswith("m4ray.")
+    OmegaConf.resolve(cfg)  # every interpolation resolves within the trace config
 
 
 def test_without_experiment_the_error_lists_experiments():
