@@ -158,6 +158,45 @@ static void compact(fcc *s) {
     s->n = j;
 }
 
+static double mark_p(const fcc *s, int64_t l) {
+    double q = s->q[l], p;
+    if (q <= s->kmin[l]) p = 0.0;
+    else {
+        double span = s->kmax[l] - s->kmin[l];
+        span = span > 1e-9 ? span : 1e-9;
+        p = s->pmax[l] * (q - s->kmin[l]) / span;
+        p = p < 1.0 ? p : 1.0;
+    }
+    if (q >= s->kmax[l]) p = 1.0;
+    if (!s->marks[l]) p = 0.0;
+    return p;
+}
+
+/* No flow sends for gap seconds (fluidcc.py's _idle): the queues drain; after a round trip's
+ * worth of steps the marks in flight are the drained queues' */
+void fcc_idle(fcc *s, double gap) {
+    const int64_t L = s->n_links;
+    int any = 0;
+    if (!(gap > 0)) return;
+    for (int64_t l = 0; l < L; l++)
+        if (s->q[l] != 0.0) any = 1;
+    if (!any) return;
+    for (int64_t l = 0; l < L; l++)
+        if (s->sw[l]) {
+            double v = s->q[l] - s->cap[l] * gap;
+            s->q[l] = v > 0.0 ? v : 0.0;
+        }
+    if (gap >= (double)s->lag * s->dt) {
+        int marked = 0;
+        for (int64_t l = 0; l < L; l++) {
+            double p = mark_p(s, l);
+            for (int64_t r = 0; r < s->lag; r++) s->hist[r * L + l] = p;
+            if (p != 0.0) marked = 1;
+        }
+        s->last_mark = marked ? s->step - 1 : s->step - s->lag - 1;
+    }
+}
+
 /* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
  * come back as ids and delivery times, and the count is returned (0: t_far reached). */
 int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_t,
@@ -203,16 +242,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         double *row = s->hist + (s->step % s->lag) * L;
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {
-            double q = s->q[l], p;
-            if (q <= s->kmin[l]) p = 0.0;
-            else {
-                double span = s->kmax[l] - s->kmin[l];
-                span = span > 1e-9 ? span : 1e-9;
-                p = s->pmax[l] * (q - s->kmin[l]) / span;
-                p = p < 1.0 ? p : 1.0;
-            }
-            if (q >= s->kmax[l]) p = 1.0;
-            if (!s->marks[l]) p = 0.0;
+            double p = mark_p(s, l);
             s->seen[l] = row[l], row[l] = p;
             if (p != 0.0) marked = 1;
         }

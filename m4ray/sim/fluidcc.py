@@ -75,6 +75,7 @@ def library():
                 "fcc_n": (i64, [vp]),
                 "fcc_add": (cint, [vp, i64, i64, vp, f64, f64, f64, f64]),
                 "fcc_run": (i64, [vp, ctypes.POINTER(f64), f64, vp, vp, i64]),
+                "fcc_idle": (None, [vp, f64]),
             }
             for name, (res, args) in signatures.items():
                 fn = getattr(lib, name)
@@ -272,6 +273,7 @@ class FluidDctcp(QueueClock):
             if not len(self._ids):
                 if t_event == math.inf or t_event > horizon:
                     break
+                self._idle(t_event - self._now)
                 self._now = t_event
             else:
                 self._advance(min(t_event, horizon))
@@ -291,6 +293,7 @@ class FluidDctcp(QueueClock):
             if not n:
                 if t_event == math.inf or t_event > horizon:
                     break
+                lib.fcc_idle(core, t_event - self._now)
                 self._now = t_event
             else:
                 if len(self._c_out[0]) < n:
@@ -317,6 +320,27 @@ class FluidDctcp(QueueClock):
                 fn()
 
     # ------------------------------------------------------------ the fluid
+    def _idle(self, gap: float) -> None:
+        """No flow sends for ``gap`` seconds: every queue drains at its link's rate, and the
+        marks in flight are those of the drained queues (a gap of at least a round trip:
+        what they say by then)."""
+        if gap <= 0 or not self._q.any():
+            return
+        sw = self._switch
+        self._q[sw] = np.maximum(0.0, self._q[sw] - self._cap[sw] * gap)
+        if gap >= self._lag * self.dt_s:
+            self._p_hist[:] = self._marks_now()
+        self._n_steps += 1
+
+    def _marks_now(self) -> np.ndarray:
+        """Each link's marking probability at its queue now (RED; NVSwitch links never)."""
+        q, k_min = self._q, self._k_min
+        span = np.maximum(self._k_max - k_min, 1e-9)
+        p = np.where(q <= k_min, 0.0, np.minimum(1.0, self._p_max * (q - k_min) / span))
+        p = np.where(q >= self._k_max, 1.0, p)
+        p[~self._marks] = 0.0
+        return p
+
     def _queue_delay(self, links: np.ndarray) -> np.ndarray:
         """Each flow's queueing delay over its path now (s)."""
         valid = links >= 0
@@ -360,11 +384,7 @@ class FluidDctcp(QueueClock):
     def _marks_seen(self) -> np.ndarray:
         """Each link's marking probability now, into the history; the one senders see now (a
         base round trip ago)."""
-        q, k_min = self._q, self._k_min
-        span = np.maximum(self._k_max - k_min, 1e-9)
-        p = np.where(q <= k_min, 0.0, np.minimum(1.0, self._p_max * (q - k_min) / span))
-        p = np.where(q >= self._k_max, 1.0, p)
-        p[~self._marks] = 0.0
+        p = self._marks_now()
         row = self._step % self._lag
         seen = self._p_hist[row].copy()  # written lag steps ago
         self._p_hist[row] = p

@@ -88,6 +88,22 @@ def test_a_capped_sender_cut_on_marks_others_make_finishes_late_where_max_min_sa
     assert fluid[1:] == pytest.approx(fair[1:], rel=0.01)  # the port itself stays busy
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_queues_drain_while_no_flow_sends(monkeypatch, native):
+    """Two flows leave a queue at the port they share when their last bits are sent; a flow
+    through that port long after finds it drained (the fluid steps only while flows send, so
+    an idle gap has to drain the queues too) and takes its ideal FCT."""
+    from m4ray.sim import fluidcc
+
+    if not native:
+        monkeypatch.setattr(fluidcc, "_LIB", [None])
+    topo = star(3)
+    routing = Routing(topo)
+    flows = [(0, 2, 1_000_000, 0.0), (1, 2, 1_000_000, 0.0), (0, 2, 100_000, 0.01)]
+    got = fcts(topo, flows, FluidDctcpConfig(network=dctcp(window_bytes=200_000)))
+    assert got[2] == pytest.approx(routing.ideal_fct(100_000, routing.path(0, 2)), rel=1e-9)
+
+
 def test_it_models_rdma_dctcp_only_with_a_positive_time_step_and_a_known_cut_rule():
     topo = star(2)
     with pytest.raises(InputError, match="not tcp"):
