@@ -134,7 +134,7 @@ class FluidDctcp(QueueClock):
         self._cap = cap
         n_links = topology.n_links
         src, dst = topology.link_src, topology.link_dst
-        hosts = np.zeros(max(topology.n_nodes, int(max(src.max(), dst.max())) + 1), dtype=bool)
+        hosts = np.zeros(topology.n_nodes, dtype=bool)
         hosts[list(topology.hosts)] = True
         nv = np.zeros_like(hosts)
         nv[list(topology.nvswitches)] = True
@@ -166,7 +166,6 @@ class FluidDctcp(QueueClock):
         self._cb: list[DoneCallback] = []
         self._new: list[tuple] = []
         self._groups: tuple[np.ndarray, np.ndarray] | None = None
-        self._n_steps = 0
         self._core = None  # the same steps in C (_fluidcc.c), where it compiles
         lib = library()
         if lib is not None:
@@ -262,15 +261,12 @@ class FluidDctcp(QueueClock):
         self._cb.extend(cbs)
 
     def run(self, until: float | None = None) -> None:
-        if self._core is not None:
-            self._run_core(math.inf if until is None else until)
-            return
         horizon = math.inf if until is None else until
         events = self.events
         while True:
             self._flush()
             t_event = events.peek_time()
-            if not len(self._ids):
+            if not self._n_active():
                 if t_event == math.inf or t_event > horizon:
                     break
                 self._idle(t_event - self._now)
@@ -283,54 +279,40 @@ class FluidDctcp(QueueClock):
                 _, fn = events.pop()
                 fn()
 
-    def _run_core(self, horizon: float) -> None:
-        """:meth:`run`'s loop with the steps in C: one call until the next event is due or
-        flows send their last bit (their completions are pushed in the reference's order)."""
-        lib, core, events = self._lib, self._core, self.events
-        while True:
-            t_event = events.peek_time()
-            n = lib.fcc_n(core)
-            if not n:
-                if t_event == math.inf or t_event > horizon:
-                    break
-                lib.fcc_idle(core, t_event - self._now)
-                self._now = t_event
-            else:
-                if len(self._c_out[0]) < n:
-                    self._c_out = (np.zeros(2 * n, dtype=np.int64), np.zeros(2 * n))
-                ids, times = self._c_out
-                self._c_now.value = self._now
-                k = lib.fcc_run(
-                    core,
-                    self._c_now,
-                    min(t_event, horizon),
-                    ids.ctypes.data,
-                    times.ctypes.data,
-                    len(ids),
-                )
-                self._now = self._c_now.value
-                for j in range(k):
-                    fid, t_done = int(ids[j]), float(times[j])
-                    cb = self._c_cb.pop(fid)
-                    events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
-                if self._now >= horizon:
-                    break
-            while events.peek_time() <= self._now:
-                _, fn = events.pop()
-                fn()
+    def _n_active(self) -> int:
+        return len(self._ids) if self._core is None else self._lib.fcc_n(self._core)
+
+    def _advance_core(self, t_far: float) -> None:
+        """:meth:`_advance` in C: steps until ``t_far`` or until flows send their last bit,
+        whose completions are pushed in the reference's order."""
+        n = self._n_active()
+        if len(self._c_out[0]) < n:
+            self._c_out = (np.zeros(2 * n, dtype=np.int64), np.zeros(2 * n))
+        ids, times = self._c_out
+        self._c_now.value = self._now
+        k = self._lib.fcc_run(
+            self._core, self._c_now, t_far, ids.ctypes.data, times.ctypes.data, len(ids)
+        )
+        self._now = self._c_now.value
+        for j in range(k):
+            fid, t_done = int(ids[j]), float(times[j])
+            cb = self._c_cb.pop(fid)
+            self.events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
 
     # ------------------------------------------------------------ the fluid
     def _idle(self, gap: float) -> None:
         """No flow sends for ``gap`` seconds: every queue drains at its link's rate, and the
         marks in flight are those of the drained queues (a gap of at least a round trip:
         what they say by then)."""
+        if self._core is not None:
+            self._lib.fcc_idle(self._core, gap)
+            return
         if gap <= 0 or not self._q.any():
             return
         sw = self._switch
         self._q[sw] = np.maximum(0.0, self._q[sw] - self._cap[sw] * gap)
         if gap >= self._lag * self.dt_s:
             self._p_hist[:] = self._marks_now()
-        self._n_steps += 1
 
     def _marks_now(self) -> np.ndarray:
         """Each link's marking probability at its queue now (RED; NVSwitch links never)."""
@@ -351,6 +333,9 @@ class FluidDctcp(QueueClock):
         """Step the fluid from now by ``dt_s``, or to ``t_far`` (the next event) where nothing
         moves meanwhile (no queue, no mark in flight, every flow at its line rate and no port
         overfilled: then every rate holds), or less where a flow's last bit leaves first."""
+        if self._core is not None:
+            self._advance_core(t_far)
+            return
         links = self._links
         qdelay = self._queue_delay(links)
         x = self._rate.copy()
@@ -375,7 +360,6 @@ class FluidDctcp(QueueClock):
         self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - self._cap[sw]) * dt)
         self._left -= x * dt
         self._now += dt
-        self._n_steps += 1
         self._control(x, self._rtt0 + qdelay, dt, self._marks_seen())
         done = np.flatnonzero(t_out <= dt * (1 + 1e-12))
         if len(done):
