@@ -17,7 +17,7 @@ typedef struct {
     double *q, *hist, *arrive, *seen, *used, *level, *total;
     int64_t *n_free, *count;
     double gain, ai, min_rate, win_bits, pkt_bits, alpha_init, dt;
-    int window_cuts;
+    int window_cuts, var_window; /* var_window: the window scales with rate / line rate */
     /* active flows */
     int64_t n, room;
     int64_t *id, *links, *len;
@@ -36,6 +36,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->kmin = kmin, s->kmax = kmax, s->pmax = pmax;
     s->gain = params[0], s->ai = params[1], s->min_rate = params[2], s->win_bits = params[3];
     s->pkt_bits = params[4], s->alpha_init = params[5], s->dt = params[6];
+    s->var_window = params[7] != 0.0;
     s->window_cuts = window_cuts;
     s->q = calloc(n_links, sizeof(double));
     s->hist = calloc(lag * n_links, sizeof(double));
@@ -210,6 +211,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             s->qd[i] = qd;
             if (s->win_bits) {
                 double w = s->win_bits / (s->rtt0[i] + qd);
+                if (s->var_window) w *= s->rate[i] / s->line[i];
                 x = x < w ? x : w;
             }
             s->x[i] = x;

@@ -6,12 +6,16 @@ on marks and climbing back, and on the gray-failure study that path costs time: 
 SimAI's rings is a new queue pair starting at line rate with DCTCP's α = 1, so a sender with
 few flows meets marks made by others, halves, and its NIC idles until the additive increase
 brings it back (docs/gray_failure_study.md, "The study's gap is made in closed loop"). This
-model keeps what those dynamics need and nothing fitted, in the fluid form of DCTCP's analyses
-(Alizadeh et al., SIGMETRICS 2011), time-stepped at ``dt_s``:
+model keeps what those dynamics need and nothing fitted (but one choice: ``var_window``), in
+the fluid form of DCTCP's analyses (Alizadeh et al., SIGMETRICS 2011), time-stepped at
+``dt_s``:
 
 * every flow sends at ``x = min(rate, window / round trip)``; the round trip is its base round
   trip plus the queueing delay on its path now; a host's NIC serves its flows max-min with
-  those caps (its queue pairs round robin);
+  those caps (its queue pairs round robin). With ``var_window`` the window is scaled by the
+  rate over the line rate, as HPCC's VAR_WIN (and our ns-3's ``var_window``) does; by default
+  it is held at the network's window, which measured closer to ns-3 on the study (the module
+  leaves out something that slows ns-3 there, and the fixed window partly stands in for it);
 * every switch egress link integrates its queue, ``q' = Σ x − C`` (at least 0): each link sees
   its flows' sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
 * RED marks with probability ``p(q)`` (K_min, K_max, P_max; a step at K where there is no
@@ -97,6 +101,10 @@ class FluidDctcpConfig:
     # CWR as a packet simulator runs it; flows that start together cut together) or "rate"
     # (per round trip as continuous rates: the mean over when each window's ACKs come back)
     cuts: str = "window"
+    # the window as HPCC's VAR_WIN scales it (window x rate / line rate, as our ns-3 does when
+    # its network says var_window) or fixed at the network's window (the default: measured
+    # closer to ns-3, docs/gray_failure_study.md, "The window the fluid holds")
+    var_window: bool = False
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
@@ -110,14 +118,21 @@ class FluidDctcpConfig:
         if rdma is None or rdma.cc != "dctcp":
             cc = network.transport if rdma is None else rdma.cc
             raise InputError(f"models RDMA DCTCP, not {cc}", field="fluid_dctcp.network")
-        return FluidDctcp(topology, routing, rdma, self.dt_s, self.cuts)
+        return FluidDctcp(topology, routing, rdma, self.dt_s, self.cuts, var_window=self.var_window)
 
 
 class FluidDctcp(QueueClock):
     """The time-stepped fluid (module docstring), a ``NetworkBackend``."""
 
     def __init__(
-        self, topology: Topology, routing: Routing, rdma, dt_s: float, cuts: str = "window"
+        self,
+        topology: Topology,
+        routing: Routing,
+        rdma,
+        dt_s: float,
+        cuts: str = "window",
+        *,
+        var_window: bool = False,
     ) -> None:
         self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
         self.ack_bytes = rdma.ack_bytes
@@ -152,6 +167,7 @@ class FluidDctcp(QueueClock):
         self._p_hist = np.zeros((self._lag, n_links))  # marking probability, one row per step
         self._step = 0
         self._win_bits = wire_window(window_bytes, routing.wire) * 8.0 if window_bytes else 0.0
+        self._var_window = var_window  # HPCC's VAR_WIN: the window x rate / line rate
         self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
         # active flows
         self._ids = np.zeros(0, dtype=np.int64)
@@ -193,6 +209,7 @@ class FluidDctcp(QueueClock):
                         self._pkt_bits,
                         self.alpha_init,
                         self.dt_s,
+                        float(self._var_window),
                     ]
                 ),
             )
@@ -340,7 +357,10 @@ class FluidDctcp(QueueClock):
         qdelay = self._queue_delay(links)
         x = self._rate.copy()
         if self._win_bits:
-            x = np.minimum(x, self._win_bits / (self._rtt0 + qdelay))
+            w = self._win_bits / (self._rtt0 + qdelay)
+            if self._var_window:
+                w = w * (self._rate / self._line)
+            x = np.minimum(x, w)
         x = self._nic_share(x)
         with np.errstate(divide="ignore"):
             t_out = np.where(x > 0, self._left / x, np.inf)

@@ -46,11 +46,13 @@ def fcts(topo: Topology, flows: list[tuple[int, int, int, float]], config) -> li
     return [by_id[i] for i in range(len(flows))]
 
 
-def test_is_a_network_backend_and_a_lone_flow_takes_its_ideal_fct():
+@pytest.mark.parametrize("var_window", [False, True])
+def test_is_a_network_backend_and_a_lone_flow_takes_its_ideal_fct(var_window):
     topo = star(2)
     routing = Routing(topo)
-    assert isinstance(FluidDctcpConfig(network=dctcp()).build(topo, routing), NetworkBackend)
-    (fct,) = fcts(topo, [(0, 1, 1_000_000, 0.0)], FluidDctcpConfig(network=dctcp()))
+    config = FluidDctcpConfig(network=dctcp(), var_window=var_window)
+    assert isinstance(config.build(topo, routing), NetworkBackend)
+    (fct,) = fcts(topo, [(0, 1, 1_000_000, 0.0)], config)
     assert fct == pytest.approx(routing.ideal_fct(1_000_000, routing.path(0, 1)), rel=1e-9)
 
 
@@ -88,6 +90,36 @@ def test_a_capped_sender_cut_on_marks_others_make_finishes_late_where_max_min_sa
     assert fluid[1:] == pytest.approx(fair[1:], rel=0.01)  # the port itself stays busy
 
 
+@pytest.mark.parametrize("var_window", [False, True])
+def test_a_window_scaled_by_the_rate_holds_a_cut_flow_behind_a_queue(monkeypatch, var_window):
+    """A flow cut to 2 of its 10 Gbit/s behind a 200 KB queue (a round trip of ~164 us) with
+    a 100 KB window: held at the window, the rate binds (the window allows 4.9 Gbit/s); scaled
+    by rate / line rate as HPCC's VAR_WIN, the window allows 2 x 800 kbit / (10 Gbit/s x RTT),
+    about 0.98 Gbit/s."""
+    import math
+
+    from m4ray.sim import fluidcc
+
+    monkeypatch.setattr(fluidcc, "_LIB", [None])  # the numpy steps, whose state is readable
+    topo = star(2)
+    routing = Routing(topo)
+    network = dctcp(window_bytes=100_000)
+    fluid = FluidDctcpConfig(network=network, var_window=var_window).build(topo, routing)
+    fluid.send(Flow(0, 0, 1, 10_000_000, 0.0), lambda fid, t: None)
+    fluid._flush()
+    port = routing.path(0, 1).links[1]  # the switch's port to host 1
+    fluid._rate[:] = 2e9
+    fluid._q[port] = 200_000 * 8.0
+    left = fluid._left.copy()
+    fluid._advance(math.inf)
+    sent = float((left - fluid._left)[0] / fluid._now)
+    rtt = float(fluid._rtt0[0]) + 200_000 * 8.0 / GBPS
+    window_bits = fluid._win_bits
+    expected = 2e9 * window_bits / (GBPS * rtt) if var_window else 2e9
+    assert window_bits / rtt > 2e9 > expected or not var_window
+    assert sent == pytest.approx(expected, rel=1e-9)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_queues_drain_while_no_flow_sends(monkeypatch, native):
     """Two flows leave a queue at the port they share when their last bits are sent; a flow
@@ -117,8 +149,10 @@ def test_it_models_rdma_dctcp_only_with_a_positive_time_step_and_a_known_cut_rul
         FluidDctcpConfig(network=dctcp(), cuts="packet")
 
 
-@pytest.mark.parametrize("cuts", ["rate", "window"])
-def test_the_compiled_steps_answer_as_the_numpy_reference(monkeypatch, cuts):
+@pytest.mark.parametrize(
+    ("cuts", "var_window"), [("rate", False), ("window", False), ("window", True)]
+)
+def test_the_compiled_steps_answer_as_the_numpy_reference(monkeypatch, cuts, var_window):
     """The C steps (_fluidcc.c) against the numpy ones, on a SimAI collective over a degraded
     rail cluster (marks, cuts, NIC sharing, quiet jumps): every flow's finish within 1e-5.
     numpy's exp, log1p and pow (SIMD where the CPU has it) and the C library's may round a
@@ -139,7 +173,9 @@ def test_the_compiled_steps_answer_as_the_numpy_reference(monkeypatch, cuts):
         workload=SimAIWorkloadSpec(path="microAllReduce_tp16", scale=0.25),
         collective=SimAISpec(),
         backend="fluid_dctcp",
-        backend_config=FluidDctcpConfig(network=dctcp(window_bytes=200_000), cuts=cuts),
+        backend_config=FluidDctcpConfig(
+            network=dctcp(window_bytes=200_000), cuts=cuts, var_window=var_window
+        ),
     )
     compiled = simulate(scenario)[1].column("finish_s").to_numpy()
     monkeypatch.setattr(fluidcc, "_LIB", [None])
