@@ -15,6 +15,8 @@ typedef struct {
     const double *cap, *kmin, *kmax, *pmax;
     const uint8_t *sw, *marks; /* switch egress ports (they queue), and those that mark */
     double *q, *hist, *arrive, *seen, *used, *level, *total;
+    double *eff, *data; /* each link's capacity left to data by ACKs; its data rate last step */
+    double ack_frac;    /* ACK bits per data bit (0: ACKs take no capacity) */
     int64_t *n_free, *count;
     double gain, ai, min_rate, win_bits, pkt_bits, alpha_init, dt;
     int window_cuts, var_window; /* var_window: the window scales with rate / line rate */
@@ -37,6 +39,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->gain = params[0], s->ai = params[1], s->min_rate = params[2], s->win_bits = params[3];
     s->pkt_bits = params[4], s->alpha_init = params[5], s->dt = params[6];
     s->var_window = params[7] != 0.0;
+    s->ack_frac = params[8];
     s->window_cuts = window_cuts;
     s->q = calloc(n_links, sizeof(double));
     s->hist = calloc(lag * n_links, sizeof(double));
@@ -47,6 +50,9 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->total = calloc(n_links, sizeof(double));
     s->n_free = calloc(n_links, sizeof(int64_t));
     s->count = calloc(n_links, sizeof(int64_t));
+    s->eff = calloc(n_links, sizeof(double));
+    s->data = calloc(n_links, sizeof(double));
+    memcpy(s->eff, cap, n_links * sizeof(double));
     return s;
 }
 
@@ -55,7 +61,7 @@ void fcc_free(fcc *s) {
     void *all[] = {s->q,     s->hist,  s->arrive, s->seen,  s->used, s->level,
                    s->total, s->n_free, s->count, s->id,   s->links, s->len,
                    s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
-                   s->delay, s->x,     s->qd,     s->tout};
+                   s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -106,8 +112,8 @@ static void nic_share(fcc *s) {
     int any = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t h = s->links[i * WIDTH];
-        if (s->total[h] > s->cap[h] * (1 + 1e-12)) any = 1;
-        s->level[h] = s->cap[h] / (double)s->count[h];
+        if (s->total[h] > s->eff[h] * (1 + 1e-12)) any = 1;
+        s->level[h] = s->eff[h] / (double)s->count[h];
     }
     if (!any) return;
     for (int it = 0; it < 64; it++) {
@@ -117,15 +123,15 @@ static void nic_share(fcc *s) {
         }
         for (int64_t i = 0; i < n; i++) {
             int64_t h = s->links[i * WIDTH];
-            if (!(s->total[h] > s->cap[h] * (1 + 1e-12))) continue;
+            if (!(s->total[h] > s->eff[h] * (1 + 1e-12))) continue;
             if (s->x[i] < s->level[h]) s->used[h] += s->x[i];
             else s->n_free[h]++;
         }
         int moved = 0; /* the new levels in used (each group's once: n_free = -1 after) */
         for (int64_t i = 0; i < n; i++) {
             int64_t h = s->links[i * WIDTH];
-            if (!(s->total[h] > s->cap[h] * (1 + 1e-12)) || s->n_free[h] < 0) continue;
-            double nw = s->n_free[h] > 0 ? (s->cap[h] - s->used[h]) / (double)s->n_free[h]
+            if (!(s->total[h] > s->eff[h] * (1 + 1e-12)) || s->n_free[h] < 0) continue;
+            double nw = s->n_free[h] > 0 ? (s->eff[h] - s->used[h]) / (double)s->n_free[h]
                                          : s->level[h];
             if (!(fabs(nw - s->level[h]) <= 1e-12 * s->level[h])) moved = 1;
             s->used[h] = nw, s->n_free[h] = -1;
@@ -133,12 +139,12 @@ static void nic_share(fcc *s) {
         if (!moved) break; /* as the reference: the levels stay those of the last pass */
         for (int64_t i = 0; i < n; i++) {
             int64_t h = s->links[i * WIDTH];
-            if (s->total[h] > s->cap[h] * (1 + 1e-12)) s->level[h] = s->used[h];
+            if (s->total[h] > s->eff[h] * (1 + 1e-12)) s->level[h] = s->used[h];
         }
     }
     for (int64_t i = 0; i < n; i++) {
         int64_t h = s->links[i * WIDTH];
-        if (s->total[h] > s->cap[h] * (1 + 1e-12) && s->x[i] > s->level[h]) s->x[i] = s->level[h];
+        if (s->total[h] > s->eff[h] * (1 + 1e-12) && s->x[i] > s->level[h]) s->x[i] = s->level[h];
     }
 }
 
@@ -179,6 +185,10 @@ void fcc_idle(fcc *s, double gap) {
     const int64_t L = s->n_links;
     int any = 0;
     if (!(gap > 0)) return;
+    if (s->ack_frac) { /* nothing sent: no ACKs */
+        memset(s->data, 0, L * sizeof(double));
+        memcpy(s->eff, s->cap, L * sizeof(double));
+    }
     for (int64_t l = 0; l < L; l++)
         if (s->q[l] != 0.0) any = 1;
     if (!any) return;
@@ -206,6 +216,12 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
     while (s->n && *now < t_far) {
         int64_t n = s->n;
         double t_min = INFINITY;
+        if (s->ack_frac) /* the ACKs of last step's data on each reverse link (ack_capacity) */
+            for (int64_t l = 0; l < L; l++) {
+                double d = s->data[l ^ 1], load = s->ack_frac * (d > 0.0 ? d : 0.0);
+                double v = s->cap[l] - load, floor = 0.01 * s->cap[l];
+                s->eff[l] = v > floor ? v : floor;
+            }
         for (int64_t i = 0; i < n; i++) {
             double qd = queue_delay(s, i), x = s->rate[i];
             s->qd[i] = qd;
@@ -229,15 +245,18 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         }
         int quiet = at_line && s->step - s->last_mark > s->lag;
         for (int64_t l = 0; quiet && l < L; l++)
-            if (s->q[l] != 0.0 || (s->sw[l] && s->arrive[l] > s->cap[l])) quiet = 0;
+            if (s->q[l] != 0.0 || (s->sw[l] && s->arrive[l] > s->eff[l])) quiet = 0;
+        for (int64_t l = 0; quiet && s->ack_frac && l < L; l++)
+            if (s->arrive[l] != s->data[l]) quiet = 0; /* the ACK load moves */
         double t_next = quiet ? t_far : (t_far < *now + s->dt ? t_far : *now + s->dt);
         double dt = t_next - *now;
         if (t_min < dt) dt = t_min;
         for (int64_t l = 0; l < L; l++)
             if (s->sw[l]) {
-                double v = s->q[l] + (s->arrive[l] - s->cap[l]) * dt;
+                double v = s->q[l] + (s->arrive[l] - s->eff[l]) * dt;
                 s->q[l] = v > 0.0 ? v : 0.0;
             }
+        if (s->ack_frac) memcpy(s->data, s->arrive, L * sizeof(double));
         for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
         *now += dt;
         /* marks now into the history; those a base round trip old are what senders see */

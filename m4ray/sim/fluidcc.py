@@ -18,6 +18,11 @@ the fluid form of DCTCP's analyses (Alizadeh et al., SIGMETRICS 2011), time-step
   leaves out something that slows ns-3 there, and the fixed window partly stands in for it);
 * every switch egress link integrates its queue, ``q' = Σ x − C`` (at least 0): each link sees
   its flows' sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
+* with ``ack_load`` (the default) the receivers' ACKs, one per data packet at high priority,
+  take their share first: a link gives data ``C − a × (data on its reverse link, last step)``
+  (``a`` = ACK bytes per data packet's wire bytes, 64 / 1,048 with 1,000 B payloads), in the
+  NIC's share and the queues' drain alike. A ring step's link carries one neighbour's data and
+  the other's ACKs: real ns-3 takes 1 + a of the wire's time there, and so does this (a test);
 * RED marks with probability ``p(q)`` (K_min, K_max, P_max; a step at K where there is no
   K_max); links on an NVSwitch never mark; a sender sees the marks one base round trip late;
   F, a packet's chance of a mark on its path, and m = 1 − (1 − F)^(packets a round trip), the
@@ -51,7 +56,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
-from m4ray.models.fairshare import round_trip_s
+from m4ray.models.fairshare import ack_capacity, ack_fraction, reverse_links, round_trip_s
 from m4ray.models.wire import wire_window
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
 from m4ray.sim.flows import Flow
@@ -105,6 +110,9 @@ class FluidDctcpConfig:
     # its network says var_window) or fixed at the network's window (the default: measured
     # closer to ns-3, docs/gray_failure_study.md, "The window the fluid holds")
     var_window: bool = False
+    # the receivers' ACKs (one per data packet, high priority) take their share of the reverse
+    # links, as in ns-3: a ring step's link carries one neighbour's data and the other's ACKs
+    ack_load: bool = True
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
@@ -118,7 +126,15 @@ class FluidDctcpConfig:
         if rdma is None or rdma.cc != "dctcp":
             cc = network.transport if rdma is None else rdma.cc
             raise InputError(f"models RDMA DCTCP, not {cc}", field="fluid_dctcp.network")
-        return FluidDctcp(topology, routing, rdma, self.dt_s, self.cuts, var_window=self.var_window)
+        return FluidDctcp(
+            topology,
+            routing,
+            rdma,
+            self.dt_s,
+            self.cuts,
+            var_window=self.var_window,
+            ack_load=self.ack_load,
+        )
 
 
 class FluidDctcp(QueueClock):
@@ -133,6 +149,7 @@ class FluidDctcp(QueueClock):
         cuts: str = "window",
         *,
         var_window: bool = False,
+        ack_load: bool = False,
     ) -> None:
         self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
         self.ack_bytes = rdma.ack_bytes
@@ -168,6 +185,11 @@ class FluidDctcp(QueueClock):
         self._step = 0
         self._win_bits = wire_window(window_bytes, routing.wire) * 8.0 if window_bytes else 0.0
         self._var_window = var_window  # HPCC's VAR_WIN: the window x rate / line rate
+        # ACK bits per data bit on each link's reverse (0: off), and each link's data rate
+        # last step, whose ACKs take their share of the reverse link this step
+        self._ack_frac = ack_fraction(rdma.ack_bytes, routing.wire) if ack_load else 0.0
+        self._reverse = reverse_links(n_links)
+        self._data = np.zeros(n_links)
         self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
         # active flows
         self._ids = np.zeros(0, dtype=np.int64)
@@ -210,6 +232,7 @@ class FluidDctcp(QueueClock):
                         self.alpha_init,
                         self.dt_s,
                         float(self._var_window),
+                        self._ack_frac,
                     ]
                 ),
             )
@@ -324,7 +347,10 @@ class FluidDctcp(QueueClock):
         if self._core is not None:
             self._lib.fcc_idle(self._core, gap)
             return
-        if gap <= 0 or not self._q.any():
+        if gap <= 0:
+            return
+        self._data[:] = 0.0  # nothing sent: no ACKs
+        if not self._q.any():
             return
         sw = self._switch
         self._q[sw] = np.maximum(0.0, self._q[sw] - self._cap[sw] * gap)
@@ -354,6 +380,9 @@ class FluidDctcp(QueueClock):
             self._advance_core(t_far)
             return
         links = self._links
+        cap = self._cap
+        if self._ack_frac:  # the ACKs of last step's data on each reverse link
+            cap = ack_capacity(cap, self._reverse, self._ack_frac, self._data)
         qdelay = self._queue_delay(links)
         x = self._rate.copy()
         if self._win_bits:
@@ -361,7 +390,7 @@ class FluidDctcp(QueueClock):
             if self._var_window:
                 w = w * (self._rate / self._line)
             x = np.minimum(x, w)
-        x = self._nic_share(x)
+        x = self._nic_share(x, cap)
         with np.errstate(divide="ignore"):
             t_out = np.where(x > 0, self._left / x, np.inf)
         # queues: every switch egress link integrates what its flows send
@@ -373,11 +402,14 @@ class FluidDctcp(QueueClock):
             not self._q.any()
             and not self._p_hist.any()
             and (self._rate >= self._line).all()
-            and (arrive[sw] <= self._cap[sw]).all()
+            and (arrive[sw] <= cap[sw]).all()
+            and (not self._ack_frac or np.array_equal(arrive, self._data))
         )
         t_next = t_far if quiet else min(t_far, self._now + self.dt_s)
         dt = min(t_next - self._now, float(t_out.min()))
-        self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - self._cap[sw]) * dt)
+        self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - cap[sw]) * dt)
+        if self._ack_frac:
+            self._data = arrive
         self._left -= x * dt
         self._now += dt
         self._control(x, self._rtt0 + qdelay, dt, self._marks_seen())
@@ -442,12 +474,13 @@ class FluidDctcp(QueueClock):
         self._groups = None
         self._cb = [cb for cb, k in zip(self._cb, keep, strict=True) if k]
 
-    def _nic_share(self, x: np.ndarray) -> np.ndarray:
-        """Each host link's flows max-min over its capacity with caps ``x`` (round robin)."""
+    def _nic_share(self, x: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+        """Each host link's flows max-min over its ``capacity`` with caps ``x`` (round
+        robin)."""
         if self._groups is None:  # the active flows changed: their NICs again
             self._groups = np.unique(self._links[:, 0], return_inverse=True)
         groups, inv = self._groups
-        cap = self._cap[groups]
+        cap = capacity[groups]
         total = np.bincount(inv, weights=x, minlength=len(groups))
         over = total > cap * (1 + 1e-12)
         if not over.any():
