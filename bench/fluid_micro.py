@@ -20,6 +20,11 @@ What each case isolates:
 * ``degraded_and_healthy_into_one``: a degraded sender and two healthy ones into a healthy port
   (the degraded sender cut on marks the healthy ones make).
 * ``paced_chunks``: eight 128 KiB chunks 20 µs apart into the degraded port (no overlap).
+* ``chunk_stream_into_degraded``: thirty 512 KiB chunks 14 µs apart into the degraded port, as
+  a ring's steps queue up at its slow hop at the study's scale 0.25 (each step's chunk starts
+  when its parent arrives, not when the last chunk on this hop has finished): every new chunk
+  starts at line rate with α = 1 while the older ones have been cut, so under VAR_WIN ns-3
+  finishes the first ones last; a window held at the full BDP lets them go in order.
 
 These say whether each mechanism is modelled as ns-3 runs it; they do not say how the
 mechanisms compose in a closed-loop collective (docs/gray_failure_study.md).
@@ -73,6 +78,7 @@ def cases() -> dict:
             [(1, 0, 2 * MIB, 0.0), (2, 0, 2 * MIB, 0.0), (3, 0, 2 * MIB, 0.0)],
         ),
         "paced_chunks": (tor, [(0, 1, 128 * 1024, i * 20e-6) for i in range(8)]),
+        "chunk_stream_into_degraded": (tor, [(0, 1, MIB // 2, i * 14e-6) for i in range(30)]),
     }
 
 
