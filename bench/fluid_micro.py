@@ -25,6 +25,12 @@ What each case isolates:
   when its parent arrives, not when the last chunk on this hop has finished): every new chunk
   starts at line rate with α = 1 while the older ones have been cut, so under VAR_WIN ns-3
   finishes the first ones last; a window held at the full BDP lets them go in order.
+* ``rail_uplink_both_ways``: a rail ToR's 400 Gbit/s uplink shared by two degraded senders'
+  2 MiB chunks (to healthy GPUs) and two healthy senders' (to degraded GPUs), as in the
+  study's first ring steps: the healthy senders' first windows leave at line rate, the
+  uplink's queue passes K and marks the degraded senders too, which ns-3 then holds ~30 %
+  past their NIC's time. The fluid caps a window by the queues at once (its round trip now,
+  not as the ACKs report it a round trip later), so the uplink's queue never gets there.
 
 These say whether each mechanism is modelled as ns-3 runs it; they do not say how the
 mechanisms compose in a closed-loop collective (docs/gray_failure_study.md).
@@ -64,6 +70,21 @@ def cases() -> dict:
         switches=(4,),
         cables=tuple(Cable(h, 4, r * GBPS, 1e-6) for h, r in enumerate(rates)),
     )
+    # the study's rail uplink: two degraded and two healthy senders on one ToR (node 8) share
+    # its 400 Gbit/s uplink through a spine (10) to another ToR (9); the degraded senders'
+    # chunks go to healthy GPUs, the healthy senders' to degraded (100 Gbit/s) ones
+    g = GBPS
+    rail = Topology(
+        n_nodes=11,
+        switches=(8, 9, 10),
+        cables=(
+            *(Cable(h, 8, r * g, 1e-6) for h, r in enumerate((100, 400, 100, 400))),
+            *(Cable(h + 4, 9, r * g, 1e-6) for h, r in enumerate((400, 100, 400, 100))),
+            Cable(8, 10, 400 * g, 1e-6),
+            Cable(10, 9, 400 * g, 1e-6),
+        ),
+    )
+    crossing = [(0, 4), (1, 5), (2, 6), (3, 7)]
     return {
         "ring": (
             nvswitch,
@@ -79,6 +100,7 @@ def cases() -> dict:
         ),
         "paced_chunks": (tor, [(0, 1, 128 * 1024, i * 20e-6) for i in range(8)]),
         "chunk_stream_into_degraded": (tor, [(0, 1, MIB // 2, i * 14e-6) for i in range(30)]),
+        "rail_uplink_both_ways": (rail, [(s, d, 2 * MIB, 0.0) for s, d in crossing]),
     }
 
 
