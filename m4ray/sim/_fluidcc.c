@@ -20,10 +20,11 @@ typedef struct {
     int64_t *n_free, *count;
     double gain, ai, min_rate, win_bits, pkt_bits, alpha_init, dt;
     int window_cuts, var_window; /* var_window: the window scales with rate / line rate */
+    int first_window;            /* a flow that has sent less than its window: not held */
     /* active flows */
     int64_t n, room;
     int64_t *id, *links, *len;
-    double *left, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout;
+    double *left, *sent, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout;
 } fcc;
 
 static void *grow(void *p, int64_t n, size_t size) { return realloc(p, (size_t)n * size); }
@@ -40,6 +41,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->pkt_bits = params[4], s->alpha_init = params[5], s->dt = params[6];
     s->var_window = params[7] != 0.0;
     s->ack_frac = params[8];
+    s->first_window = params[9] != 0.0;
     s->window_cuts = window_cuts;
     s->q = calloc(n_links, sizeof(double));
     s->hist = calloc(lag * n_links, sizeof(double));
@@ -61,7 +63,7 @@ void fcc_free(fcc *s) {
     void *all[] = {s->q,     s->hist,  s->arrive, s->seen,  s->used, s->level,
                    s->total, s->n_free, s->count, s->id,   s->links, s->len,
                    s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
-                   s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data};
+                   s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->sent};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -74,8 +76,8 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits
     if (s->n == s->room) {
         int64_t r = s->room ? 2 * s->room : 64;
         int64_t **ints[] = {&s->id, &s->len};
-        double **reals[] = {&s->left, &s->rate, &s->line, &s->alpha, &s->tick, &s->rtt0,
-                            &s->delay, &s->x, &s->qd, &s->tout};
+        double **reals[] = {&s->left, &s->sent, &s->rate, &s->line, &s->alpha, &s->tick,
+                            &s->rtt0, &s->delay, &s->x,   &s->qd,   &s->tout};
         for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
             if (!(*ints[k] = grow(*ints[k], r, sizeof(int64_t)))) return 2;
         for (size_t k = 0; k < sizeof reals / sizeof *reals; k++)
@@ -86,7 +88,7 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits
     int64_t i = s->n++;
     s->id[i] = id, s->len[i] = n_path;
     memcpy(s->links + i * WIDTH, path, n_path * sizeof(int64_t));
-    s->left[i] = bits, s->rate[i] = s->line[i] = s->cap[path[0]];
+    s->left[i] = bits, s->sent[i] = 0.0, s->rate[i] = s->line[i] = s->cap[path[0]];
     s->alpha[i] = s->alpha_init, s->tick[i] = now + rtt, s->rtt0[i] = rtt, s->delay[i] = delay;
     return 0;
 }
@@ -156,7 +158,8 @@ static void compact(fcc *s) {
         if (i != j) {
             s->id[j] = s->id[i], s->len[j] = s->len[i];
             memcpy(s->links + j * WIDTH, s->links + i * WIDTH, WIDTH * sizeof(int64_t));
-            s->left[j] = s->left[i], s->rate[j] = s->rate[i], s->line[j] = s->line[i];
+            s->left[j] = s->left[i], s->sent[j] = s->sent[i];
+            s->rate[j] = s->rate[i], s->line[j] = s->line[i];
             s->alpha[j] = s->alpha[i], s->tick[j] = s->tick[i], s->rtt0[j] = s->rtt0[i];
             s->delay[j] = s->delay[i];
         }
@@ -226,9 +229,12 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             double qd = queue_delay(s, i), x = s->rate[i];
             s->qd[i] = qd;
             if (s->win_bits) {
-                double w = s->win_bits / (s->rtt0[i] + qd);
-                if (s->var_window) w *= s->rate[i] / s->line[i];
-                x = x < w ? x : w;
+                double w = s->win_bits / (s->rtt0[i] + qd), held = s->win_bits;
+                if (s->var_window) {
+                    w *= s->rate[i] / s->line[i];
+                    held *= s->rate[i] / s->line[i];
+                }
+                if (!(s->first_window && s->sent[i] < held)) x = x < w ? x : w;
             }
             s->x[i] = x;
         }
@@ -257,7 +263,10 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 s->q[l] = v > 0.0 ? v : 0.0;
             }
         if (s->ack_frac) memcpy(s->data, s->arrive, L * sizeof(double));
-        for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
+        for (int64_t i = 0; i < n; i++) {
+            s->left[i] -= s->x[i] * dt;
+            s->sent[i] += s->x[i] * dt;
+        }
         *now += dt;
         /* marks now into the history; those a base round trip old are what senders see */
         double *row = s->hist + (s->step % s->lag) * L;

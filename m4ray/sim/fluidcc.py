@@ -113,6 +113,10 @@ class FluidDctcpConfig:
     # the receivers' ACKs (one per data packet, high priority) take their share of the reverse
     # links, as in ns-3: a ring step's link carries one neighbour's data and the other's ACKs
     ack_load: bool = True
+    # a flow that has sent less than its window is not held by it (its first window leaves at
+    # its rate, as a packet sender's does before any ACK is back); else the window's W / round
+    # trip holds it from its first bit
+    first_window: bool = False
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
@@ -134,6 +138,7 @@ class FluidDctcpConfig:
             self.cuts,
             var_window=self.var_window,
             ack_load=self.ack_load,
+            first_window=self.first_window,
         )
 
 
@@ -150,6 +155,7 @@ class FluidDctcp(QueueClock):
         *,
         var_window: bool = False,
         ack_load: bool = False,
+        first_window: bool = False,
     ) -> None:
         self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
         self.ack_bytes = rdma.ack_bytes
@@ -184,7 +190,8 @@ class FluidDctcp(QueueClock):
         self._p_hist = np.zeros((self._lag, n_links))  # marking probability, one row per step
         self._step = 0
         self._win_bits = wire_window(window_bytes, routing.wire) * 8.0 if window_bytes else 0.0
-        self._var_window = var_window  # HPCC's VAR_WIN: the window x rate / line rate
+        # HPCC's VAR_WIN (the window x rate / line rate); the first window leaves unheld
+        self._var_window, self._first_window = var_window, first_window
         # ACK bits per data bit on each link's reverse (0: off), and each link's data rate
         # last step, whose ACKs take their share of the reverse link this step
         self._ack_frac = ack_fraction(rdma.ack_bytes, routing.wire) if ack_load else 0.0
@@ -195,6 +202,7 @@ class FluidDctcp(QueueClock):
         self._ids = np.zeros(0, dtype=np.int64)
         self._links = np.zeros((0, 1), dtype=np.int64)  # padded with -1
         self._left = np.zeros(0)  # bits not yet sent
+        self._sent = np.zeros(0)  # bits sent
         self._rate = np.zeros(0)
         self._line = np.zeros(0)
         self._alpha = np.zeros(0)
@@ -233,6 +241,7 @@ class FluidDctcp(QueueClock):
                         self.dt_s,
                         float(self._var_window),
                         self._ack_frac,
+                        float(self._first_window),
                     ]
                 ),
             )
@@ -292,6 +301,7 @@ class FluidDctcp(QueueClock):
         self._ids = np.concatenate([self._ids, ids])
         self._links = np.concatenate([old, pad])
         self._left = np.concatenate([self._left, bits])
+        self._sent = np.concatenate([self._sent, np.zeros(len(ids))])
         self._rate = np.concatenate([self._rate, line])
         self._line = np.concatenate([self._line, line])
         self._alpha = np.concatenate([self._alpha, np.full(len(ids), self.alpha_init)])
@@ -387,8 +397,12 @@ class FluidDctcp(QueueClock):
         x = self._rate.copy()
         if self._win_bits:
             w = self._win_bits / (self._rtt0 + qdelay)
+            held = self._win_bits
             if self._var_window:
                 w = w * (self._rate / self._line)
+                held = held * (self._rate / self._line)
+            if self._first_window:  # a flow that has sent less than its window: no hold
+                w = np.where(self._sent < held, np.inf, w)
             x = np.minimum(x, w)
         x = self._nic_share(x, cap)
         with np.errstate(divide="ignore"):
@@ -411,6 +425,7 @@ class FluidDctcp(QueueClock):
         if self._ack_frac:
             self._data = arrive
         self._left -= x * dt
+        self._sent += x * dt
         self._now += dt
         self._control(x, self._rtt0 + qdelay, dt, self._marks_seen())
         done = np.flatnonzero(t_out <= dt * (1 + 1e-12))
@@ -468,7 +483,18 @@ class FluidDctcp(QueueClock):
             self.events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
         keep = np.ones(len(self._ids), dtype=bool)
         keep[done] = False
-        names = ("_ids", "_left", "_rate", "_line", "_alpha", "_tick", "_rtt0", "_delay", "_links")
+        names = (
+            "_ids",
+            "_left",
+            "_sent",
+            "_rate",
+            "_line",
+            "_alpha",
+            "_tick",
+            "_rtt0",
+            "_delay",
+            "_links",
+        )
         for name in names:
             setattr(self, name, getattr(self, name)[keep])
         self._groups = None

@@ -150,10 +150,12 @@ def test_it_models_rdma_dctcp_only_with_a_positive_time_step_and_a_known_cut_rul
 
 
 @pytest.mark.parametrize(
-    ("cuts", "var_window", "ack_load"),
-    [("rate", False, False), ("window", False, True), ("window", True, True)],
+    ("cuts", "var_window", "ack_load", "first_window"),
+    [("rate", False, False, False), ("window", False, True, False), ("window", True, True, True)],
 )
-def test_the_compiled_steps_answer_as_the_numpy_reference(monkeypatch, cuts, var_window, ack_load):
+def test_the_compiled_steps_answer_as_the_numpy_reference(
+    monkeypatch, cuts, var_window, ack_load, first_window
+):
     """The C steps (_fluidcc.c) against the numpy ones, on a SimAI collective over a degraded
     rail cluster (marks, cuts, NIC sharing, ACK load, quiet jumps): every flow's finish within
     1e-5. numpy's exp, log1p and pow (SIMD where the CPU has it) and the C library's may round
@@ -181,6 +183,7 @@ def test_the_compiled_steps_answer_as_the_numpy_reference(monkeypatch, cuts, var
             cuts=cuts,
             var_window=var_window,
             ack_load=ack_load,
+            first_window=first_window,
         ),
     )
     compiled = simulate(scenario)[1].column("finish_s").to_numpy()
@@ -231,3 +234,31 @@ def test_with_var_window_a_chunk_into_a_degraded_port_takes_what_ns3_takes():
     (held,) = fcts(topo, flows, FluidDctcpConfig(network=network))
     assert scaled == pytest.approx(packet, rel=0.01)
     assert held > 1.03 * packet
+
+
+def test_a_first_window_unheld_marks_what_ns3_marks_on_a_shared_uplink():
+    """A rail ToR's 400 Gbit/s uplink shared by two degraded (100 Gbit/s) senders' 2 MiB to
+    healthy GPUs and two healthy senders' to degraded ones, all at once (the study's first
+    ring steps): ns-3's healthy senders send their first window at line rate, the uplink's
+    queue passes K and its marks cut the degraded senders, which finish ~30 % past their NIC's
+    time. With ``first_window`` the fluid sends a flow's first window unheld too and finishes
+    the degraded senders within 6 % of ns-3; capping every window by the queues at once, it
+    never marks them and gives their NIC's time, as flowSim does."""
+    g = 1e9
+    rates = ((0, 8, 100), (1, 8, 400), (2, 8, 100), (3, 8, 400))
+    rates += ((4, 9, 400), (5, 9, 100), (6, 9, 400), (7, 9, 100))
+    cables = tuple(Cable(h, s, r * g, 1e-6) for h, s, r in rates)
+    cables += (Cable(8, 10, 400 * g, 1e-6), Cable(10, 9, 400 * g, 1e-6))
+    topo = Topology(n_nodes=11, switches=(8, 9, 10), cables=cables)
+    size = 2 * 1024 * 1024
+    flows = [(0, 4, size, 0.0), (1, 5, size, 0.0), (2, 6, size, 0.0), (3, 7, size, 0.0)]
+    network = dctcp()
+    packet = fcts(topo, flows, network)
+    first = fcts(topo, flows, FluidDctcpConfig(network=network, var_window=True, first_window=True))
+    held = fcts(topo, flows, FluidDctcpConfig(network=network, var_window=True))
+    fair = fcts(topo, flows, FlowSimConfig())
+    degraded = [0, 2]
+    assert min(packet[i] for i in degraded) > 1.2 * fair[0]
+    for i in degraded:
+        assert first[i] == pytest.approx(packet[i], rel=0.06)
+        assert held[i] == pytest.approx(fair[i], rel=0.02)
