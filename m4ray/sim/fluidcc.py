@@ -6,16 +6,15 @@ on marks and climbing back, and on the gray-failure study that path costs time: 
 SimAI's rings is a new queue pair starting at line rate with DCTCP's α = 1, so a sender with
 few flows meets marks made by others, halves, and its NIC idles until the additive increase
 brings it back (docs/gray_failure_study.md, "The study's gap is made in closed loop"). This
-model keeps what those dynamics need and nothing fitted (but one choice: ``var_window``), in
-the fluid form of DCTCP's analyses (Alizadeh et al., SIGMETRICS 2011), time-stepped at
-``dt_s``:
+model keeps what those dynamics need and nothing fitted, in the fluid form of DCTCP's
+analyses (Alizadeh et al., SIGMETRICS 2011), time-stepped at ``dt_s``:
 
 * every flow sends at ``x = min(rate, window / round trip)``; the round trip is its base round
   trip plus the queueing delay on its path now; a host's NIC serves its flows max-min with
-  those caps (its queue pairs round robin). With ``var_window`` the window is scaled by the
-  rate over the line rate, as HPCC's VAR_WIN (and our ns-3's ``var_window``) does; by default
-  it is held at the network's window, which measured closer to ns-3 on the study (the module
-  leaves out something that slows ns-3 there, and the fixed window partly stands in for it);
+  those caps (its queue pairs round robin). The window is scaled by the rate over the line
+  rate where the network's is (HPCC's VAR_WIN, our ns-3's ``var_window``, the default), or
+  held at the network's window (``var_window=False``: closer to ns-3 on the full-size study,
+  far from it at other message sizes; docs/gray_failure_study.md);
 * every switch egress link integrates its queue, ``q' = Σ x − C`` (at least 0): each link sees
   its flows' sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
 * with ``ack_load`` (the default) the receivers' ACKs, one per data packet at high priority,
@@ -106,10 +105,9 @@ class FluidDctcpConfig:
     # CWR as a packet simulator runs it; flows that start together cut together) or "rate"
     # (per round trip as continuous rates: the mean over when each window's ACKs come back)
     cuts: str = "window"
-    # the window as HPCC's VAR_WIN scales it (window x rate / line rate, as our ns-3 does when
-    # its network says var_window) or fixed at the network's window (the default: measured
-    # closer to ns-3, docs/gray_failure_study.md, "The window the fluid holds")
-    var_window: bool = False
+    # the window as HPCC's VAR_WIN scales it (window x rate / line rate) or held at the
+    # network's window; None (the default): as the network says (its ``var_window``)
+    var_window: bool | None = None
     # the receivers' ACKs (one per data packet, high priority) take their share of the reverse
     # links, as in ns-3: a ring step's link carries one neighbour's data and the other's ACKs
     ack_load: bool = True
@@ -136,7 +134,7 @@ class FluidDctcpConfig:
             rdma,
             self.dt_s,
             self.cuts,
-            var_window=self.var_window,
+            var_window=rdma.var_window if self.var_window is None else self.var_window,
             ack_load=self.ack_load,
             first_window=self.first_window,
         )

@@ -70,24 +70,33 @@ def test_two_long_flows_share_a_marked_port_fully_and_fairly(cuts):
     assert abs(got[0] - got[1]) <= 0.05 * max(got)
 
 
-@pytest.mark.parametrize("cuts", ["rate", "window"])
-def test_a_capped_sender_cut_on_marks_others_make_finishes_late_where_max_min_says_not(cuts):
+def test_a_capped_sender_cut_on_marks_others_make_finishes_late_as_in_ns3():
     """The study's mechanism in small: a sender on a degraded 25 Gbit/s NIC shares a 100 Gbit/s
     port with a healthy sender's two flows. Max-min gives it its NIC's rate throughout; under
     DCTCP the healthy flows' line-rate start fills the port's queue past K, RED marks every
     flow there, and the degraded sender halves (α starts at 1) and climbs back by the AI while
-    its NIC idles. With marking out of reach the queue alone costs it only its wait."""
+    its NIC idles. Real ns-3 finishes it ~5 % past max-min, and so does the fluid (within 2 %
+    of ns-3; both cut rules); with marking out of reach the queue alone costs it only its
+    wait. Held at the full window (not scaled with the rate as the network says) the fluid
+    queues more and overdoes it (~13 % past max-min)."""
     cables = (Cable(0, 3, 25e9, 1e-6), Cable(1, 3, 100e9, 1e-6), Cable(2, 3, 100e9, 1e-6))
     topo = Topology(n_nodes=4, switches=(3,), cables=cables)
     flows = [(0, 2, 2_000_000, 0.0), (1, 2, 8_000_000, 0.0), (1, 2, 8_000_000, 0.0)]
     window = {"window_bytes": 100_000}
-    fluid = fcts(topo, flows, FluidDctcpConfig(network=dctcp(**window), cuts=cuts))
+    network = dctcp(**window)
+    packet = fcts(topo, flows, network)
     fair = fcts(topo, flows, FlowSimConfig())
     far = dctcp(ecn_k_bytes=[[10e9, 3_000_000]], ecn_k_max_bytes=[[10e9, 3_900_000]], **window)
-    unmarked = fcts(topo, flows, FluidDctcpConfig(network=far, cuts=cuts))
-    assert fluid[0] > 1.1 * fair[0]
-    assert unmarked[0] == pytest.approx(fair[0], rel=0.05)
-    assert fluid[1:] == pytest.approx(fair[1:], rel=0.01)  # the port itself stays busy
+    assert packet[0] > 1.03 * fair[0]
+    for cuts in ("rate", "window"):
+        fluid = fcts(topo, flows, FluidDctcpConfig(network=network, cuts=cuts))
+        unmarked = fcts(topo, flows, FluidDctcpConfig(network=far, cuts=cuts))
+        assert fluid[0] == pytest.approx(packet[0], rel=0.02)
+        assert fluid[0] > 1.03 * fair[0]
+        assert unmarked[0] == pytest.approx(fair[0], rel=0.05)
+        assert fluid[1:] == pytest.approx(fair[1:], rel=0.01)  # the port itself stays busy
+    held = fcts(topo, flows, FluidDctcpConfig(network=network, var_window=False))
+    assert held[0] > 1.1 * fair[0]
 
 
 @pytest.mark.parametrize("var_window", [False, True])
@@ -220,9 +229,9 @@ def test_a_ring_steps_links_carry_its_neighbours_acks_as_in_ns3():
 def test_with_var_window_a_chunk_into_a_degraded_port_takes_what_ns3_takes():
     """A healthy 400 Gbit/s sender's 2 MiB into a degraded 100 Gbit/s receiver (the study's
     healthy-to-degraded chunk), ns-3 scaling its window with the rate (VAR_WIN, its default):
-    the fluid with ``var_window`` within 1 % of real ns-3. Held at the full window, four
-    times this path's BDP (the default, chosen on the full-size study), it queues more at the
-    port and ends later."""
+    the fluid with ``var_window`` (the default: as the network says) within 1 % of real ns-3.
+    Held at the full window, four times this path's BDP, it queues more at the port and ends
+    later."""
     rates = (400e9, 100e9, 400e9)  # host 2 idle: the window is the 400 Gbit/s pairs' BDP
     cables = tuple(Cable(h, 3, r, 1e-6) for h, r in enumerate(rates))
     topo = Topology(n_nodes=4, switches=(3,), cables=cables)
@@ -231,8 +240,10 @@ def test_with_var_window_a_chunk_into_a_degraded_port_takes_what_ns3_takes():
     assert network.rdma.var_window
     (packet,) = fcts(topo, flows, network)
     (scaled,) = fcts(topo, flows, FluidDctcpConfig(network=network, var_window=True))
-    (held,) = fcts(topo, flows, FluidDctcpConfig(network=network))
+    (held,) = fcts(topo, flows, FluidDctcpConfig(network=network, var_window=False))
+    (default,) = fcts(topo, flows, FluidDctcpConfig(network=network))  # as the network says
     assert scaled == pytest.approx(packet, rel=0.01)
+    assert default == scaled
     assert held > 1.03 * packet
 
 
