@@ -37,7 +37,7 @@ from m4ray.models.m3_features import HOPS, NetConfig, targets, tokens
 from m4ray.sim.flows import Flow, read_flows
 from m4ray.sim.routing import Routing, WireFormat
 
-COMPARE = ("ns3", "flowsim", "flowsim_queues", "flowsim_bursts", "flowsim_rates")
+COMPARE = ("ns3", "flowsim", "flowsim_queues", "flowsim_bursts", "flowsim_rates", "fluid_dctcp")
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -343,15 +343,19 @@ def trained_queues(rdma, info: dict) -> PathQueues | None:
 
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
     """Network-wide ``ns3``, ``flowsim``, ``flowsim_queues``, ``flowsim_bursts`` (standing
-    queues with first windows over the level) or ``flowsim_rates`` (those with DCQCN's rates)
-    slowdowns and wall time, cached by content."""
+    queues with first windows over the level), ``flowsim_rates`` (those with DCQCN's rates) or
+    ``fluid_dctcp`` (the fluid DCTCP of the same network; DCTCP only) slowdowns and wall time,
+    cached by content."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig, StandingQueues
+    from m4ray.sim.fluidcc import FluidDctcpConfig
 
     network = network_ns3(cfg, topo)
     if name == "ns3":
         backend = dataclasses.replace(network, wall_limit_s=cfg.ns3_wall_limit_s)
     elif name == "flowsim":
         backend = FlowSimConfig()
+    elif name == "fluid_dctcp":
+        backend = FluidDctcpConfig(network=network)
     else:
         bursts = name != "flowsim_queues"
         queues = StandingQueues.of(network, routing, bursts=bursts)
