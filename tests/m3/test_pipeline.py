@@ -294,11 +294,11 @@ def test_estimate_on_a_small_fat_tree_with_flowsim_comparison(m3_run):
     export = out / "train_m3" / "export"
     proc = sweep(out, "+experiment=m3", f"m3.checkpoint={export}", "topology.k=4",
                  "m3.workload.n_flows=400", "m3.n_paths=50", "m3.tasks=2",
-                 "m3.compare=[flowsim,flowsim_queues]")  # fmt: skip
+                 "m3.compare=[flowsim,flowsim_queues,fluid_dctcp]")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     [estimate] = (out / "m3").glob("estimate-*.parquet")
     frame = pq.read_table(estimate).to_pandas()
-    assert set(frame.method) == {"m3", "path_flowsim", "flowsim", "flowsim_queues"}
+    assert set(frame.method) == {"m3", "path_flowsim", "flowsim", "flowsim_queues", "fluid_dctcp"}
     overall = frame[frame.bucket == "overall"].set_index("method")
     assert (overall.p50 <= overall.p90).all() and (overall.p90 <= overall.p99).all()
     # the standing queues only ever add waiting: no flow is faster than classic flowSim's
