@@ -21,6 +21,7 @@ typedef struct {
     double gain, ai, min_rate, win_bits, pkt_bits, alpha_init, dt;
     int window_cuts, var_window; /* var_window: the window scales with rate / line rate */
     int first_window;            /* a flow that has sent less than its window: not held */
+    double max_rate;             /* every sender's line rate at most this (INFINITY: none) */
     /* active flows */
     int64_t n, room;
     int64_t *id, *links, *len;
@@ -42,6 +43,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->var_window = params[7] != 0.0;
     s->ack_frac = params[8];
     s->first_window = params[9] != 0.0;
+    s->max_rate = params[10];
     s->window_cuts = window_cuts;
     s->q = calloc(n_links, sizeof(double));
     s->hist = calloc(lag * n_links, sizeof(double));
@@ -88,7 +90,8 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits
     int64_t i = s->n++;
     s->id[i] = id, s->len[i] = n_path;
     memcpy(s->links + i * WIDTH, path, n_path * sizeof(int64_t));
-    s->left[i] = bits, s->sent[i] = 0.0, s->rate[i] = s->line[i] = s->cap[path[0]];
+    double line = s->cap[path[0]] < s->max_rate ? s->cap[path[0]] : s->max_rate;
+    s->left[i] = bits, s->sent[i] = 0.0, s->rate[i] = s->line[i] = line;
     s->alpha[i] = s->alpha_init, s->tick[i] = now + rtt, s->rtt0[i] = rtt, s->delay[i] = delay;
     return 0;
 }

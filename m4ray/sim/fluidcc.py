@@ -9,7 +9,9 @@ brings it back (docs/gray_failure_study.md, "The study's gap is made in closed l
 model keeps what those dynamics need and nothing fitted, in the fluid form of DCTCP's
 analyses (Alizadeh et al., SIGMETRICS 2011), time-stepped at ``dt_s``:
 
-* every flow sends at ``x = min(rate, window / round trip)``; the round trip is its base round
+* every flow starts at its line rate (its NIC's, or the network's ``max_rate_bps`` where lower,
+  as ns-3 caps a sender) and sends at ``x = min(rate, window / round trip)``; the round trip is
+  its base round
   trip plus the queueing delay on its path now; a host's NIC serves its flows max-min with
   those caps (its queue pairs round robin). The window is scaled by the rate over the line
   rate where the network's is (HPCC's VAR_WIN, our ns-3's ``var_window``, the default), or
@@ -193,8 +195,10 @@ class FluidDctcp(QueueClock):
         # ACK bits per data bit on each link's reverse (0: off), and each link's data rate
         # last step, whose ACKs take their share of the reverse link this step
         self._ack_frac = ack_fraction(rdma.ack_bytes, routing.wire) if ack_load else 0.0
-        self._reverse = reverse_links(n_links)
-        self._data = np.zeros(n_links)
+        # every sender's line rate: its NIC's, or the network's max_rate_bps where lower (a
+        # parking lot's mid-path senders on fast access links, as ns-3 caps them)
+        self._max_rate = float(getattr(rdma, "max_rate_bps", None) or np.inf)
+        self._reverse, self._data = reverse_links(n_links), np.zeros(n_links)
         self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
         # active flows
         self._ids = np.zeros(0, dtype=np.int64)
@@ -240,6 +244,7 @@ class FluidDctcp(QueueClock):
                         float(self._var_window),
                         self._ack_frac,
                         float(self._first_window),
+                        self._max_rate,
                     ]
                 ),
             )
@@ -294,7 +299,7 @@ class FluidDctcp(QueueClock):
             pad[i, : len(ls)] = ls
         old = np.full((len(self._ids), width), -1, dtype=np.int64)
         old[:, : self._links.shape[1]] = self._links
-        line = self._cap[pad[:, 0]]
+        line = np.minimum(self._cap[pad[:, 0]], self._max_rate)
         rtt = np.asarray(rtt)
         self._ids = np.concatenate([self._ids, ids])
         self._links = np.concatenate([old, pad])

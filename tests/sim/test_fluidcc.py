@@ -273,3 +273,18 @@ def test_a_first_window_unheld_marks_what_ns3_marks_on_a_shared_uplink():
     for i in degraded:
         assert first[i] == pytest.approx(packet[i], rel=0.06)
         assert held[i] == pytest.approx(fair[i], rel=0.02)
+
+
+def test_a_sender_runs_at_most_the_networks_max_rate_as_in_ns3():
+    """With ``max_rate_bps`` (a parking lot's mid-path senders on fast access links) every
+    sender's line rate is capped there, in ns-3 and in the fluid alike: a lone 1 MB flow on a
+    100 Gbit/s NIC capped at 25 Gbit/s takes ns-3's time (within 1 %), about 4x its NIC's."""
+    cables = (Cable(0, 2, 100e9, 1e-6), Cable(1, 2, 100e9, 1e-6))
+    topo = Topology(n_nodes=3, switches=(2,), cables=cables)
+    flows = [(0, 1, 1_000_000, 0.0)]
+    capped = dctcp(max_rate_bps=25e9)
+    (packet,) = fcts(topo, flows, capped)
+    (fluid,) = fcts(topo, flows, FluidDctcpConfig(network=capped))
+    (free,) = fcts(topo, flows, FluidDctcpConfig(network=dctcp()))
+    assert fluid == pytest.approx(packet, rel=0.01)
+    assert fluid > 3.5 * free
