@@ -25,6 +25,13 @@ ns-3's. Close to 1 there while the iteration is far off says the gap is made in 
 small per-flow errors change when children start, and so what each flow meets.
 
     .venv/bin/python bench/study_perflow.py outputs/<run> --points 16:4 --given-arrivals flowsim
+
+``--ns3-on-own-flows fluid_dctcp ...`` is the other view: ns-3 (as the sweep composes it) run
+open loop on each backend's own closed-loop flows at that backend's start times, the backend's
+FCT / ns-3's there. A backend right flow by flow on ns-3's arrivals can still run its own loop
+into situations ns-3's never meets; this finds them (``--by-step``: per ring step of the largest
+cross-server flows; at scale 0.25, N16R4 it showed the fluid's degraded senders 2–2.5x too fast
+in the first five steps, docs/gray_failure_study.md). ns-3 runs once per backend and point.
 """
 
 from __future__ import annotations
@@ -106,44 +113,80 @@ def point_classes(run_dir: Path, runs: pd.DataFrame, n: int) -> dict[str, pd.Dat
     return out
 
 
-def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> tuple[dict, dict]:
-    """Per backend in ``configs``, per class of flow at one point: the backend run on ns-3's
-    flows at ns-3's start times, each flow's FCT / ns-3's (p50, p10, p1) and the sums' ratio;
-    and per ring step (a flow's rank by start among its sender's flows to the same receiver of
-    its size) of the largest cross-server flows, the sums' ratio per sender and receiver."""
+def ratio_tables(
+    flows: pd.DataFrame, topo, degraded: list[int], reference: np.ndarray, candidate: np.ndarray
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per class of flow: ``candidate`` FCT / ``reference``'s per flow (p50, p10, p1) and the
+    sums' ratio; and per ring step (a flow's rank by start among its sender's flows to the same
+    receiver of its size) of the largest cross-server flows, the sums' ratio per sender and
+    receiver. ``flows`` is the trace both ran (its ``src``, ``dst``, ``size_bytes``,
+    ``start_s``)."""
+    base = class_columns(flows, topo.gpus_per_server, degraded).assign(
+        ref=reference,
+        backend=candidate,
+        ratio=candidate / reference,
+        step=flows.groupby(["src", "dst", "size_bytes"]).start_s.rank(method="first").to_numpy(),
+    )
+    grouped = base.groupby(CLASS)
+    table = pd.concat(
+        [
+            grouped.ratio.median().rename("p50"),
+            grouped.ratio.quantile(0.1).rename("p10"),
+            grouped.ratio.quantile(0.01).rename("p1"),
+            (grouped.backend.sum() / grouped.ref.sum()).rename("sum"),
+            grouped.size().rename("flows"),
+        ],
+        axis=1,
+    )
+    cross = base[(base.path == "cross") & (base["size"] == base["size"].max())]
+    sums = cross.groupby(["step", "sender", "receiver"])[["backend", "ref"]].sum()
+    return table, (sums.backend / sums.ref).unstack(["sender", "receiver"])
+
+
+def _trace(table: pd.DataFrame) -> list:
     from m4ray.sim.flows import Flow
+
+    return [
+        Flow(i, int(f.src), int(f.dst), int(f.size_bytes), float(f.start_s))
+        for i, f in enumerate(table.itertuples())
+    ]
+
+
+def given_arrivals(run_dir: Path, runs: pd.DataFrame, n: int, configs: dict) -> tuple[dict, dict]:
+    """Per backend in ``configs`` at one point, run on ns-3's flows at ns-3's start times: its
+    FCT / ns-3's per class and per ring step (:func:`ratio_tables`)."""
     from m4ray.sim.routing import Routing
     from m4ray.sim.trace import run_trace
 
     by = dict(zip(runs.backend, runs.run_id, strict=True))
     ns3 = pd.read_parquet(run_dir / "flows" / f"{by['ns3']}.parquet")
     topo, degraded = point(run_dir, runs, n)
-    trace = [
-        Flow(i, int(f.src), int(f.dst), int(f.size_bytes), float(f.start_s))
-        for i, f in enumerate(ns3.itertuples())
-    ]
-    base = class_columns(ns3, topo.gpus_per_server, degraded).assign(
-        ns3=ns3.fct_s.to_numpy(),
-        step=ns3.groupby(["src", "dst", "size_bytes"]).start_s.rank(method="first").to_numpy(),
-    )
+    trace = _trace(ns3)
     out, steps = {}, {}
     for name, (config, wire) in configs.items():
         fct = run_trace(topo, trace, config, Routing(topo, wire=wire)).column("fct_s").to_numpy()
-        frame = base.assign(backend=fct, ratio=fct / base.ns3.to_numpy())
-        grouped = frame.groupby(CLASS)
-        out[name] = pd.concat(
-            [
-                grouped.ratio.median().rename("p50"),
-                grouped.ratio.quantile(0.1).rename("p10"),
-                grouped.ratio.quantile(0.01).rename("p1"),
-                (grouped.backend.sum() / grouped.ns3.sum()).rename("sum"),
-                grouped.size().rename("flows"),
-            ],
-            axis=1,
-        )
-        cross = frame[(frame.path == "cross") & (frame["size"] == frame["size"].max())]
-        sums = cross.groupby(["step", "sender", "receiver"])[["backend", "ns3"]].sum()
-        steps[name] = (sums.backend / sums.ns3).unstack(["sender", "receiver"])
+        out[name], steps[name] = ratio_tables(ns3, topo, degraded, ns3.fct_s.to_numpy(), fct)
+    return out, steps
+
+
+def ns3_on_own_flows(run_dir: Path, runs: pd.DataFrame, n: int, backends: list[str], ns3):
+    """The other view: ns-3 (``ns3``: its config and wire) run open loop on each backend's own
+    closed-loop flows at that backend's start times, the backend's FCT / ns-3's there per class
+    and per ring step (:func:`ratio_tables`). Given ns-3's arrivals a backend can be right flow
+    by flow and still run its own closed loop into situations ns-3's never meets; this says
+    where its own trajectory is wrong."""
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.trace import run_trace
+
+    by = dict(zip(runs.backend, runs.run_id, strict=True))
+    topo, degraded = point(run_dir, runs, n)
+    config, wire = ns3
+    out, steps = {}, {}
+    for name in backends:
+        own = pd.read_parquet(run_dir / "flows" / f"{by[name]}.parquet")
+        fct = run_trace(topo, _trace(own), config, Routing(topo, wire=wire))
+        reference = fct.column("fct_s").to_numpy()
+        out[name], steps[name] = ratio_tables(own, topo, degraded, reference, own.fct_s.to_numpy())
     return out, steps
 
 
@@ -164,12 +207,21 @@ def main() -> None:
     )
     parser.add_argument("--wire", default="default", help="packets for --given-arrivals")
     parser.add_argument(
-        "--by-step", action="store_true", help="with --given-arrivals: the ratio per ring step"
+        "--ns3-on-own-flows",
+        nargs="*",
+        default=[],
+        help="backends whose own closed-loop flows ns-3 runs open loop (at --wire)",
+    )
+    parser.add_argument(
+        "--by-step", action="store_true", help="the given-arrivals ratios per ring step"
     )
     args = parser.parse_args()
     configs = arrivals_configs(args.given_arrivals, args.wire) if args.given_arrivals else {}
+    ns3 = arrivals_configs(["ns3"], args.wire)["ns3"] if args.ns3_on_own_flows else None
     given: dict[str, list[pd.DataFrame]] = {}
     by_step: dict[str, list[pd.DataFrame]] = {}
+    own: dict[str, list[pd.DataFrame]] = {}
+    own_steps: dict[str, list[pd.DataFrame]] = {}
     results = pd.read_parquet(args.run_dir / "results.parquet")
     results = results[results.status == "ok"]
     if "ns3" not in set(results.backend):
@@ -191,6 +243,11 @@ def main() -> None:
             for backend, table in tables.items():
                 given.setdefault(backend, []).append(table)
                 by_step.setdefault(backend, []).append(steps[backend])
+        if ns3 is not None:
+            tables, steps = ns3_on_own_flows(args.run_dir, runs, n, args.ns3_on_own_flows, ns3)
+            for backend, table in tables.items():
+                own.setdefault(backend, []).append(table)
+                own_steps.setdefault(backend, []).append(steps[backend])
     for backend, parts in classes.items():
         frame = pd.concat(parts).reset_index()
         rows = []
@@ -205,6 +262,19 @@ def main() -> None:
         header = ["size", "path", "sender", "receiver", "ns-3 p50 / p90 us",
                   f"{backend} p50 / p90 us", "p50 ratio", "matched", "flows", "points"]  # fmt: skip
         print(format_table(header, rows))
+    views = [
+        (given, by_step, "on ns-3's own arrivals"),
+        (own, own_steps, "on its own flows, ns-3 run open loop on them"),
+    ]
+    for tables, steps, where in views:
+        print_ratios(tables, steps if args.by_step else {}, where)
+    print("\niteration (rank 0) / ns-3's")
+    print(format_table(["N, R", "ns-3 ms", *classes], iterations))
+
+
+def print_ratios(given: dict, by_step: dict, where: str) -> None:
+    """The per-class ratio tables of :func:`ratio_tables` (medians over points), then the
+    per-step ones."""
     for backend, parts in given.items():
         frame = pd.concat(parts).reset_index()
         rows = [
@@ -213,24 +283,19 @@ def main() -> None:
             + [f"{part.flows.median():.0f}", str(len(part))]
             for key, part in frame.groupby(CLASS)
         ]
-        print(
-            f"\n{backend} on ns-3's own arrivals: its FCT / ns-3's per flow "
-            f"(medians over {len(parts)} points)"
-        )
+        print(f"\n{backend} {where}: its FCT / ns-3's per flow (medians over {len(parts)} points)")
         header = ["size", "path", "sender", "receiver", "p50", "p10", "p1", "sum", "flows",
                   "points"]  # fmt: skip
         print(format_table(header, rows))
-    for backend, parts in by_step.items() if args.by_step else ():
+    for backend, parts in by_step.items():
         table = pd.concat(parts).groupby(level=0).median()
         print(
-            f"\n{backend} on ns-3's own arrivals, the largest cross-server flows by ring step: "
+            f"\n{backend} {where}, the largest cross-server flows by ring step: "
             f"summed FCT / ns-3's (medians over {len(parts)} points)"
         )
         header = ["step", *(f"{a} -> {b}" for a, b in table.columns)]
         rows = [[f"{step:.0f}", *(f"{v:.2f}" for v in row)] for step, row in table.iterrows()]
         print(format_table(header, rows))
-    print("\niteration (rank 0) / ns-3's")
-    print(format_table(["N, R", "ns-3 ms", *classes], iterations))
 
 
 if __name__ == "__main__":
