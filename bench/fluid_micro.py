@@ -105,9 +105,9 @@ def cases() -> dict:
 
 
 def backends() -> tuple[dict, object]:
-    """The sweep's ns-3, fluid DCTCP (and it with VAR_WIN's window, with that and its first
-    window unheld, and without ACK load) and flowSim, as ``+experiment=gray_failure
-    wire=default`` composes them."""
+    """The sweep's ns-3, fluid DCTCP (its window as the network says, VAR_WIN here; and it
+    with the window held at the network's, with its first window unheld, and without the ACK
+    load) and flowSim, as ``+experiment=gray_failure wire=default`` composes them."""
     from composed import resolved
 
     cfg = resolved("+experiment=gray_failure", "wire=default")
@@ -116,10 +116,8 @@ def backends() -> tuple[dict, object]:
     return {
         "ns3": options["ns3"],
         "fluid_dctcp": fluid,
-        "fluid var_window": dataclasses.replace(fluid, var_window=True),
-        "fluid var_window first_window": dataclasses.replace(
-            fluid, var_window=True, first_window=True
-        ),
+        "fluid held window": dataclasses.replace(fluid, var_window=False),
+        "fluid first_window": dataclasses.replace(fluid, first_window=True),
         "fluid no ACK load": dataclasses.replace(fluid, ack_load=False),
         "flowsim": options["flowsim"],
     }, cfg.wire
