@@ -1,5 +1,6 @@
 """The fluid DCTCP against real ns-3 on small cases whose answer can be read by hand: each case a
-few flows on one switch (an NVSwitch for the ring), with the gray-failure sweep's own network
+few flows on one switch (an NVSwitch for the ring; two ToRs and a spine for the rail uplink),
+with the gray-failure sweep's own network
 (`+experiment=gray_failure`: the study's DCTCP, RED, window and 1,000 B packets), started
 together or at set times (open loop). Per case, each backend's mean and largest FCT (µs) and
 its worst flow's |FCT / ns-3's − 1|; then the mean of that over the cases.
