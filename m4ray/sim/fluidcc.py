@@ -12,10 +12,10 @@ analyses (Alizadeh et al., SIGMETRICS 2011), time-stepped at ``dt_s``:
 * every flow starts at its line rate (its NIC's, or the network's ``max_rate_bps`` where lower,
   as ns-3 caps a sender) and sends at ``x = min(rate, window / round trip)``; the round trip is
   its base round trip plus the queueing delay on its path now; a host's NIC serves its flows
-  max-min with those caps (its queue pairs round robin). The window is scaled by the rate over the line
-  rate where the network's is (HPCC's VAR_WIN, our ns-3's ``var_window``, the default), or
-  held at the network's window (``var_window=False``: closer to ns-3 on the full-size study,
-  far from it at other message sizes; docs/gray_failure_study.md);
+  max-min with those caps (its queue pairs round robin). The window is scaled by the rate over
+  the line rate where the network's is (HPCC's VAR_WIN, our ns-3's ``var_window``, the
+  default), or held at the network's window (``var_window=False``: closer to ns-3 on the
+  full-size study, far from it at other message sizes; docs/gray_failure_study.md);
 * every switch egress link integrates its queue, ``q' = Σ x − C`` (at least 0): each link sees
   its flows' sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
 * with ``ack_load`` (the default) the receivers' ACKs, one per data packet at high priority,
