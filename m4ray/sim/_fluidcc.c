@@ -25,7 +25,7 @@ typedef struct {
     /* active flows */
     int64_t n, room;
     int64_t *id, *links, *len;
-    double *left, *sent, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout;
+    double *left, *bits, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout;
 } fcc;
 
 static void *grow(void *p, int64_t n, size_t size) { return realloc(p, (size_t)n * size); }
@@ -65,7 +65,7 @@ void fcc_free(fcc *s) {
     void *all[] = {s->q,     s->hist,  s->arrive, s->seen,  s->used, s->level,
                    s->total, s->n_free, s->count, s->id,   s->links, s->len,
                    s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
-                   s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->sent};
+                   s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->bits};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -78,7 +78,7 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits
     if (s->n == s->room) {
         int64_t r = s->room ? 2 * s->room : 64;
         int64_t **ints[] = {&s->id, &s->len};
-        double **reals[] = {&s->left, &s->sent, &s->rate, &s->line, &s->alpha, &s->tick,
+        double **reals[] = {&s->left, &s->bits, &s->rate, &s->line, &s->alpha, &s->tick,
                             &s->rtt0, &s->delay, &s->x,   &s->qd,   &s->tout};
         for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
             if (!(*ints[k] = grow(*ints[k], r, sizeof(int64_t)))) return 2;
@@ -91,7 +91,7 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits
     s->id[i] = id, s->len[i] = n_path;
     memcpy(s->links + i * WIDTH, path, n_path * sizeof(int64_t));
     double line = s->cap[path[0]] < s->max_rate ? s->cap[path[0]] : s->max_rate;
-    s->left[i] = bits, s->sent[i] = 0.0, s->rate[i] = s->line[i] = line;
+    s->left[i] = s->bits[i] = bits, s->rate[i] = s->line[i] = line;
     s->alpha[i] = s->alpha_init, s->tick[i] = now + rtt, s->rtt0[i] = rtt, s->delay[i] = delay;
     return 0;
 }
@@ -161,7 +161,7 @@ static void compact(fcc *s) {
         if (i != j) {
             s->id[j] = s->id[i], s->len[j] = s->len[i];
             memcpy(s->links + j * WIDTH, s->links + i * WIDTH, WIDTH * sizeof(int64_t));
-            s->left[j] = s->left[i], s->sent[j] = s->sent[i];
+            s->left[j] = s->left[i], s->bits[j] = s->bits[i];
             s->rate[j] = s->rate[i], s->line[j] = s->line[i];
             s->alpha[j] = s->alpha[i], s->tick[j] = s->tick[i], s->rtt0[j] = s->rtt0[i];
             s->delay[j] = s->delay[i];
@@ -233,11 +233,12 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             s->qd[i] = qd;
             if (s->win_bits) {
                 double w = s->win_bits / (s->rtt0[i] + qd), held = s->win_bits;
-                if (s->var_window) {
-                    w *= s->rate[i] / s->line[i];
-                    held *= s->rate[i] / s->line[i];
+                if (s->var_window) { /* VAR_WIN: the window x rate / line rate */
+                    double scale = s->rate[i] / s->line[i];
+                    w *= scale, held *= scale;
                 }
-                if (!(s->first_window && s->sent[i] < held)) x = x < w ? x : w;
+                /* a flow that has sent less than its window: no hold */
+                if (!(s->first_window && s->bits[i] - s->left[i] < held)) x = x < w ? x : w;
             }
             s->x[i] = x;
         }
@@ -266,10 +267,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 s->q[l] = v > 0.0 ? v : 0.0;
             }
         if (s->ack_frac) memcpy(s->data, s->arrive, L * sizeof(double));
-        for (int64_t i = 0; i < n; i++) {
-            s->left[i] -= s->x[i] * dt;
-            s->sent[i] += s->x[i] * dt;
-        }
+        for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
         *now += dt;
         /* marks now into the history; those a base round trip old are what senders see */
         double *row = s->hist + (s->step % s->lag) * L;

@@ -196,14 +196,14 @@ class FluidDctcp(QueueClock):
         self._ack_frac = ack_fraction(rdma.ack_bytes, routing.wire) if ack_load else 0.0
         # every sender's line rate: its NIC's, or the network's max_rate_bps where lower (a
         # parking lot's mid-path senders on fast access links, as ns-3 caps them)
-        self._max_rate = float(getattr(rdma, "max_rate_bps", None) or np.inf)
+        self._max_rate = float(rdma.max_rate_bps or np.inf)
         self._reverse, self._data = reverse_links(n_links), np.zeros(n_links)
         self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
         # active flows
         self._ids = np.zeros(0, dtype=np.int64)
         self._links = np.zeros((0, 1), dtype=np.int64)  # padded with -1
         self._left = np.zeros(0)  # bits not yet sent
-        self._sent = np.zeros(0)  # bits sent
+        self._bits = np.zeros(0)  # bits in all (sent: bits - left)
         self._rate = np.zeros(0)
         self._line = np.zeros(0)
         self._alpha = np.zeros(0)
@@ -303,7 +303,7 @@ class FluidDctcp(QueueClock):
         self._ids = np.concatenate([self._ids, ids])
         self._links = np.concatenate([old, pad])
         self._left = np.concatenate([self._left, bits])
-        self._sent = np.concatenate([self._sent, np.zeros(len(ids))])
+        self._bits = np.concatenate([self._bits, bits])
         self._rate = np.concatenate([self._rate, line])
         self._line = np.concatenate([self._line, line])
         self._alpha = np.concatenate([self._alpha, np.full(len(ids), self.alpha_init)])
@@ -398,13 +398,12 @@ class FluidDctcp(QueueClock):
         qdelay = self._queue_delay(links)
         x = self._rate.copy()
         if self._win_bits:
-            w = self._win_bits / (self._rtt0 + qdelay)
-            held = self._win_bits
-            if self._var_window:
-                w = w * (self._rate / self._line)
-                held = held * (self._rate / self._line)
+            w, held = self._win_bits / (self._rtt0 + qdelay), self._win_bits
+            if self._var_window:  # VAR_WIN: the window x rate / line rate
+                scale = self._rate / self._line
+                w, held = w * scale, held * scale
             if self._first_window:  # a flow that has sent less than its window: no hold
-                w = np.where(self._sent < held, np.inf, w)
+                w = np.where(self._bits - self._left < held, np.inf, w)
             x = np.minimum(x, w)
         x = self._nic_share(x, cap)
         with np.errstate(divide="ignore"):
@@ -427,7 +426,6 @@ class FluidDctcp(QueueClock):
         if self._ack_frac:
             self._data = arrive
         self._left -= x * dt
-        self._sent += x * dt
         self._now += dt
         self._control(x, self._rtt0 + qdelay, dt, self._marks_seen())
         done = np.flatnonzero(t_out <= dt * (1 + 1e-12))
@@ -488,7 +486,7 @@ class FluidDctcp(QueueClock):
         names = (
             "_ids",
             "_left",
-            "_sent",
+            "_bits",
             "_rate",
             "_line",
             "_alpha",
