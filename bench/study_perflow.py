@@ -213,7 +213,7 @@ def main() -> None:
         help="backends whose own closed-loop flows ns-3 runs open loop (at --wire)",
     )
     parser.add_argument(
-        "--by-step", action="store_true", help="the given-arrivals ratios per ring step"
+        "--by-step", action="store_true", help="both views' ratios per ring step too"
     )
     args = parser.parse_args()
     configs = arrivals_configs(args.given_arrivals, args.wire) if args.given_arrivals else {}

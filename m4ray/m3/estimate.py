@@ -145,6 +145,11 @@ class M3Config:
         if self.n_paths < 1:
             raise InputError(f"must be >= 1, got {self.n_paths}", field="m3.n_paths")
         self.network.net_config()  # an unknown CC fails here
+        if "fluid_dctcp" in self.compare and self.network.cc != "dctcp":
+            raise InputError(
+                f"fluid_dctcp models DCTCP; this network runs {self.network.cc}",
+                field="m3.compare",
+            )
         if self.path_rates and self.network.cc != "dcqcn":
             raise InputError(
                 f"path flowSim's rates are DCQCN's; this network runs {self.network.cc}",
