@@ -114,11 +114,15 @@ def backends() -> tuple[dict, object]:
     cfg = resolved("+experiment=gray_failure", "wire=default")
     options = cfg.backend_options
     fluid = options["fluid_dctcp"]
+    before = dataclasses.replace(fluid, first_window=False, mark_delay="rtt", tandem=False)
     return {
         "ns3": options["ns3"],
         "fluid_dctcp": fluid,
+        "fluid before 2026-12-07": before,
         "fluid held window": dataclasses.replace(fluid, var_window=False),
-        "fluid first_window": dataclasses.replace(fluid, first_window=True),
+        "fluid without tandem": dataclasses.replace(fluid, tandem=False),
+        "fluid marks back a round trip": dataclasses.replace(fluid, mark_delay="rtt"),
+        "fluid no first window": dataclasses.replace(fluid, first_window=False),
         "fluid no ACK load": dataclasses.replace(fluid, ack_load=False),
         "flowsim": options["flowsim"],
     }, cfg.wire

@@ -196,10 +196,10 @@ def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) 
         }
         queues = StandingQueues.of(backends[cc], routing)  # its CC's level (standing_levels)
         backends["flowSim+queues"] = FlowSimConfig(queues=queues)
-        if cc == "dctcp":  # the fluid DCTCP of the same network (it models DCTCP only)
+        if cc in ("dctcp", "dcqcn"):  # the fluid of the same network (DCTCP and DCQCN)
             from m4ray.sim.fluidcc import FluidDctcpConfig
 
-            backends["fluid DCTCP"] = FluidDctcpConfig(network=backends[cc])
+            backends[f"fluid {cc.upper()}"] = FluidDctcpConfig(network=backends[cc])
         if cc != "dctcp":
             dctcp = dict(cfg)
             dctcp["EWMA_GAIN"] = ["0.0625"]

@@ -22,11 +22,31 @@ typedef struct {
     int window_cuts, var_window; /* var_window: the window scales with rate / line rate */
     int first_window;            /* a flow that has sent less than its window: not held */
     double max_rate;             /* every sender's line rate at most this (INFINITY: none) */
+    int hop_lag, tandem;         /* marks back per hop (hlag); hops see what earlier let out */
+    /* DCQCN (dcqcn != 0): CNPs drawn (sampled) by seed, else in expectation; its parameters */
+    int dcqcn, sampled, clamp;
+    uint64_t seed;
+    double g_d, alpha_iv, dec_iv, inc_iv, fast, ai_d, hai_d, first_factor;
+    double *through; /* tandem: each link's share let through */
     /* active flows */
     int64_t n, room;
-    int64_t *id, *links, *len;
-    double *left, *bits, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout;
+    int64_t *id, *links, *len, *hlag;
+    double *left, *bits, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout, *unm;
+    double *target, *stage, *t_alpha, *t_dec, *t_inc, *u_alpha, *u_dec, *n_dec, *inflight;
 } fcc;
+
+/* a draw in [0, 1) for flow id and draw k from seed (fluidcc.py's uniform: SplitMix64's
+ * finaliser; unsigned arithmetic wraps as numpy's uint64 does) */
+static double uniform(uint64_t seed, int64_t id, double k) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ULL + (uint64_t)id * 0xBF58476D1CE4E5B9ULL;
+    z += ((uint64_t)k + 1ULL) * 0x94D049BB133111EBULL;
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ULL;
+    z ^= z >> 27;
+    z *= 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
 
 static void *grow(void *p, int64_t n, size_t size) { return realloc(p, (size_t)n * size); }
 
@@ -44,6 +64,12 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->ack_frac = params[8];
     s->first_window = params[9] != 0.0;
     s->max_rate = params[10];
+    s->dcqcn = params[11] != 0.0, s->sampled = params[12] != 0.0, s->seed = (uint64_t)params[13];
+    s->hop_lag = params[14] != 0.0, s->tandem = params[15] != 0.0;
+    s->g_d = params[16], s->alpha_iv = params[17], s->dec_iv = params[18];
+    s->inc_iv = params[19], s->fast = params[20], s->ai_d = params[21], s->hai_d = params[22];
+    s->clamp = params[23] != 0.0, s->first_factor = params[24];
+    s->through = calloc(n_links, sizeof(double));
     s->window_cuts = window_cuts;
     s->q = calloc(n_links, sizeof(double));
     s->hist = calloc(lag * n_links, sizeof(double));
@@ -65,26 +91,32 @@ void fcc_free(fcc *s) {
     void *all[] = {s->q,     s->hist,  s->arrive, s->seen,  s->used, s->level,
                    s->total, s->n_free, s->count, s->id,   s->links, s->len,
                    s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
-                   s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->bits};
+                   s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->bits,
+                   s->hlag,  s->unm,   s->target, s->stage, s->t_alpha, s->t_dec, s->t_inc,
+                   s->u_alpha, s->u_dec, s->n_dec, s->inflight, s->through};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
 
 int64_t fcc_n(const fcc *s) { return s->n; }
 
-int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits, double rtt,
-            double delay, double now) {
+int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64_t *lags,
+            double bits, double rtt, double delay, double now) {
     if (n_path < 1 || n_path > WIDTH) return 1;
     if (s->n == s->room) {
         int64_t r = s->room ? 2 * s->room : 64;
         int64_t **ints[] = {&s->id, &s->len};
-        double **reals[] = {&s->left, &s->bits, &s->rate, &s->line, &s->alpha, &s->tick,
-                            &s->rtt0, &s->delay, &s->x,   &s->qd,   &s->tout};
+        double **reals[] = {&s->left,   &s->bits,    &s->rate,  &s->line,  &s->alpha,
+                            &s->tick,   &s->rtt0,    &s->delay, &s->x,     &s->qd,
+                            &s->tout,   &s->unm,     &s->target, &s->stage, &s->t_alpha,
+                            &s->t_dec,  &s->t_inc,   &s->u_alpha, &s->u_dec, &s->n_dec,
+                            &s->inflight};
         for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
             if (!(*ints[k] = grow(*ints[k], r, sizeof(int64_t)))) return 2;
         for (size_t k = 0; k < sizeof reals / sizeof *reals; k++)
             if (!(*reals[k] = grow(*reals[k], r, sizeof(double)))) return 2;
         if (!(s->links = grow(s->links, r * WIDTH, sizeof(int64_t)))) return 2;
+        if (!(s->hlag = grow(s->hlag, r * WIDTH, sizeof(int64_t)))) return 2;
         s->room = r;
     }
     int64_t i = s->n++;
@@ -93,6 +125,9 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, double bits
     double line = s->cap[path[0]] < s->max_rate ? s->cap[path[0]] : s->max_rate;
     s->left[i] = s->bits[i] = bits, s->rate[i] = s->line[i] = line;
     s->alpha[i] = s->alpha_init, s->tick[i] = now + rtt, s->rtt0[i] = rtt, s->delay[i] = delay;
+    for (int64_t k = 0; k < n_path; k++) s->hlag[i * WIDTH + k] = lags ? lags[k] : s->lag;
+    s->target[i] = line, s->stage[i] = 0.0, s->n_dec[i] = 0.0, s->inflight[i] = 0.0;
+    s->t_alpha[i] = s->t_dec[i] = s->t_inc[i] = INFINITY, s->u_alpha[i] = s->u_dec[i] = 1.0;
     return 0;
 }
 
@@ -161,6 +196,11 @@ static void compact(fcc *s) {
         if (i != j) {
             s->id[j] = s->id[i], s->len[j] = s->len[i];
             memcpy(s->links + j * WIDTH, s->links + i * WIDTH, WIDTH * sizeof(int64_t));
+            memcpy(s->hlag + j * WIDTH, s->hlag + i * WIDTH, WIDTH * sizeof(int64_t));
+            s->target[j] = s->target[i], s->stage[j] = s->stage[i];
+            s->t_alpha[j] = s->t_alpha[i], s->t_dec[j] = s->t_dec[i], s->t_inc[j] = s->t_inc[i];
+            s->u_alpha[j] = s->u_alpha[i], s->u_dec[j] = s->u_dec[i], s->n_dec[j] = s->n_dec[i];
+            s->inflight[j] = s->inflight[i];
             s->left[j] = s->left[i], s->bits[j] = s->bits[i];
             s->rate[j] = s->rate[i], s->line[j] = s->line[i];
             s->alpha[j] = s->alpha[i], s->tick[j] = s->tick[i], s->rtt0[j] = s->rtt0[i];
@@ -214,6 +254,67 @@ void fcc_idle(fcc *s, double gap) {
     }
 }
 
+/* DCQCN over dt for flow i (fluidcc.py's _dcqcn_step, after the in-flight ACK clock of
+ * _advance): its CNP chance from the ACKs back, the first CNP, then the alpha, decrease and
+ * increase ticks due by now */
+static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
+    double rtt = s->rtt0[i] + s->qd[i], keep = exp(-dt / rtt), was = s->inflight[i];
+    s->inflight[i] = was * keep + s->x[i] * rtt * (1.0 - keep);
+    double acked = was + s->x[i] * dt - s->inflight[i];
+    double no_cnp = exp(-(acked / s->pkt_bits) * (1.0 - s->unm[i]));
+    s->u_alpha[i] *= no_cnp;
+    s->u_dec[i] *= no_cnp;
+    double first_at = s->sampled ? uniform(s->seed, s->id[i], 0.0) : 0.5;
+    if (isinf(s->t_alpha[i]) && 1.0 - s->u_dec[i] >= first_at) {
+        s->alpha[i] = 1.0;
+        s->t_alpha[i] = now + s->alpha_iv;
+        s->t_dec[i] = now + s->dec_iv + 1e-9;
+        s->rate[i] *= s->first_factor;
+        s->target[i] = s->rate[i];
+        s->u_alpha[i] = 1.0, s->u_dec[i] = 0.0;
+    }
+    if (now >= s->t_alpha[i]) {
+        double n = floor((now - s->t_alpha[i]) / s->alpha_iv) + 1.0;
+        double kp = pow(1.0 - s->g_d, n - 1.0);
+        double a = (1.0 - s->g_d) * s->alpha[i] + s->g_d * (1.0 - s->u_alpha[i]);
+        s->alpha[i] = a * kp;
+        s->u_alpha[i] = 1.0;
+        s->t_alpha[i] += n * s->alpha_iv;
+    }
+    if (now >= s->t_dec[i]) {
+        double n = floor((now - s->t_dec[i]) / s->dec_iv) + 1.0;
+        double chance = 1.0 - s->u_dec[i], cnp = chance;
+        if (s->sampled) {
+            s->n_dec[i] += 1.0;
+            cnp = uniform(s->seed, s->id[i], s->n_dec[i]) < chance ? 1.0 : 0.0;
+        }
+        if (cnp > 0) {
+            double rate = s->rate[i];
+            if (s->stage[i] != 0 || s->clamp) s->target[i] += cnp * (rate - s->target[i]);
+            else s->target[i] += 0.0;
+            double r = rate * (1.0 - cnp * s->alpha[i] / 2.0);
+            s->rate[i] = s->min_rate > r ? s->min_rate : r;
+            if (cnp >= 0.5) s->stage[i] = 0.0;
+            double restart = s->t_dec[i] + s->inc_iv, old = s->t_inc[i];
+            double blend = cnp * restart + (1.0 - cnp) * (isinf(old) ? 0.0 : old);
+            s->t_inc[i] = (isinf(old) || cnp >= 1.0) ? restart : blend;
+        }
+        s->u_dec[i] = 1.0;
+        s->t_dec[i] += n * s->dec_iv;
+    }
+    while (now >= s->t_inc[i]) {
+        double stage = s->stage[i], raise = 0.0;
+        if (stage == s->fast) raise = s->ai_d;
+        if (stage > s->fast) raise = s->hai_d;
+        double t = s->target[i] + raise;
+        t = s->line[i] < t ? s->line[i] : t;
+        s->target[i] = t;
+        s->rate[i] = s->rate[i] / 2.0 + t / 2.0;
+        s->stage[i] = stage + 1.0;
+        s->t_inc[i] += s->inc_iv;
+    }
+}
+
 /* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
  * come back as ids and delivery times, and the count is returned (0: t_far reached). */
 int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_t,
@@ -253,6 +354,23 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             for (int64_t k = 0; k < s->len[i]; k++) s->arrive[p[k]] += x;
             if (!(s->rate[i] >= s->line[i])) at_line = 0;
         }
+        if (s->tandem) { /* what each hop lets through: an overloaded link passes at most C */
+            int64_t longest = 0;
+            for (int64_t i = 0; i < n; i++) longest = s->len[i] > longest ? s->len[i] : longest;
+            for (int64_t pass = 0; pass < longest - 1; pass++) {
+                for (int64_t l = 0; l < L; l++)
+                    s->through[l] = s->arrive[l] > s->eff[l] ? s->eff[l] / s->arrive[l] : 1.0;
+                memset(s->arrive, 0, L * sizeof(double));
+                for (int64_t i = 0; i < n; i++) {
+                    const int64_t *p = s->links + i * WIDTH;
+                    double share = 1.0;
+                    for (int64_t k = 0; k < s->len[i]; k++) {
+                        s->arrive[p[k]] += s->x[i] * share;
+                        share *= s->through[p[k]];
+                    }
+                }
+            }
+        }
         int quiet = at_line && s->step - s->last_mark > s->lag;
         for (int64_t l = 0; quiet && l < L; l++)
             if (s->q[l] != 0.0 || (s->sw[l] && s->arrive[l] > s->eff[l])) quiet = 0;
@@ -269,20 +387,33 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         if (s->ack_frac) memcpy(s->data, s->arrive, L * sizeof(double));
         for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
         *now += dt;
-        /* marks now into the history; those a base round trip old are what senders see */
+        /* the marks senders see now (a base round trip old, or per hop as long as a packet
+         * takes from there to the receiver and its ACK back); then this step's marks */
         double *row = s->hist + (s->step % s->lag) * L;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t *p = s->links + i * WIDTH, *lg = s->hlag + i * WIDTH;
+            double unmarked = 1.0;
+            for (int64_t k = 0; k < s->len[i]; k++) {
+                const double *r = row;
+                if (s->hop_lag) r = s->hist + (((s->step - lg[k]) % s->lag + s->lag) % s->lag) * L;
+                unmarked *= 1.0 - r[p[k]];
+            }
+            s->unm[i] = unmarked;
+        }
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {
             double p = mark_p(s, l);
-            s->seen[l] = row[l], row[l] = p;
+            row[l] = p;
             if (p != 0.0) marked = 1;
         }
         if (marked) s->last_mark = s->step;
         s->step++;
         for (int64_t i = 0; i < n; i++) {
-            const int64_t *p = s->links + i * WIDTH;
-            double unmarked = 1.0;
-            for (int64_t k = 0; k < s->len[i]; k++) unmarked *= 1.0 - s->seen[p[k]];
+            if (s->dcqcn) {
+                dcqcn_step(s, i, *now, dt);
+                continue;
+            }
+            double unmarked = s->unm[i];
             double frac = 1.0 - unmarked, rtt = s->rtt0[i] + s->qd[i];
             double pkts = s->x[i] * rtt / s->pkt_bits;
             pkts = pkts > 1.0 ? pkts : 1.0;

@@ -1,48 +1,67 @@
-"""A fluid model of RDMA DCTCP with switch queues (the sweep's ``fluid_dctcp``): what a
-max-min share cannot say about a congestion control's transients.
+"""A fluid model of RDMA DCTCP and DCQCN with switch queues (the sweep's ``fluid_dctcp``): what
+a max-min share cannot say about a congestion control's transients.
 
 flowSim gives every flow its max-min share at once. A congestion control gets there by cutting
 on marks and climbing back, and on the gray-failure study that path costs time: every chunk of
 SimAI's rings is a new queue pair starting at line rate with DCTCP's α = 1, so a sender with
 few flows meets marks made by others, halves, and its NIC idles until the additive increase
-brings it back (docs/gray_failure_study.md, "The study's gap is made in closed loop"). This
-model keeps what those dynamics need and nothing fitted, in the fluid form of DCTCP's
-analyses (Alizadeh et al., SIGMETRICS 2011), time-stepped at ``dt_s``:
+brings it back (docs/gray_failure_study.md, "The study's gap is made in closed loop"). Under
+DCQCN a flow cut deep in its first microseconds climbs back only at its increase timer
+(900 µs), so ns-3 runs rail collectives 2.5-10x slower than any max-min share. This model
+keeps what those dynamics need and nothing fitted, in the fluid form of DCTCP's analyses
+(Alizadeh et al., SIGMETRICS 2011) and DCQCN's NIC algorithm as our ns-3 runs it,
+time-stepped at ``dt_s``:
 
 * every flow starts at its line rate (its NIC's, or the network's ``max_rate_bps`` where lower,
   as ns-3 caps a sender) and sends at ``x = min(rate, window / round trip)``; the round trip is
   its base round trip plus the queueing delay on its path now; a host's NIC serves its flows
   max-min with those caps (its queue pairs round robin). The window is scaled by the rate over
   the line rate where the network's is (HPCC's VAR_WIN, our ns-3's ``var_window``, the
-  default), or held at the network's window (``var_window=False``: closer to ns-3 on the
-  full-size study, far from it at other message sizes; docs/gray_failure_study.md);
-* every switch egress link integrates its queue, ``q' = Σ x − C`` (at least 0): each link sees
-  its flows' sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
+  default), or held at the network's window (``var_window=False``); with ``first_window`` (the
+  default) a flow that has sent less than its window is not held by it (its first window
+  leaves at its rate, before any ACK is back);
+* every switch egress link integrates its queue, ``q' = Σ in − C`` (at least 0). With
+  ``tandem`` (the default) each hop sees what the hops before it let through: an overloaded
+  link passes at most its capacity, shared in proportion to what arrives, so a burst through
+  two shared hops queues once, at the first, as in ns-3; without, each link sees its flows'
+  sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
 * with ``ack_load`` (the default) the receivers' ACKs, one per data packet at high priority,
   take their share first: a link gives data ``C − a × (data on its reverse link, last step)``
   (``a`` = ACK bytes per data packet's wire bytes, 64 / 1,048 with 1,000 B payloads), in the
   NIC's share and the queues' drain alike. A ring step's link carries one neighbour's data and
   the other's ACKs: real ns-3 takes 1 + a of the wire's time there, and so does this (a test);
 * RED marks with probability ``p(q)`` (K_min, K_max, P_max; a step at K where there is no
-  K_max); links on an NVSwitch never mark; a sender sees the marks one base round trip late;
-  F, a packet's chance of a mark on its path, and m = 1 − (1 − F)^(packets a round trip), the
-  chance that a window of ACKs brings one;
-* ``cuts="window"`` (the default): once a round trip per flow, at its own window's end, as the
-  sender's CWR runs: α ← (1 − g) α + g F, then rate ← rate (1 − m α / 2) + (1 − m) AI. Flows
-  that start together cut together, as packets make them. ``cuts="rate"``: the same per round
-  trip as continuous rates (α relaxes to F at g a round trip, the rate falls by a factor
-  (1 − α / 2)^m a round trip and gains (1 − m) AI): its answers hold still as ``dt_s`` shrinks,
-  but it smooths away the synchronised cuts that idle the study's degraded senders. The rate
-  stays between the minimum rate and the line rate;
+  K_max); links on an NVSwitch never mark. A mark comes back to the sender as long after as a
+  packet takes from that hop's egress to the receiver and its ACK back (``mark_delay="hop"``,
+  the default; ``"rtt"``: the network's largest base round trip for every hop). F is a
+  packet's chance of a mark on its path;
+* DCTCP, ``cuts="window"`` (the default): once a round trip per flow, at its own window's end,
+  as the sender's CWR runs: with m = 1 − (1 − F)^(packets a round trip), the chance that a
+  window of ACKs brings a mark, α ← (1 − g) α + g F, then rate ← rate (1 − m α / 2) +
+  (1 − m) AI. Flows that start together cut together, as packets make them. ``cuts="rate"``:
+  the same per round trip as continuous rates (α relaxes to F at g a round trip, the rate
+  falls by a factor (1 − α / 2)^m a round trip and gains (1 − m) AI): its answers hold still
+  as ``dt_s`` shrinks, but it smooths away the synchronised cuts that idle the study's
+  degraded senders. The rate stays between the minimum rate and the line rate;
+* DCQCN (a network whose ``rdma.cc`` is ``dcqcn``; its ``cc_params``): the ACKs back are
+  clocked by what is in flight (in flight / round trip, in flight growing by what is sent), so
+  a sender held by its window still hears of the marks on the packets it has queued; each
+  brings a CNP with the chance F, and whether one came since a timer's tick is drawn per flow
+  and tick from ``seed`` (``cnp="sampled"``: flows at one queue are cut a different number of
+  times, as packets make them; ``"expected"``: each change in expectation). The first CNP
+  starts the α (every 1 µs), decrease (4 µs) and increase (900 µs) timers as ns-3's do: a
+  decrease tick with a CNP since the last halves the rate at α = 1 and restarts the increase
+  timer; an increase tick moves the rate half way to its target (fast recovery, then the
+  target + AI, then + hyper AI);
 * a flow is done when its last bit has left the sender plus the queueing delay on its path
   then plus the routing's delivery delay (propagation and the first packet's store and
   forward), so a flow alone takes its ideal FCT.
 
-What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a queue's
-output split among its flows (each link sees what senders send, not what upstream queues let
-through), packets and ECMP collisions beyond the routing's, and DCQCN, HPCC or TIMELY (it
-refuses any CC but DCTCP). The steps run in C (``_fluidcc.c``, built on first use), this module's
-numpy loop being the reference and the fallback (``M4RAY_NATIVE=0``).
+What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a FIFO's
+output split by what each flow has queued (``tandem`` splits it by what arrives), packets and
+ECMP collisions beyond the routing's, and HPCC and TIMELY (it refuses them by field). The steps
+run in C (``_fluidcc.c``, built on first use), this module's numpy loop being the reference and
+the fallback (``M4RAY_NATIVE=0``; the two agree to the bit with the C library's exp and pow).
 
 Units: seconds, bits, bits/s.
 """
@@ -56,6 +75,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from m4ray.errors import InputError, SimulationError
+from m4ray.fingerprint import added_field
 from m4ray.models.fairshare import ack_capacity, ack_fraction, reverse_links, round_trip_s
 from m4ray.models.wire import wire_window
 from m4ray.sim.backend import DoneCallback, EventQueue, QueueClock
@@ -64,6 +84,28 @@ from m4ray.sim.routing import Routing
 from m4ray.sim.topology import Topology
 
 _LIB: list = []  # [library or None], loaded once per process
+
+# numpy's element-wise exp, power and log1p (SIMD where the CPU has it): they may round a last
+# bit apart from the C library's that _fluidcc.c calls, and the dynamics amplify it; the tests
+# swap in the C library's to hold the two to the bit
+_exp, _power, _log1p = np.exp, np.power, np.log1p
+_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def uniform(seed: int, ids: np.ndarray, k) -> np.ndarray:
+    """A draw in [0, 1) per flow ``ids`` (its id) and draw ``k`` (an index, per flow or one),
+    from ``seed``: SplitMix64's finaliser over the three, so a flow's draws do not depend on
+    which other flows are active or in what order (``_fluidcc.c`` has the same function)."""
+    m = [np.uint64(c) for c in _MIX]
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) * m[0] + np.asarray(ids).astype(np.uint64) * m[1]
+        z = z + (np.asarray(k).astype(np.uint64) + np.uint64(1)) * m[2]
+        z ^= z >> np.uint64(30)
+        z *= m[1]
+        z ^= z >> np.uint64(27)
+        z *= m[2]
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def library():
@@ -82,7 +124,7 @@ def library():
                 "fcc_new": (vp, [i64, vp, vp, vp, vp, vp, vp, i64, vp, cint]),
                 "fcc_free": (None, [vp]),
                 "fcc_n": (i64, [vp]),
-                "fcc_add": (cint, [vp, i64, i64, vp, f64, f64, f64, f64]),
+                "fcc_add": (cint, [vp, i64, i64, vp, vp, f64, f64, f64, f64]),
                 "fcc_run": (i64, [vp, ctypes.POINTER(f64), f64, vp, vp, i64]),
                 "fcc_idle": (None, [vp, f64]),
             }
@@ -115,20 +157,34 @@ class FluidDctcpConfig:
     # a flow that has sent less than its window is not held by it (its first window leaves at
     # its rate, as a packet sender's does before any ACK is back); else the window's W / round
     # trip holds it from its first bit
-    first_window: bool = False
+    first_window: bool = True
+    # DCQCN: whether a CNP came since a timer's tick is drawn per flow and tick ("sampled", by
+    # ``seed``), or each change taken in expectation ("expected": every flow the average one)
+    cnp: str = added_field("sampled", "the fluid's DCQCN (issue 32)")
+    seed: int = added_field(0, "the fluid's DCQCN (issue 32)")
+    # how long a mark takes back to its sender: "rtt" (the network's largest base round trip,
+    # for every hop) or "hop" (from that hop's egress to the receiver and the ACK back)
+    mark_delay: str = added_field("hop", "the fluid's DCQCN (issue 32)", ids_had="rtt")
+    # each hop sees what the hops before it let through (an overloaded link passes at most its
+    # capacity, split in proportion to what arrives), not what the senders send
+    tandem: bool = added_field(True, "the fluid's DCQCN (issue 32)", ids_had=False)
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
             raise InputError(f"must be > 0, got {self.dt_s}", field="dt_s")
         if self.cuts not in ("rate", "window"):
             raise InputError(f"expected rate or window, got {self.cuts!r}", field="cuts")
+        if self.cnp not in ("sampled", "expected"):
+            raise InputError(f"expected sampled or expected, got {self.cnp!r}", field="cnp")
+        if self.mark_delay not in ("rtt", "hop"):
+            raise InputError(f"expected rtt or hop, got {self.mark_delay!r}", field="mark_delay")
 
     def build(self, topology: Topology, routing: Routing) -> FluidDctcp:
         network = self.network
         rdma = network.rdma if network.transport == "rdma" else None
-        if rdma is None or rdma.cc != "dctcp":
+        if rdma is None or rdma.cc not in ("dctcp", "dcqcn"):
             cc = network.transport if rdma is None else rdma.cc
-            raise InputError(f"models RDMA DCTCP, not {cc}", field="fluid_dctcp.network")
+            raise InputError(f"models RDMA DCTCP and DCQCN, not {cc}", field="fluid_dctcp.network")
         return FluidDctcp(
             topology,
             routing,
@@ -137,7 +193,11 @@ class FluidDctcpConfig:
             self.cuts,
             var_window=rdma.var_window if self.var_window is None else self.var_window,
             ack_load=self.ack_load,
+            cnp=self.cnp,
+            seed=self.seed,
             first_window=self.first_window,
+            mark_delay=self.mark_delay,
+            tandem=self.tandem,
         )
 
 
@@ -154,8 +214,14 @@ class FluidDctcp(QueueClock):
         *,
         var_window: bool = False,
         ack_load: bool = False,
-        first_window: bool = False,
+        first_window: bool = True,
+        cnp: str = "sampled",
+        seed: int = 0,
+        mark_delay: str = "hop",
+        tandem: bool = True,
     ) -> None:
+        self._tandem = tandem
+        self.cnp, self.seed = cnp, seed
         self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
         self.ack_bytes = rdma.ack_bytes
         self.gain, self.rate_ai, self.min_rate = (
@@ -164,26 +230,15 @@ class FluidDctcp(QueueClock):
             rdma.min_rate_bps,
         )
         self.alpha_init = getattr(rdma, "dctcp_alpha_init", 1.0)
+        # DCQCN (rdma.cc "dcqcn"): its parameters (ns3.cc.DcqcnParams), else None (DCTCP)
+        self.dcqcn = rdma.cc_config() if rdma.cc == "dcqcn" else None
         window_bytes = int(rdma.window(routing) or 0)
         self.events = EventQueue()
         self._now = 0.0
         cap = topology.bandwidth_bps.astype(np.float64)
         self._cap = cap
         n_links = topology.n_links
-        src, dst = topology.link_src, topology.link_dst
-        hosts = np.zeros(topology.n_nodes, dtype=bool)
-        hosts[list(topology.hosts)] = True
-        nv = np.zeros_like(hosts)
-        nv[list(topology.nvswitches)] = True
-        self._switch = ~hosts[src]  # a switch's egress port queues
-        self._marks = self._switch & ~nv[src] & ~nv[dst]  # and marks unless on an NVSwitch
-        k_min = np.array([rdma.ecn_k(c) for c in cap], dtype=np.float64) * 8.0
-        k_max, p_max = k_min.copy(), np.ones(n_links)
-        for link, c in enumerate(cap):
-            red = rdma.red_marking(c)
-            if red is not None:
-                k_max[link], p_max[link] = red[1] * 8.0, red[2]
-        self._k_min, self._k_max, self._p_max = k_min, k_max, p_max
+        self._marking(topology, rdma)
         self._q = np.zeros(n_links)  # bits queued at each link
         self._lag = max(1, round(self._base_rtt() / dt_s))
         self._p_hist = np.zeros((self._lag, n_links))  # marking probability, one row per step
@@ -208,7 +263,20 @@ class FluidDctcp(QueueClock):
         self._line = np.zeros(0)
         self._alpha = np.zeros(0)
         self._tick = np.zeros(0)  # cuts=window: each flow's next window end
+        # DCQCN: target rate, increase stage, next α / decrease / increase tick (inf: not
+        # started, before the first CNP), and the chance of no CNP since the last α and
+        # decrease ticks (since the start, before the first CNP)
+        # (and the decrease ticks drawn, cnp="sampled")
+        for name in ("_target", "_stage", "_t_alpha", "_t_dec", "_t_inc", "_u_alpha"):
+            setattr(self, name, np.zeros(0))
+        self._u_dec, self._n_dec = np.zeros(0), np.zeros(0)
         self._rtt0 = np.zeros(0)
+        # mark_delay="hop": each flow's steps from each hop's egress back to it (padded as
+        # _links); None: every hop a base round trip (the history's depth)
+        self._hop_lag = np.zeros((0, 1), dtype=np.int64) if mark_delay == "hop" else None
+        self._latency = topology.latency_s
+        # DCQCN: each flow's bits in flight, and those acknowledged over the last step
+        self._inflight, self._acked = np.zeros(0), np.zeros(0)
         self._delay = np.zeros(0)
         self._cb: list[DoneCallback] = []
         self._new: list[tuple] = []
@@ -217,6 +285,25 @@ class FluidDctcp(QueueClock):
         lib = library()
         if lib is not None:
             self._start_core(lib, topology)
+
+    def _marking(self, topology: Topology, rdma) -> None:
+        """Which links queue (switch egress ports) and mark (unless on an NVSwitch), and each
+        one's RED: K_min, K_max (bits) and P_max (a step at K where there is no K_max)."""
+        cap, n_links = self._cap, topology.n_links
+        src, dst = topology.link_src, topology.link_dst
+        hosts = np.zeros(topology.n_nodes, dtype=bool)
+        hosts[list(topology.hosts)] = True
+        nv = np.zeros_like(hosts)
+        nv[list(topology.nvswitches)] = True
+        self._switch = ~hosts[src]  # a switch's egress port queues
+        self._marks = self._switch & ~nv[src] & ~nv[dst]  # and marks unless on an NVSwitch
+        k_min = np.array([rdma.ecn_k(c) for c in cap], dtype=np.float64) * 8.0
+        k_max, p_max = k_min.copy(), np.ones(n_links)
+        for link, c in enumerate(cap):
+            red = rdma.red_marking(c)
+            if red is not None:
+                k_min[link], k_max[link], p_max[link] = red[0] * 8.0, red[1] * 8.0, red[2]
+        self._k_min, self._k_max, self._p_max = k_min, k_max, p_max
 
     def _start_core(self, lib, topology: Topology) -> None:
         """The state in C: the links' arrays are kept here (C reads them in place)."""
@@ -244,6 +331,7 @@ class FluidDctcp(QueueClock):
                         self._ack_frac,
                         float(self._first_window),
                         self._max_rate,
+                        *self._dcqcn_params(),
                     ]
                 ),
             )
@@ -256,6 +344,28 @@ class FluidDctcp(QueueClock):
         self._c_now = ctypes.c_double(0.0)
         self._c_out = (np.zeros(0, dtype=np.int64), np.zeros(0))
         self._c_cb: dict[int, DoneCallback] = {}
+
+    def _dcqcn_params(self) -> list[float]:
+        """The C core's params past the eleventh: DCQCN's, CNPs drawn, seed, per-hop mark
+        delays, tandem."""
+        p = self.dcqcn
+        common = [float(self.cnp == "sampled"), float(self.seed)]
+        common += [float(self._hop_lag is not None), float(self._tandem)]
+        if p is None:
+            return [0.0, *common, *([0.0] * 9)]
+        return [
+            1.0,
+            *common,
+            p.gain,
+            p.alpha_interval_s,
+            p.decrease_interval_s,
+            p.increase_interval_s,
+            float(p.fast_recovery_steps),
+            p.rate_ai_bps,
+            p.rate_hai_bps,
+            float(p.clamp_target_rate),
+            p.rate_on_first_cnp,
+        ]
 
     def __del__(self) -> None:
         if getattr(self, "_core", None) is not None:
@@ -277,14 +387,32 @@ class FluidDctcp(QueueClock):
         delay = self.routing.delivery_delay(flow.size_bytes, path)
         if self._core is not None:
             links = np.asarray(path.links, dtype=np.int64)
+            lags = self._lags_of(links, rtt) if self._hop_lag is not None else None
             rc = self._lib.fcc_add(
-                self._core, flow.id, len(links), links.ctypes.data, bits, rtt, delay, self._now
+                self._core,
+                flow.id,
+                len(links),
+                links.ctypes.data,
+                None if lags is None else lags.ctypes.data,
+                bits,
+                rtt,
+                delay,
+                self._now,
             )
             if rc:
                 raise SimulationError(f"fluid DCTCP: flow {flow.id} not added (code {rc})")
             self._c_cb[flow.id] = on_done
             return
         self._new.append((flow.id, path.links, bits, rtt, delay, on_done))
+
+    def _lags_of(self, links: np.ndarray, rtt: float) -> np.ndarray:
+        """``mark_delay="hop"``: the steps a mark made at each hop's egress takes back to the
+        sender (the round trip less the time from the sender to that hop's egress: each hop
+        before it a packet's store and forward and its propagation), between 1 and a base
+        round trip's."""
+        hop = self._latency[links] + self._pkt_bits / self._cap[links]
+        ahead = rtt - np.concatenate([[0.0], np.cumsum(hop)[:-1]])
+        return np.clip(np.round(ahead / self.dt_s), 1, self._lag).astype(np.int64)
 
     def _flush(self) -> None:
         if not self._new:
@@ -300,14 +428,31 @@ class FluidDctcp(QueueClock):
         old[:, : self._links.shape[1]] = self._links
         line = np.minimum(self._cap[pad[:, 0]], self._max_rate)
         rtt = np.asarray(rtt)
+        if self._hop_lag is not None:
+            lags = np.ones((len(ids), width), dtype=np.int64)
+            for i, ls in enumerate(links):
+                lags[i, : len(ls)] = self._lags_of(np.asarray(ls, dtype=np.int64), rtt[i])
+            old_lag = np.ones((len(self._ids), width), dtype=np.int64)
+            old_lag[:, : self._hop_lag.shape[1]] = self._hop_lag
+            self._hop_lag = np.concatenate([old_lag, lags])
         self._ids = np.concatenate([self._ids, ids])
         self._links = np.concatenate([old, pad])
+        self._inflight = np.concatenate([self._inflight, np.zeros(len(ids))])
         self._left = np.concatenate([self._left, bits])
         self._bits = np.concatenate([self._bits, bits])
         self._rate = np.concatenate([self._rate, line])
         self._line = np.concatenate([self._line, line])
         self._alpha = np.concatenate([self._alpha, np.full(len(ids), self.alpha_init)])
         self._tick = np.concatenate([self._tick, self._now + rtt])
+        fresh, inf = np.ones(len(ids)), np.full(len(ids), np.inf)
+        self._target = np.concatenate([self._target, line])
+        self._stage = np.concatenate([self._stage, np.zeros(len(ids))])
+        self._t_alpha = np.concatenate([self._t_alpha, inf])
+        self._t_dec = np.concatenate([self._t_dec, inf])
+        self._t_inc = np.concatenate([self._t_inc, inf])
+        self._u_alpha = np.concatenate([self._u_alpha, fresh])
+        self._u_dec = np.concatenate([self._u_dec, fresh])
+        self._n_dec = np.concatenate([self._n_dec, np.zeros(len(ids))])
         self._rtt0 = np.concatenate([self._rtt0, rtt])
         self._delay = np.concatenate([self._delay, delay])
         self._cb.extend(cbs)
@@ -412,6 +557,15 @@ class FluidDctcp(QueueClock):
         valid = links >= 0
         sent = np.broadcast_to(x[:, None], links.shape)[valid]
         arrive = np.bincount(links[valid], weights=sent, minlength=len(self._q))
+        if self._tandem:  # what each hop lets through: an overloaded link passes at most C
+            for _ in range(int(valid.sum(axis=1).max()) - 1):  # a pass per later hop
+                over = arrive > cap
+                through = np.ones(len(arrive))
+                through[over] = cap[over] / arrive[over]
+                hop = np.where(valid, through[np.where(valid, links, 0)], 1.0)
+                ahead = np.cumprod(hop, axis=1)[:, :-1]  # the share left before each hop
+                sent = x[:, None] * np.concatenate([np.ones((len(x), 1)), ahead], axis=1)
+                arrive = np.bincount(links[valid], weights=sent[valid], minlength=len(self._q))
         sw = self._switch
         quiet = (
             not self._q.any()
@@ -427,38 +581,146 @@ class FluidDctcp(QueueClock):
             self._data = arrive
         self._left -= x * dt
         self._now += dt
-        self._control(x, self._rtt0 + qdelay, dt, self._marks_seen())
+        if self.dcqcn is not None:  # the ACKs back over dt: what is in flight over a round trip
+            rtt = self._rtt0 + qdelay
+            keep = _exp(-dt / rtt)
+            was = self._inflight
+            self._inflight = was * keep + x * rtt * (1.0 - keep)
+            self._acked = was + x * dt - self._inflight
+        self._control(x, self._rtt0 + qdelay, dt, self._unmarked())
         done = np.flatnonzero(t_out <= dt * (1 + 1e-12))
         if len(done):
             self._finish(done)
 
-    def _marks_seen(self) -> np.ndarray:
-        """Each link's marking probability now, into the history; the one senders see now (a
-        base round trip ago)."""
-        p = self._marks_now()
-        row = self._step % self._lag
-        seen = self._p_hist[row].copy()  # written lag steps ago
-        self._p_hist[row] = p
-        self._step += 1
-        return seen
-
-    def _control(self, x: np.ndarray, rtt: np.ndarray, dt: float, seen: np.ndarray) -> None:
-        """DCTCP's α and rate over ``dt``: per round trip (a window of ACKs), as rates."""
+    def _unmarked(self) -> np.ndarray:
+        """Each flow's chance that a packet's ACK back now carries no mark: the marks its path's
+        queues made a base round trip ago (``mark_delay="rtt"``: the network's largest), or,
+        per hop, as long ago as a packet takes from that hop's egress to the receiver and its
+        ACK back (``"hop"``: a mark made at the last hop comes back sooner than one at the
+        first). Then this step's marks go into the history."""
         links = self._links
         ok = links >= 0
-        unmarked = np.where(ok, 1.0 - seen[np.where(ok, links, 0)], 1.0).prod(axis=1)
+        row = self._step % self._lag
+        if self._hop_lag is None:
+            seen = self._p_hist[row][np.where(ok, links, 0)]  # written lag steps ago
+        else:
+            rows = (self._step - self._hop_lag) % self._lag
+            seen = self._p_hist[rows, np.where(ok, links, 0)]
+        unmarked = np.where(ok, 1.0 - seen, 1.0).prod(axis=1)
+        self._p_hist[row] = self._marks_now()
+        self._step += 1
+        return unmarked
+
+    def _control(self, x: np.ndarray, rtt: np.ndarray, dt: float, unmarked: np.ndarray) -> None:
+        """DCTCP's α and rate over ``dt``: per round trip (a window of ACKs), as rates."""
+        if self.dcqcn is not None:
+            self._dcqcn_step(x, dt, unmarked)
+            return
         frac = 1.0 - unmarked  # a packet's chance of a mark on the path
         pkts = np.maximum(1.0, x * rtt / self._pkt_bits)
-        m = 1.0 - np.power(unmarked, pkts)  # a window's chance of a mark: a cut (its CWR)
+        m = 1.0 - _power(unmarked, pkts)  # a window's chance of a mark: a cut (its CWR)
         if self.cuts == "window":
             self._window_ends(frac, m, rtt)
             return
         step = dt / rtt
-        self._alpha = frac + (self._alpha - frac) * np.exp(-self.gain * step)  # g a round trip
+        self._alpha = frac + (self._alpha - frac) * _exp(-self.gain * step)  # g a round trip
         r = self._rate  # a cut multiplies by 1 - α / 2: per round trip, in expectation over m
-        r *= np.exp(m * np.log1p(-self._alpha / 2.0) * step)
+        r *= _exp(m * _log1p(-self._alpha / 2.0) * step)
         r += (1.0 - m) * self.rate_ai * step
         np.clip(r, self.min_rate, self._line, out=r)
+
+    def _dcqcn_step(self, x: np.ndarray, dt: float, unmarked: np.ndarray) -> None:
+        """DCQCN over ``dt`` (ns-3's ``Cnp`` and its three timers, per flow). The ACKs of this
+        step's packets bring a CNP with the chance their marks give (marks of a base round
+        trip ago, one ACK a packet); whether one came since a timer's last tick is drawn, per
+        flow and tick, from a hash of the seed, the flow and the tick (:func:`uniform`), as
+        packets make it in ns-3, so flows that see the same queue are cut a different number
+        of times, and one cut deep waits out the increase timer (``cnp="expected"``: each
+        change in expectation instead, which keeps every flow the average one). The first
+        CNP starts the timers (α = 1, target = rate x ``rate_on_first_cnp``); each α tick
+        α <- (1 - g) α + g P(CNP since the last); a decrease tick with a CNP since the last:
+        target <- rate (clamped, or past stage 0), rate <- max(min, rate (1 - α / 2)), stage
+        0, the increase timer restarted; each increase tick: fast recovery, then the target
+        + AI, then + hyper AI, and rate <- (rate + target) / 2."""
+        sampled = self.cnp == "sampled"
+        # marked ACKs come as a thinned stream: none in this step with chance e^(-n F), for n
+        # packets a step (often below one: a flow's share of a busy NIC) marked with chance F
+        no_cnp = _exp(-(self._acked / self._pkt_bits) * (1.0 - unmarked))
+        self._u_alpha *= no_cnp
+        self._u_dec *= no_cnp
+        # the first CNP: when its chance since the start passes the flow's own draw (or 1/2)
+        first_at = uniform(self.seed, self._ids, 0) if sampled else 0.5
+        first = np.flatnonzero(np.isinf(self._t_alpha) & (1.0 - self._u_dec >= first_at))
+        self._dcqcn_first(first)
+        self._dcqcn_alpha()
+        self._dcqcn_decrease(sampled)
+        self._dcqcn_increase()
+
+    def _dcqcn_first(self, first: np.ndarray) -> None:
+        """The flows ``first`` have their first CNP now: their timers start."""
+        p, now, t_alpha, t_dec = self.dcqcn, self._now, self._t_alpha, self._t_dec
+        if len(first):
+            self._alpha[first] = 1.0
+            t_alpha[first] = now + p.alpha_interval_s
+            t_dec[first] = now + p.decrease_interval_s + 1e-9
+            self._rate[first] *= p.rate_on_first_cnp
+            self._target[first] = self._rate[first]
+            self._u_alpha[first], self._u_dec[first] = 1.0, 0.0  # its decrease tick cuts
+
+    def _dcqcn_alpha(self) -> None:
+        """The α ticks due by now."""
+        p, t_alpha = self.dcqcn, self._t_alpha
+        due = np.flatnonzero(self._now >= t_alpha)
+        if len(due):  # n ticks since (several only after a jump, with no CNP after the first)
+            n = np.floor((self._now - t_alpha[due]) / p.alpha_interval_s) + 1.0
+            keep = _power(1.0 - p.gain, n - 1.0)
+            a = (1.0 - p.gain) * self._alpha[due] + p.gain * (1.0 - self._u_alpha[due])
+            self._alpha[due] = a * keep
+            self._u_alpha[due] = 1.0
+            t_alpha[due] += n * p.alpha_interval_s
+
+    def _dcqcn_decrease(self, sampled: bool) -> None:
+        """The decrease ticks due by now: a cut where a CNP came since the last."""
+        p, t_dec, t_inc = self.dcqcn, self._t_dec, self._t_inc
+        due = np.flatnonzero(self._now >= t_dec)
+        if len(due):
+            n = np.floor((self._now - t_dec[due]) / p.decrease_interval_s) + 1.0
+            chance = 1.0 - self._u_dec[due]
+            if sampled:  # this tick's draw: a CNP came or not
+                self._n_dec[due] += 1.0
+                draw = uniform(self.seed, self._ids[due], self._n_dec[due])
+                cnp = (draw < chance).astype(np.float64)
+            else:
+                cnp = chance
+            cut, pc = due[cnp > 0], cnp[cnp > 0]
+            if len(cut):
+                rate = self._rate[cut]
+                hold = (self._stage[cut] != 0) | p.clamp_target_rate
+                self._target[cut] += np.where(hold, pc * (rate - self._target[cut]), 0.0)
+                r = rate * (1.0 - pc * self._alpha[cut] / 2.0)
+                self._rate[cut] = np.maximum(self.min_rate, r)
+                self._stage[cut] = np.where(pc >= 0.5, 0.0, self._stage[cut])
+                restart, old = t_dec[cut] + p.increase_interval_s, t_inc[cut]
+                blend = pc * restart + (1.0 - pc) * np.where(np.isinf(old), 0.0, old)
+                t_inc[cut] = np.where(np.isinf(old) | (pc >= 1.0), restart, blend)
+            self._u_dec[due] = 1.0
+            t_dec[due] += n * p.decrease_interval_s
+
+    def _dcqcn_increase(self) -> None:
+        """The increase ticks due by now (several only after a jump, every rate at its line)."""
+        p, t_inc = self.dcqcn, self._t_inc
+        while True:
+            due = np.flatnonzero(self._now >= t_inc)
+            if not len(due):
+                break
+            stage, target = self._stage[due], self._target[due]
+            raise_by = np.where(stage == p.fast_recovery_steps, p.rate_ai_bps, 0.0)
+            raise_by = np.where(stage > p.fast_recovery_steps, p.rate_hai_bps, raise_by)
+            target = np.minimum(self._line[due], target + raise_by)
+            self._target[due] = target
+            self._rate[due] = self._rate[due] / 2.0 + target / 2.0
+            self._stage[due] = stage + 1.0
+            t_inc[due] += p.increase_interval_s
 
     def _window_ends(self, frac: np.ndarray, m: np.ndarray, rtt: np.ndarray) -> None:
         """``cuts="window"``: the flows whose window ended by now update once, as DCTCP's
@@ -491,10 +753,21 @@ class FluidDctcp(QueueClock):
             "_line",
             "_alpha",
             "_tick",
+            "_target",
+            "_stage",
+            "_t_alpha",
+            "_t_dec",
+            "_t_inc",
+            "_u_alpha",
+            "_u_dec",
+            "_n_dec",
             "_rtt0",
             "_delay",
             "_links",
         )
+        if self._hop_lag is not None:
+            names = (*names, "_hop_lag")
+        names = (*names, "_inflight")
         for name in names:
             setattr(self, name, getattr(self, name)[keep])
         self._groups = None

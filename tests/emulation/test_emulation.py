@@ -104,8 +104,9 @@ def test_ring_all_reduce_over_shaped_links_and_a_degraded_link(ray_local):
     # in a full make test run, 2026-11-28; a shaping or ring-order bug is >= 2x or below 0.95x)
     assert analytic * 0.95 < times[None] < analytic * 1.6
     # half the rate on one GPU's link: every ring step waits for it, about twice as long (real
-    # TCP over tc on 2 busy cores measured 2.3-2.9x: the upper bound only rules out nonsense)
-    assert 1.5 < times[2] / times[None] < 3.2
+    # TCP over tc on 2 busy cores measured 2.3-2.9x, and 3.20x once in a full make test run on
+    # 2026-12-07: the upper bound only rules out nonsense)
+    assert 1.5 < times[2] / times[None] < 4.0
     assert netns.leftovers() == []
 
 
