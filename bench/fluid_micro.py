@@ -30,8 +30,9 @@ What each case isolates:
   2 MiB chunks (to healthy GPUs) and two healthy senders' (to degraded GPUs), as in the
   study's first ring steps: the healthy senders' first windows leave at line rate, the
   uplink's queue passes K and marks the degraded senders too, which ns-3 then holds ~30 %
-  past their NIC's time. The fluid caps a window by the queues at once (its round trip now,
-  not as the ACKs report it a round trip later), so the uplink's queue never gets there.
+  past their NIC's time. With its first windows held the fluid caps a window by the queues at
+  once (its round trip now, not as the ACKs report it a round trip later), so the uplink's
+  queue never gets there; with them unheld (the default) it marks them, and over-cuts (22 %).
 
 These say whether each mechanism is modelled as ns-3 runs it; they do not say how the
 mechanisms compose in a closed-loop collective (docs/gray_failure_study.md).
@@ -106,9 +107,11 @@ def cases() -> dict:
 
 
 def backends() -> tuple[dict, object]:
-    """The sweep's ns-3, fluid DCTCP (its window as the network says, VAR_WIN here; and it
-    with the window held at the network's, with its first window unheld, and without the ACK
-    load) and flowSim, as ``+experiment=gray_failure wire=default`` composes them."""
+    """The sweep's ns-3, the fluid (its defaults; as it was before 2026-12-07, evening: marks
+    back a round trip late, every hop seeing the senders' rates, first windows held; and the
+    defaults with one rule changed: the window held at the network's, no tandem hops, marks
+    back a round trip late, first windows held, no ACK load) and flowSim, as
+    ``+experiment=gray_failure wire=default`` composes them."""
     from composed import resolved
 
     cfg = resolved("+experiment=gray_failure", "wire=default")
