@@ -196,7 +196,7 @@ def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) 
         }
         queues = StandingQueues.of(backends[cc], routing)  # its CC's level (standing_levels)
         backends["flowSim+queues"] = FlowSimConfig(queues=queues)
-        if cc in ("dctcp", "dcqcn"):  # the fluid of the same network (DCTCP and DCQCN)
+        if cc in ("dctcp", "dcqcn", "hpcc"):  # the fluid of the same network (not TIMELY)
             from m4ray.sim.fluidcc import FluidDctcpConfig
 
             backends[f"fluid {cc.upper()}"] = FluidDctcpConfig(network=backends[cc])
@@ -302,6 +302,15 @@ def fat_tree(
             f"fat-tree {label}: wall {wall:.1f} s; the {len(later)} flows the reference ended "
             f"after the prefix's last start: median FCT ratio {np.median(later):.3f}"
         )
+        if cc == "hpcc":  # the fluid of the same network
+            from m4ray.sim.fluidcc import FluidDctcpConfig
+
+            fluid, wall = run(topo, flows, FluidDctcpConfig(network=backend), routing)
+            notes.append(f"fat-tree fluid {label}: wall {wall:.1f} s")
+            fl = np.array([fluid[f.id] for f in flows]) + back
+            rows.append(
+                [where, f"fluid vs {label}", *errors(fl[inside] / theirs[inside], size[inside])]
+            )
         if flowsim_fct is None:
             flowsim_fct, wall = run(topo, flows, FlowSimConfig(), routing)
             notes.append(f"fat-tree flowSim: wall {wall:.1f} s")

@@ -28,11 +28,17 @@ typedef struct {
     uint64_t seed;
     double g_d, alpha_iv, dec_iv, inc_iv, fast, ai_d, hai_d, first_factor;
     double *through; /* tandem: each link's share let through */
+    /* HPCC (hpcc != 0): eta, AI, max stage, T; each link's queue and tx rate, one row a step
+     * (as the hops stamp them), and what it sent this step */
+    int hpcc;
+    double eta, hp_ai, max_stage, hp_t;
+    double *qh, *txh, *tx;
     /* active flows */
     int64_t n, room;
     int64_t *id, *links, *len, *hlag;
     double *left, *bits, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout, *unm;
     double *target, *stage, *t_alpha, *t_dec, *t_inc, *u_alpha, *u_dec, *n_dec, *inflight;
+    double *cur, *util, *hu; /* HPCC: reference rate, utilisation, this step's U */
 } fcc;
 
 /* a draw in [0, 1) for flow id and draw k from seed (fluidcc.py's uniform: SplitMix64's
@@ -70,6 +76,13 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->inc_iv = params[19], s->fast = params[20], s->ai_d = params[21], s->hai_d = params[22];
     s->clamp = params[23] != 0.0, s->first_factor = params[24];
     s->through = calloc(n_links, sizeof(double));
+    s->hpcc = params[25] != 0.0, s->eta = params[26], s->hp_ai = params[27];
+    s->max_stage = params[28], s->hp_t = params[29];
+    if (s->hpcc) {
+        s->qh = calloc(lag * n_links, sizeof(double));
+        s->txh = calloc(lag * n_links, sizeof(double));
+        s->tx = calloc(n_links, sizeof(double));
+    }
     s->window_cuts = window_cuts;
     s->q = calloc(n_links, sizeof(double));
     s->hist = calloc(lag * n_links, sizeof(double));
@@ -93,7 +106,8 @@ void fcc_free(fcc *s) {
                    s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
                    s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->bits,
                    s->hlag,  s->unm,   s->target, s->stage, s->t_alpha, s->t_dec, s->t_inc,
-                   s->u_alpha, s->u_dec, s->n_dec, s->inflight, s->through};
+                   s->u_alpha, s->u_dec, s->n_dec, s->inflight, s->through,
+                   s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -110,7 +124,7 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
                             &s->tick,   &s->rtt0,    &s->delay, &s->x,     &s->qd,
                             &s->tout,   &s->unm,     &s->target, &s->stage, &s->t_alpha,
                             &s->t_dec,  &s->t_inc,   &s->u_alpha, &s->u_dec, &s->n_dec,
-                            &s->inflight};
+                            &s->inflight, &s->cur,   &s->util,  &s->hu};
         for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
             if (!(*ints[k] = grow(*ints[k], r, sizeof(int64_t)))) return 2;
         for (size_t k = 0; k < sizeof reals / sizeof *reals; k++)
@@ -128,6 +142,8 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
     for (int64_t k = 0; k < n_path; k++) s->hlag[i * WIDTH + k] = lags ? lags[k] : s->lag;
     s->target[i] = line, s->stage[i] = 0.0, s->n_dec[i] = 0.0, s->inflight[i] = 0.0;
     s->t_alpha[i] = s->t_dec[i] = s->t_inc[i] = INFINITY, s->u_alpha[i] = s->u_dec[i] = 1.0;
+    s->cur[i] = line, s->util[i] = 1.0, s->hu[i] = 0.0;
+    if (s->hpcc) s->tick[i] = INFINITY; /* its first ACKs set the reference */
     return 0;
 }
 
@@ -201,6 +217,7 @@ static void compact(fcc *s) {
             s->t_alpha[j] = s->t_alpha[i], s->t_dec[j] = s->t_dec[i], s->t_inc[j] = s->t_inc[i];
             s->u_alpha[j] = s->u_alpha[i], s->u_dec[j] = s->u_dec[i], s->n_dec[j] = s->n_dec[i];
             s->inflight[j] = s->inflight[i];
+            s->cur[j] = s->cur[i], s->util[j] = s->util[i];
             s->left[j] = s->left[i], s->bits[j] = s->bits[i];
             s->rate[j] = s->rate[i], s->line[j] = s->line[i];
             s->alpha[j] = s->alpha[i], s->tick[j] = s->tick[i], s->rtt0[j] = s->rtt0[i];
@@ -257,10 +274,41 @@ void fcc_idle(fcc *s, double gap) {
 /* DCQCN over dt for flow i (fluidcc.py's _dcqcn_step, after the in-flight ACK clock of
  * _advance): its CNP chance from the ACKs back, the first CNP, then the alpha, decrease and
  * increase ticks due by now */
-static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
+/* the bits flow i has acknowledged over dt (fluidcc.py's _ack_clock): what is in flight over a
+ * round trip, in flight growing by what it sends */
+static double ack_clock(fcc *s, int64_t i, double dt) {
     double rtt = s->rtt0[i] + s->qd[i], keep = exp(-dt / rtt), was = s->inflight[i];
     s->inflight[i] = was * keep + s->x[i] * rtt * (1.0 - keep);
-    double acked = was + s->x[i] * dt - s->inflight[i];
+    return was + s->x[i] * dt - s->inflight[i];
+}
+
+/* HPCC over dt for flow i (fluidcc.py's _hpcc_step; its U read in fcc_run from the hops'
+ * telemetry a return trip old) */
+static void hpcc_step(fcc *s, int64_t i, double now, double dt) {
+    double acked = ack_clock(s, i, dt), rtt = s->rtt0[i] + s->qd[i];
+    if (!(acked > 0)) return;
+    if (isinf(s->tick[i])) { /* the first window: keep the reference */
+        s->tick[i] = now + rtt;
+        return;
+    }
+    double big_u = s->hu[i], keep = exp(-(dt < s->hp_t ? dt : s->hp_t) / s->hp_t);
+    double util = big_u + (s->util[i] - big_u) * keep;
+    s->util[i] = util;
+    double max_c = util / s->eta;
+    int mult = max_c >= 1.0 || s->stage[i] >= s->max_stage;
+    double rate = (mult ? s->cur[i] / (max_c > 1e-12 ? max_c : 1e-12) : s->cur[i]) + s->hp_ai;
+    rate = s->min_rate > rate ? s->min_rate : rate;
+    rate = s->line[i] < rate ? s->line[i] : rate;
+    s->rate[i] = rate;
+    if (now >= s->tick[i]) {
+        s->cur[i] = rate;
+        s->stage[i] = mult ? 0.0 : s->stage[i] + 1.0;
+        s->tick[i] = now + rtt;
+    }
+}
+
+static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
+    double acked = ack_clock(s, i, dt);
     double no_cnp = exp(-(acked / s->pkt_bits) * (1.0 - s->unm[i]));
     s->u_alpha[i] *= no_cnp;
     s->u_dec[i] *= no_cnp;
@@ -371,7 +419,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 }
             }
         }
-        int quiet = at_line && s->step - s->last_mark > s->lag;
+        int quiet = !s->hpcc && at_line && s->step - s->last_mark > s->lag;
         for (int64_t l = 0; quiet && l < L; l++)
             if (s->q[l] != 0.0 || (s->sw[l] && s->arrive[l] > s->eff[l])) quiet = 0;
         for (int64_t l = 0; quiet && s->ack_frac && l < L; l++)
@@ -389,16 +437,32 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         *now += dt;
         /* the marks senders see now (a base round trip old, or per hop as long as a packet
          * takes from there to the receiver and its ACK back); then this step's marks */
-        double *row = s->hist + (s->step % s->lag) * L;
+        int64_t r0 = s->step % s->lag;
+        double *row = s->hist + r0 * L;
+        if (s->hpcc) /* what each link sent this step: its data and the ACKs on it */
+            for (int64_t l = 0; l < L; l++) {
+                double d = s->arrive[l] < s->eff[l] ? s->arrive[l] : s->eff[l];
+                s->tx[l] = (s->q[l] > 0 ? s->eff[l] : d) + (s->cap[l] - s->eff[l]);
+            }
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH, *lg = s->hlag + i * WIDTH;
-            double unmarked = 1.0;
+            double unmarked = 1.0, big_u = 0.0;
+            double window = s->win_bits ? s->win_bits : INFINITY;
             for (int64_t k = 0; k < s->len[i]; k++) {
-                const double *r = row;
-                if (s->hop_lag) r = s->hist + (((s->step - lg[k]) % s->lag + s->lag) % s->lag) * L;
-                unmarked *= 1.0 - r[p[k]];
+                int64_t r = s->hop_lag ? ((s->step - lg[k]) % s->lag + s->lag) % s->lag : r0;
+                unmarked *= 1.0 - s->hist[r * L + p[k]];
+                if (s->hpcc) { /* the hop's telemetry as it stamped it */
+                    double c = s->cap[p[k]];
+                    double u = s->txh[r * L + p[k]] / c + s->qh[r * L + p[k]] * s->line[i] /
+                                                              (c * window);
+                    big_u = u > big_u ? u : big_u;
+                }
             }
-            s->unm[i] = unmarked;
+            s->unm[i] = unmarked, s->hu[i] = big_u;
+        }
+        if (s->hpcc) {
+            memcpy(s->qh + r0 * L, s->q, L * sizeof(double));
+            memcpy(s->txh + r0 * L, s->tx, L * sizeof(double));
         }
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {
@@ -411,6 +475,10 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         for (int64_t i = 0; i < n; i++) {
             if (s->dcqcn) {
                 dcqcn_step(s, i, *now, dt);
+                continue;
+            }
+            if (s->hpcc) {
+                hpcc_step(s, i, *now, dt);
                 continue;
             }
             double unmarked = s->unm[i];

@@ -1,5 +1,5 @@
-"""A fluid model of RDMA DCTCP and DCQCN with switch queues (the sweep's ``fluid_dctcp``): what
-a max-min share cannot say about a congestion control's transients.
+"""A fluid model of RDMA DCTCP, DCQCN and HPCC with switch queues (the sweep's
+``fluid_dctcp``): what a max-min share cannot say about a congestion control's transients.
 
 flowSim gives every flow its max-min share at once. A congestion control gets there by cutting
 on marks and climbing back, and on the gray-failure study that path costs time: every chunk of
@@ -53,13 +53,19 @@ time-stepped at ``dt_s``:
   decrease tick with a CNP since the last halves the rate at α = 1 and restarts the increase
   timer; an increase tick moves the rate half way to its target (fast recovery, then the
   target + AI, then + hyper AI);
+* HPCC (``rdma.cc: hpcc``; its ``cc_params``): every data packet carries its telemetry's
+  bytes (and every ACK its echo's); a sender whose ACKs come back reads each hop's tx rate and
+  queue as the hop stamped them (a return trip ago, per hop), takes the most utilised hop's
+  U = tx / C + queue x line rate / (C x window), smooths it over T (the largest base round
+  trip) and sets its rate to its reference rate / (U / η) + AI at once (fast react), the
+  reference taking that rate once a window; a lone flow settles at η of its line;
 * a flow is done when its last bit has left the sender plus the queueing delay on its path
   then plus the routing's delivery delay (propagation and the first packet's store and
   forward), so a flow alone takes its ideal FCT.
 
 What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a FIFO's
 output split by what each flow has queued (``tandem`` splits it by what arrives), packets and
-ECMP collisions beyond the routing's, and HPCC and TIMELY (it refuses them by field). The steps
+ECMP collisions beyond the routing's, and TIMELY (it refuses it by field). The steps
 run in C (``_fluidcc.c``, built on first use), this module's numpy loop being the reference and
 the fallback (``M4RAY_NATIVE=0``; the two agree to the bit with the C library's exp and pow).
 
@@ -89,6 +95,7 @@ _LIB: list = []  # [library or None], loaded once per process
 # bit apart from the C library's that _fluidcc.c calls, and the dynamics amplify it; the tests
 # swap in the C library's to hold the two to the bit
 _exp, _power, _log1p = np.exp, np.power, np.log1p
+CCS = ("dcqcn", "hpcc")  # the CCs beside DCTCP the fluid runs, each with its parameters
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
@@ -182,9 +189,11 @@ class FluidDctcpConfig:
     def build(self, topology: Topology, routing: Routing) -> FluidDctcp:
         network = self.network
         rdma = network.rdma if network.transport == "rdma" else None
-        if rdma is None or rdma.cc not in ("dctcp", "dcqcn"):
+        if rdma is None or rdma.cc not in ("dctcp", "dcqcn", "hpcc"):
             cc = network.transport if rdma is None else rdma.cc
-            raise InputError(f"models RDMA DCTCP and DCQCN, not {cc}", field="fluid_dctcp.network")
+            raise InputError(
+                f"models RDMA DCTCP, DCQCN and HPCC, not {cc}", field="fluid_dctcp.network"
+            )
         return FluidDctcp(
             topology,
             routing,
@@ -230,8 +239,9 @@ class FluidDctcp(QueueClock):
             rdma.min_rate_bps,
         )
         self.alpha_init = getattr(rdma, "dctcp_alpha_init", 1.0)
-        # DCQCN (rdma.cc "dcqcn"): its parameters (ns3.cc.DcqcnParams), else None (DCTCP)
-        self.dcqcn = rdma.cc_config() if rdma.cc == "dcqcn" else None
+        # DCQCN's or HPCC's parameters (ns3.cc.DcqcnParams, HpccParams) where rdma.cc is
+        # that CC, else None (DCTCP: its settings are rdma's own)
+        self.dcqcn, self.hpcc = (rdma.cc_config() if rdma.cc == cc else None for cc in CCS)
         window_bytes = int(rdma.window(routing) or 0)
         self.events = EventQueue()
         self._now = 0.0
@@ -254,6 +264,9 @@ class FluidDctcp(QueueClock):
         self._max_rate = float(rdma.max_rate_bps or np.inf)
         self._reverse, self._data = reverse_links(n_links), np.zeros(n_links)
         self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
+        self._int_bits = 0.0
+        if self.hpcc is not None:
+            self._telemetry(rdma, topology.n_links, ack_load)
         # active flows
         self._ids = np.zeros(0, dtype=np.int64)
         self._links = np.zeros((0, 1), dtype=np.int64)  # padded with -1
@@ -277,6 +290,8 @@ class FluidDctcp(QueueClock):
         self._latency = topology.latency_s
         # DCQCN: each flow's bits in flight, and those acknowledged over the last step
         self._inflight, self._acked = np.zeros(0), np.zeros(0)
+        # HPCC: each flow's reference rate (once a window) and smoothed utilisation
+        self._cur, self._util = np.zeros(0), np.zeros(0)
         self._delay = np.zeros(0)
         self._cb: list[DoneCallback] = []
         self._new: list[tuple] = []
@@ -285,6 +300,18 @@ class FluidDctcp(QueueClock):
         lib = library()
         if lib is not None:
             self._start_core(lib, topology)
+
+    def _telemetry(self, rdma, n_links: int, ack_load: bool) -> None:
+        """HPCC: the bytes its telemetry adds to every data packet and ACK, its T, and each
+        link's queue and tx rate, one row a step, as the hops stamp them."""
+        self._int_bits = 8.0 * self.hpcc.int_bytes
+        self._pkt_bits += self._int_bits
+        if ack_load:
+            ack_bits = 8.0 * (rdma.ack_bytes + self.hpcc.ack_int_bytes)
+            self._ack_frac = ack_bits / self._pkt_bits
+        self._hpcc_t = self.hpcc.base_rtt_s or self._base_rtt()
+        self._q_hist = np.zeros((self._lag, n_links))
+        self._tx_hist = np.zeros((self._lag, n_links))
 
     def _marking(self, topology: Topology, rdma) -> None:
         """Which links queue (switch egress ports) and mark (unless on an NVSwitch), and each
@@ -331,7 +358,7 @@ class FluidDctcp(QueueClock):
                         self._ack_frac,
                         float(self._first_window),
                         self._max_rate,
-                        *self._dcqcn_params(),
+                        *self._cc_params(),
                     ]
                 ),
             )
@@ -345,27 +372,21 @@ class FluidDctcp(QueueClock):
         self._c_out = (np.zeros(0, dtype=np.int64), np.zeros(0))
         self._c_cb: dict[int, DoneCallback] = {}
 
-    def _dcqcn_params(self) -> list[float]:
-        """The C core's params past the eleventh: DCQCN's, CNPs drawn, seed, per-hop mark
-        delays, tandem."""
-        p = self.dcqcn
+    def _cc_params(self) -> list[float]:
+        """The C core's params past the eleventh: DCQCN's (its flag first), CNPs drawn, seed,
+        per-hop mark delays, tandem, then HPCC's (its flag, η, AI, max stage, T)."""
+        p, h = self.dcqcn, self.hpcc
         common = [float(self.cnp == "sampled"), float(self.seed)]
         common += [float(self._hop_lag is not None), float(self._tandem)]
-        if p is None:
-            return [0.0, *common, *([0.0] * 9)]
-        return [
-            1.0,
-            *common,
-            p.gain,
-            p.alpha_interval_s,
-            p.decrease_interval_s,
-            p.increase_interval_s,
-            float(p.fast_recovery_steps),
-            p.rate_ai_bps,
-            p.rate_hai_bps,
-            float(p.clamp_target_rate),
-            p.rate_on_first_cnp,
-        ]
+        dcqcn = [0.0] * 9
+        if p is not None:
+            dcqcn = [p.gain, p.alpha_interval_s, p.decrease_interval_s, p.increase_interval_s]
+            dcqcn += [float(p.fast_recovery_steps), p.rate_ai_bps, p.rate_hai_bps]
+            dcqcn += [float(p.clamp_target_rate), p.rate_on_first_cnp]
+        hpcc = [0.0] * 5
+        if h is not None:
+            hpcc = [1.0, h.target_utilization, h.rate_ai_bps, float(h.max_stage), self._hpcc_t]
+        return [float(p is not None), *common, *dcqcn, *hpcc]
 
     def __del__(self) -> None:
         if getattr(self, "_core", None) is not None:
@@ -383,6 +404,8 @@ class FluidDctcp(QueueClock):
         path = self.routing.path(flow.src, flow.dst, flow.id)
         wire = self.routing.wire
         bits = wire.wire_bytes(flow.size_bytes) * 8.0
+        if self._int_bits:  # HPCC: every data packet carries its telemetry
+            bits += -(-flow.size_bytes // wire.mtu_bytes) * self._int_bits
         rtt = round_trip_s(wire, path.latency_s, path.inverse_bw_sum, self.ack_bytes)
         delay = self.routing.delivery_delay(flow.size_bytes, path)
         if self._core is not None:
@@ -438,12 +461,16 @@ class FluidDctcp(QueueClock):
         self._ids = np.concatenate([self._ids, ids])
         self._links = np.concatenate([old, pad])
         self._inflight = np.concatenate([self._inflight, np.zeros(len(ids))])
+        self._cur = np.concatenate([self._cur, line])
+        self._util = np.concatenate([self._util, np.ones(len(ids))])
         self._left = np.concatenate([self._left, bits])
         self._bits = np.concatenate([self._bits, bits])
         self._rate = np.concatenate([self._rate, line])
         self._line = np.concatenate([self._line, line])
         self._alpha = np.concatenate([self._alpha, np.full(len(ids), self.alpha_init)])
         self._tick = np.concatenate([self._tick, self._now + rtt])
+        if self.hpcc is not None:  # no window of ACKs yet: its first ACKs set the reference
+            self._tick[-len(ids) :] = np.inf
         fresh, inf = np.ones(len(ids)), np.full(len(ids), np.inf)
         self._target = np.concatenate([self._target, line])
         self._stage = np.concatenate([self._stage, np.zeros(len(ids))])
@@ -568,7 +595,8 @@ class FluidDctcp(QueueClock):
                 arrive = np.bincount(links[valid], weights=sent[valid], minlength=len(self._q))
         sw = self._switch
         quiet = (
-            not self._q.any()
+            self.hpcc is None  # HPCC moves a lone flow at its line rate too (to η of it)
+            and not self._q.any()
             and not self._p_hist.any()
             and (self._rate >= self._line).all()
             and (arrive[sw] <= cap[sw]).all()
@@ -581,16 +609,24 @@ class FluidDctcp(QueueClock):
             self._data = arrive
         self._left -= x * dt
         self._now += dt
-        if self.dcqcn is not None:  # the ACKs back over dt: what is in flight over a round trip
-            rtt = self._rtt0 + qdelay
-            keep = _exp(-dt / rtt)
-            was = self._inflight
-            self._inflight = was * keep + x * rtt * (1.0 - keep)
-            self._acked = was + x * dt - self._inflight
+        if self.dcqcn is not None or self.hpcc is not None:
+            self._ack_clock(x, dt, self._rtt0 + qdelay, arrive, cap)
         self._control(x, self._rtt0 + qdelay, dt, self._unmarked())
         done = np.flatnonzero(t_out <= dt * (1 + 1e-12))
         if len(done):
             self._finish(done)
+
+    def _ack_clock(self, x, dt: float, rtt, arrive: np.ndarray, cap: np.ndarray) -> None:
+        """DCQCN and HPCC: each flow's bits acknowledged over ``dt`` (what is in flight over a
+        round trip, in flight growing by what it sends); HPCC: what each link sent (its data
+        and the ACKs on it), which its telemetry stamps."""
+        keep = _exp(-dt / rtt)
+        was = self._inflight
+        self._inflight = was * keep + x * rtt * (1.0 - keep)
+        self._acked = was + x * dt - self._inflight
+        if self.hpcc is not None:
+            busy = self._q > 0
+            self._tx = np.where(busy, cap, np.minimum(arrive, cap)) + (self._cap - cap)
 
     def _unmarked(self) -> np.ndarray:
         """Each flow's chance that a packet's ACK back now carries no mark: the marks its path's
@@ -607,6 +643,12 @@ class FluidDctcp(QueueClock):
             rows = (self._step - self._hop_lag) % self._lag
             seen = self._p_hist[rows, np.where(ok, links, 0)]
         unmarked = np.where(ok, 1.0 - seen, 1.0).prod(axis=1)
+        if self.hpcc is not None:  # the telemetry each hop stamps now, read a return trip later
+            rows = (self._step - self._hop_lag) % self._lag if self._hop_lag is not None else row
+            at = np.where(ok, links, 0)
+            self._int_q = np.where(ok, self._q_hist[rows, at], 0.0)
+            self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
+            self._q_hist[row], self._tx_hist[row] = self._q, self._tx
         self._p_hist[row] = self._marks_now()
         self._step += 1
         return unmarked
@@ -615,6 +657,9 @@ class FluidDctcp(QueueClock):
         """DCTCP's α and rate over ``dt``: per round trip (a window of ACKs), as rates."""
         if self.dcqcn is not None:
             self._dcqcn_step(x, dt, unmarked)
+            return
+        if self.hpcc is not None:
+            self._hpcc_step(dt, rtt)
             return
         frac = 1.0 - unmarked  # a packet's chance of a mark on the path
         pkts = np.maximum(1.0, x * rtt / self._pkt_bits)
@@ -655,6 +700,45 @@ class FluidDctcp(QueueClock):
         self._dcqcn_alpha()
         self._dcqcn_decrease(sampled)
         self._dcqcn_increase()
+
+    def _hpcc_step(self, dt: float, rtt: np.ndarray) -> None:
+        """HPCC over ``dt`` (our ns-3's ``Hpcc``, reference ``CC_MODE 3``, with fast react):
+        a flow whose ACKs come back reads its path's telemetry as the hops stamped it (a return
+        trip ago, per hop): U, the most utilised hop's tx rate / C + queue x line rate / (C x
+        window), smoothed over T (the base round trip) into its utilisation; its rate is then
+        its reference rate / (utilisation / η) + AI (or + AI only below η for the first
+        ``max_stage`` rounds), between the minimum and the line rate; once a round trip (a
+        window of data) the reference rate takes it. A flow's first ACKs only set its
+        reference."""
+        p = self.hpcc
+        acking = np.flatnonzero(self._acked > 0)
+        if not len(acking):
+            return
+        fresh = acking[np.isinf(self._tick[acking])]  # the first window: keep the reference
+        self._tick[fresh] = self._now + rtt[fresh]
+        on = np.setdiff1d(acking, fresh)
+        if not len(on):
+            return
+        links = self._links[on]
+        ok = links >= 0
+        cap = self._cap[np.where(ok, links, 0)]
+        window = self._win_bits if self._win_bits else np.inf
+        u_hop = self._int_tx[on] / cap + self._int_q[on] * self._line[on, None] / (cap * window)
+        big_u = np.where(ok, u_hop, 0.0).max(axis=1)
+        keep = _exp(-min(dt, self._hpcc_t) / self._hpcc_t)
+        util = big_u + (self._util[on] - big_u) * keep
+        self._util[on] = util
+        max_c = util / p.target_utilization
+        mult = (max_c >= 1.0) | (self._stage[on] >= p.max_stage)
+        cur = self._cur[on]
+        rate = np.where(mult, cur / np.maximum(max_c, 1e-12), cur) + p.rate_ai_bps
+        rate = np.minimum(self._line[on], np.maximum(self.min_rate, rate))
+        self._rate[on] = rate
+        full = self._now >= self._tick[on]
+        done = on[full]
+        self._cur[done] = rate[full]
+        self._stage[done] = np.where(mult[full], 0.0, self._stage[done] + 1.0)
+        self._tick[done] = self._now + rtt[done]
 
     def _dcqcn_first(self, first: np.ndarray) -> None:
         """The flows ``first`` have their first CNP now: their timers start."""
@@ -767,7 +851,7 @@ class FluidDctcp(QueueClock):
         )
         if self._hop_lag is not None:
             names = (*names, "_hop_lag")
-        names = (*names, "_inflight")
+        names = (*names, "_inflight", "_cur", "_util")
         for name in names:
             setattr(self, name, getattr(self, name)[keep])
         self._groups = None

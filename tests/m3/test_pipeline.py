@@ -157,7 +157,7 @@ def test_path_rates_override_the_checkpoint_under_dcqcn_only():
     with pytest.raises(InputError) as err:
         checkpoint_queues(M3Config(path_rates=True, network=M3Network(cc="dcqcn")), topo, plain)
     assert err.value.field == "m3.path_rates"
-    # the fluid as a comparison: DCTCP and DCQCN networks only, refused before anything runs
+    # the fluid as a comparison: DCTCP, DCQCN and HPCC networks, TIMELY refused before it runs
     assert M3Config(compare=["fluid_dctcp"]).compare == ["fluid_dctcp"]
     M3Config(network=M3Network(cc="dcqcn"), compare=["fluid_dctcp"])
     with pytest.raises(InputError) as err:

@@ -48,6 +48,11 @@ def dcqcn(**rdma) -> Ns3Config:
     return Ns3Config(transport="rdma", rdma=RdmaConfig(cc="dcqcn", cc_params=red, **rdma))
 
 
+def hpcc(**rdma) -> Ns3Config:
+    """RDMA HPCC with the reference's defaults (η 0.95, AI 50 Mbit/s, INT on every packet)."""
+    return Ns3Config(transport="rdma", rdma=RdmaConfig(cc="hpcc", **rdma))
+
+
 def fcts(
     topo: Topology, flows: list[tuple[int, int, int, float]], config, wire=None
 ) -> list[float]:
@@ -163,11 +168,12 @@ def test_it_models_rdma_dctcp_and_dcqcn_only_with_known_settings():
     topo = star(2)
     with pytest.raises(InputError, match="not tcp"):
         FluidDctcpConfig(network=Ns3Config(transport="tcp")).build(topo, Routing(topo))
-    hpcc = FluidDctcpConfig(network=Ns3Config(transport="rdma", rdma=RdmaConfig(cc="hpcc")))
-    with pytest.raises(InputError, match="not hpcc") as err:
-        hpcc.build(topo, Routing(topo))
+    timely = FluidDctcpConfig(network=Ns3Config(transport="rdma", rdma=RdmaConfig(cc="timely")))
+    with pytest.raises(InputError, match="not timely") as err:
+        timely.build(topo, Routing(topo))
     assert err.value.field == "fluid_dctcp.network"
     FluidDctcpConfig(network=dcqcn()).build(topo, Routing(topo))
+    FluidDctcpConfig(network=hpcc()).build(topo, Routing(topo))
     for field, value in [
         ("dt_s", 0.0),
         ("cuts", "packet"),
@@ -430,3 +436,34 @@ def libm(monkeypatch) -> None:
     monkeypatch.setattr(fluidcc, "_exp", elementwise(math.exp))
     monkeypatch.setattr(fluidcc, "_power", elementwise(math.pow))
     monkeypatch.setattr(fluidcc, "_log1p", elementwise(math.log1p))
+
+
+def test_under_hpcc_a_flow_runs_at_eta_of_its_line_and_shares_as_in_ns3():
+    """HPCC aims every hop at η (0.95) of its capacity and its telemetry adds 42 B to every
+    packet: a lone 1 MB flow on a 100 Gbit/s path takes ~9 % past max-min's time in real ns-3,
+    two flows into one port and a degraded port likewise; the fluid (its INT bytes, its U from
+    each hop's tx rate and queue a return trip old, the reference rate once a window) within
+    2 % of ns-3 in each, where flowSim is 7 % short or more."""
+    rates = (100, 100, 100, 25)
+    topo = Topology(
+        n_nodes=5,
+        switches=(4,),
+        cables=tuple(Cable(h, 4, r * 1e9, 1e-6) for h, r in enumerate(rates)),
+    )
+    cases = [
+        [(0, 1, 1_000_000, 0.0)],
+        [(0, 2, 2_000_000, 0.0), (1, 2, 2_000_000, 0.0)],
+        [(0, 3, 1_000_000, 0.0)],
+    ]
+    for flows in cases:
+        packet = max(fcts(topo, flows, hpcc()))
+        fluid = max(fcts(topo, flows, FluidDctcpConfig(network=hpcc())))
+        fair = max(fcts(topo, flows, FlowSimConfig()))
+        assert fluid == pytest.approx(packet, rel=0.02)
+        assert fair < 0.93 * packet
+
+
+def test_the_compiled_hpcc_steps_answer_as_the_numpy_reference(monkeypatch):
+    """HPCC (its telemetry read per hop, utilisation, reference rate) on a degraded SimAI
+    collective: every flow's finish the same in C and numpy."""
+    assert_compiled_as_numpy(monkeypatch, FluidDctcpConfig(network=hpcc(window_bytes=200_000)), 0.1)
