@@ -196,7 +196,7 @@ def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) 
         }
         queues = StandingQueues.of(backends[cc], routing)  # its CC's level (standing_levels)
         backends["flowSim+queues"] = FlowSimConfig(queues=queues)
-        if cc in ("dctcp", "dcqcn", "hpcc"):  # the fluid of the same network (not TIMELY)
+        if cc in ("dctcp", "dcqcn", "hpcc", "timely"):  # the fluid of the same network
             from m4ray.sim.fluidcc import FluidDctcpConfig
 
             backends[f"fluid {cc.upper()}"] = FluidDctcpConfig(network=backends[cc])
@@ -302,7 +302,7 @@ def fat_tree(
             f"fat-tree {label}: wall {wall:.1f} s; the {len(later)} flows the reference ended "
             f"after the prefix's last start: median FCT ratio {np.median(later):.3f}"
         )
-        if cc == "hpcc":  # the fluid of the same network
+        if cc in ("hpcc", "timely"):  # the fluid of the same network
             from m4ray.sim.fluidcc import FluidDctcpConfig
 
             fluid, wall = run(topo, flows, FluidDctcpConfig(network=backend), routing)

@@ -58,8 +58,8 @@ def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Facto
     networks only), ``flowsim_fifo`` (links serve window-sized flows in order of arrival),
     ``flowsim_bursts`` and ``flowsim_fifo_bursts`` (those with the network's standing queues
     and first windows over them, ``StandingQueues.of(..., bursts=True)``),
-    ``fluid_dctcp`` (:mod:`m4ray.sim.fluidcc`: RDMA DCTCP's, DCQCN's or HPCC's rates and
-    queues, time-stepped; not TIMELY), ``m4`` (``checkpoint``, told the network it
+    ``fluid_dctcp`` (:mod:`m4ray.sim.fluidcc`: the rates and queues of the network's RDMA
+    congestion control, time-stepped), ``m4`` (``checkpoint``, told the network it
     imitates), ``m4_fifo`` (that on a FIFO anchor: ``M4Config.anchor``) and
     ``m4=<checkpoint>`` (another checkpoint, so several models replay side by side)."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig

@@ -145,11 +145,6 @@ class M3Config:
         if self.n_paths < 1:
             raise InputError(f"must be >= 1, got {self.n_paths}", field="m3.n_paths")
         self.network.net_config()  # an unknown CC fails here
-        if "fluid_dctcp" in self.compare and self.network.cc == "timely":
-            raise InputError(
-                "fluid_dctcp models DCTCP, DCQCN and HPCC; this network runs timely",
-                field="m3.compare",
-            )
         if self.path_rates and self.network.cc != "dcqcn":
             raise InputError(
                 f"path flowSim's rates are DCQCN's; this network runs {self.network.cc}",
@@ -349,7 +344,7 @@ def trained_queues(rdma, info: dict) -> PathQueues | None:
 def reference_run(name: str, topo, flows, routing, *, cfg: M3Config, cache: Path, ray) -> tuple:
     """Network-wide ``ns3``, ``flowsim``, ``flowsim_queues``, ``flowsim_bursts`` (standing
     queues with first windows over the level), ``flowsim_rates`` (those with DCQCN's rates) or
-    ``fluid_dctcp`` (the fluid of the same network; not TIMELY) slowdowns and wall time,
+    ``fluid_dctcp`` (the fluid of the same network and its CC) slowdowns and wall time,
     cached by content."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig, StandingQueues
     from m4ray.sim.fluidcc import FluidDctcpConfig

@@ -33,12 +33,16 @@ typedef struct {
     int hpcc;
     double eta, hp_ai, max_stage, hp_t;
     double *qh, *txh, *tx;
+    /* TIMELY (timely != 0): T_low, T_high, beta, EWMA weight, min RTT, AI, hyper AI */
+    int timely;
+    double t_low, t_high, beta, ewma, min_rtt, ti_ai, ti_hai;
     /* active flows */
     int64_t n, room;
     int64_t *id, *links, *len, *hlag;
     double *left, *bits, *rate, *line, *alpha, *tick, *rtt0, *delay, *x, *qd, *tout, *unm;
     double *target, *stage, *t_alpha, *t_dec, *t_inc, *u_alpha, *u_dec, *n_dec, *inflight;
     double *cur, *util, *hu; /* HPCC: reference rate, utilisation, this step's U */
+    double *last_rtt, *rtt_diff, *rs; /* TIMELY: last sample, its change's EWMA; this one */
 } fcc;
 
 /* a draw in [0, 1) for flow id and draw k from seed (fluidcc.py's uniform: SplitMix64's
@@ -78,7 +82,10 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->through = calloc(n_links, sizeof(double));
     s->hpcc = params[25] != 0.0, s->eta = params[26], s->hp_ai = params[27];
     s->max_stage = params[28], s->hp_t = params[29];
-    if (s->hpcc) {
+    s->timely = params[30] != 0.0, s->t_low = params[31], s->t_high = params[32];
+    s->beta = params[33], s->ewma = params[34], s->min_rtt = params[35];
+    s->ti_ai = params[36], s->ti_hai = params[37];
+    if (s->hpcc || s->timely) {
         s->qh = calloc(lag * n_links, sizeof(double));
         s->txh = calloc(lag * n_links, sizeof(double));
         s->tx = calloc(n_links, sizeof(double));
@@ -107,7 +114,8 @@ void fcc_free(fcc *s) {
                    s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->bits,
                    s->hlag,  s->unm,   s->target, s->stage, s->t_alpha, s->t_dec, s->t_inc,
                    s->u_alpha, s->u_dec, s->n_dec, s->inflight, s->through,
-                   s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu};
+                   s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu,
+                   s->last_rtt, s->rtt_diff, s->rs};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -124,7 +132,8 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
                             &s->tick,   &s->rtt0,    &s->delay, &s->x,     &s->qd,
                             &s->tout,   &s->unm,     &s->target, &s->stage, &s->t_alpha,
                             &s->t_dec,  &s->t_inc,   &s->u_alpha, &s->u_dec, &s->n_dec,
-                            &s->inflight, &s->cur,   &s->util,  &s->hu};
+                            &s->inflight, &s->cur,   &s->util,  &s->hu,
+                            &s->last_rtt, &s->rtt_diff, &s->rs};
         for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
             if (!(*ints[k] = grow(*ints[k], r, sizeof(int64_t)))) return 2;
         for (size_t k = 0; k < sizeof reals / sizeof *reals; k++)
@@ -143,6 +152,7 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
     s->target[i] = line, s->stage[i] = 0.0, s->n_dec[i] = 0.0, s->inflight[i] = 0.0;
     s->t_alpha[i] = s->t_dec[i] = s->t_inc[i] = INFINITY, s->u_alpha[i] = s->u_dec[i] = 1.0;
     s->cur[i] = line, s->util[i] = 1.0, s->hu[i] = 0.0;
+    s->last_rtt[i] = NAN, s->rtt_diff[i] = 0.0, s->rs[i] = 0.0;
     if (s->hpcc) s->tick[i] = INFINITY; /* its first ACKs set the reference */
     return 0;
 }
@@ -218,6 +228,7 @@ static void compact(fcc *s) {
             s->u_alpha[j] = s->u_alpha[i], s->u_dec[j] = s->u_dec[i], s->n_dec[j] = s->n_dec[i];
             s->inflight[j] = s->inflight[i];
             s->cur[j] = s->cur[i], s->util[j] = s->util[i];
+            s->last_rtt[j] = s->last_rtt[i], s->rtt_diff[j] = s->rtt_diff[i];
             s->left[j] = s->left[i], s->bits[j] = s->bits[i];
             s->rate[j] = s->rate[i], s->line[j] = s->line[i];
             s->alpha[j] = s->alpha[i], s->tick[j] = s->tick[i], s->rtt0[j] = s->rtt0[i];
@@ -305,6 +316,34 @@ static void hpcc_step(fcc *s, int64_t i, double now, double dt) {
         s->stage[i] = mult ? 0.0 : s->stage[i] + 1.0;
         s->tick[i] = now + rtt;
     }
+}
+
+/* TIMELY once a window for flow i (fluidcc.py's _timely_step; its RTT sample rs read in
+ * fcc_run from the hops' queues a return trip old) */
+static void timely_step(fcc *s, int64_t i, double now) {
+    if (!(now >= s->tick[i])) return;
+    double sample = s->rs[i], last = s->last_rtt[i];
+    if (!isnan(last)) {
+        double diff = (1.0 - s->ewma) * s->rtt_diff[i] + s->ewma * (sample - last);
+        double gradient = diff / s->min_rtt;
+        int up = sample < s->t_low || (sample <= s->t_high && gradient <= 0.0);
+        double high = s->t_high / sample;
+        double c = sample > s->t_high ? 1.0 - s->beta * (1.0 - high) : 1.0 - s->beta * gradient;
+        c = c > 0.0 ? c : 0.0;
+        double cur = s->cur[i], stage = s->stage[i], rate;
+        if (up) {
+            rate = cur + (stage < 5 ? s->ti_ai : s->ti_hai);
+            rate = s->line[i] < rate ? s->line[i] : rate;
+        } else {
+            rate = cur * c;
+            rate = s->min_rate > rate ? s->min_rate : rate;
+        }
+        s->rate[i] = rate, s->cur[i] = rate;
+        s->stage[i] = up ? stage + 1.0 : 0.0;
+        s->rtt_diff[i] = diff;
+    }
+    s->last_rtt[i] = sample;
+    s->tick[i] = now + s->rtt0[i] + s->qd[i];
 }
 
 static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
@@ -446,11 +485,12 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             }
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH, *lg = s->hlag + i * WIDTH;
-            double unmarked = 1.0, big_u = 0.0;
+            double unmarked = 1.0, big_u = 0.0, queued = 0.0;
             double window = s->win_bits ? s->win_bits : INFINITY;
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t r = s->hop_lag ? ((s->step - lg[k]) % s->lag + s->lag) % s->lag : r0;
                 unmarked *= 1.0 - s->hist[r * L + p[k]];
+                if (s->timely) queued += s->qh[r * L + p[k]] / s->cap[p[k]];
                 if (s->hpcc) { /* the hop's telemetry as it stamped it */
                     double c = s->cap[p[k]];
                     double u = s->txh[r * L + p[k]] / c + s->qh[r * L + p[k]] * s->line[i] /
@@ -458,12 +498,10 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                     big_u = u > big_u ? u : big_u;
                 }
             }
-            s->unm[i] = unmarked, s->hu[i] = big_u;
+            s->unm[i] = unmarked, s->hu[i] = big_u, s->rs[i] = s->rtt0[i] + queued;
         }
-        if (s->hpcc) {
-            memcpy(s->qh + r0 * L, s->q, L * sizeof(double));
-            memcpy(s->txh + r0 * L, s->tx, L * sizeof(double));
-        }
+        if (s->hpcc || s->timely) memcpy(s->qh + r0 * L, s->q, L * sizeof(double));
+        if (s->hpcc) memcpy(s->txh + r0 * L, s->tx, L * sizeof(double));
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {
             double p = mark_p(s, l);
@@ -479,6 +517,10 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             }
             if (s->hpcc) {
                 hpcc_step(s, i, *now, dt);
+                continue;
+            }
+            if (s->timely) {
+                timely_step(s, i, *now);
                 continue;
             }
             double unmarked = s->unm[i];

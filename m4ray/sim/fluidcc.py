@@ -1,5 +1,5 @@
-"""A fluid model of RDMA DCTCP, DCQCN and HPCC with switch queues (the sweep's
-``fluid_dctcp``): what a max-min share cannot say about a congestion control's transients.
+"""A fluid model of RDMA's congestion controls (DCTCP, DCQCN, HPCC, TIMELY) with switch queues
+(the sweep's ``fluid_dctcp``): what a max-min share cannot say about a CC's transients.
 
 flowSim gives every flow its max-min share at once. A congestion control gets there by cutting
 on marks and climbing back, and on the gray-failure study that path costs time: every chunk of
@@ -59,13 +59,18 @@ time-stepped at ``dt_s``:
   U = tx / C + queue x line rate / (C x window), smooths it over T (the largest base round
   trip) and sets its rate to its reference rate / (U / η) + AI at once (fast react), the
   reference taking that rate once a window; a lone flow settles at η of its line;
+* TIMELY (``rdma.cc: timely``): every data packet carries an 8 B send time; once a window per
+  flow the RTT its ACKed packet met (its base round trip and each hop's queue a return trip
+  ago) and the EWMA of its change set the rate as our ns-3's ``Timely`` does (below T_low or
+  a gradient at most 0: + AI, five times, then + hyper AI; above T_high a cut by
+  β (1 − T_high / RTT); else by β x gradient);
 * a flow is done when its last bit has left the sender plus the queueing delay on its path
   then plus the routing's delivery delay (propagation and the first packet's store and
   forward), so a flow alone takes its ideal FCT.
 
 What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a FIFO's
 output split by what each flow has queued (``tandem`` splits it by what arrives), packets and
-ECMP collisions beyond the routing's, and TIMELY (it refuses it by field). The steps
+ECMP collisions beyond the routing's, and TCP (it refuses it by field). The steps
 run in C (``_fluidcc.c``, built on first use), this module's numpy loop being the reference and
 the fallback (``M4RAY_NATIVE=0``; the two agree to the bit with the C library's exp and pow).
 
@@ -95,7 +100,7 @@ _LIB: list = []  # [library or None], loaded once per process
 # bit apart from the C library's that _fluidcc.c calls, and the dynamics amplify it; the tests
 # swap in the C library's to hold the two to the bit
 _exp, _power, _log1p = np.exp, np.power, np.log1p
-CCS = ("dcqcn", "hpcc")  # the CCs beside DCTCP the fluid runs, each with its parameters
+CCS = ("dcqcn", "hpcc", "timely")  # the CCs beside DCTCP, each with its parameters
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
@@ -189,10 +194,10 @@ class FluidDctcpConfig:
     def build(self, topology: Topology, routing: Routing) -> FluidDctcp:
         network = self.network
         rdma = network.rdma if network.transport == "rdma" else None
-        if rdma is None or rdma.cc not in ("dctcp", "dcqcn", "hpcc"):
-            cc = network.transport if rdma is None else rdma.cc
+        if rdma is None:
             raise InputError(
-                f"models RDMA DCTCP, DCQCN and HPCC, not {cc}", field="fluid_dctcp.network"
+                f"models RDMA's congestion controls, not {network.transport}",
+                field="fluid_dctcp.network",
             )
         return FluidDctcp(
             topology,
@@ -241,7 +246,9 @@ class FluidDctcp(QueueClock):
         self.alpha_init = getattr(rdma, "dctcp_alpha_init", 1.0)
         # DCQCN's or HPCC's parameters (ns3.cc.DcqcnParams, HpccParams) where rdma.cc is
         # that CC, else None (DCTCP: its settings are rdma's own)
-        self.dcqcn, self.hpcc = (rdma.cc_config() if rdma.cc == cc else None for cc in CCS)
+        self.dcqcn, self.hpcc, self.timely = (
+            rdma.cc_config() if rdma.cc == cc else None for cc in CCS
+        )
         window_bytes = int(rdma.window(routing) or 0)
         self.events = EventQueue()
         self._now = 0.0
@@ -264,8 +271,8 @@ class FluidDctcp(QueueClock):
         self._max_rate = float(rdma.max_rate_bps or np.inf)
         self._reverse, self._data = reverse_links(n_links), np.zeros(n_links)
         self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
-        self._int_bits = 0.0
-        if self.hpcc is not None:
+        self._int_bits, self._q_hist = 0.0, None
+        if self.hpcc is not None or self.timely is not None:
             self._telemetry(rdma, topology.n_links, ack_load)
         # active flows
         self._ids = np.zeros(0, dtype=np.int64)
@@ -290,8 +297,9 @@ class FluidDctcp(QueueClock):
         self._latency = topology.latency_s
         # DCQCN: each flow's bits in flight, and those acknowledged over the last step
         self._inflight, self._acked = np.zeros(0), np.zeros(0)
-        # HPCC: each flow's reference rate (once a window) and smoothed utilisation
-        self._cur, self._util = np.zeros(0), np.zeros(0)
+        # HPCC: each flow's reference rate (once a window; TIMELY's too) and smoothed
+        # utilisation; TIMELY: its last RTT sample (NaN: none yet) and the EWMA of its change
+        self._cur, self._util, self._last_rtt, self._rtt_diff = (np.zeros(0) for _ in range(4))
         self._delay = np.zeros(0)
         self._cb: list[DoneCallback] = []
         self._new: list[tuple] = []
@@ -302,14 +310,16 @@ class FluidDctcp(QueueClock):
             self._start_core(lib, topology)
 
     def _telemetry(self, rdma, n_links: int, ack_load: bool) -> None:
-        """HPCC: the bytes its telemetry adds to every data packet and ACK, its T, and each
-        link's queue and tx rate, one row a step, as the hops stamp them."""
-        self._int_bits = 8.0 * self.hpcc.int_bytes
+        """HPCC and TIMELY: the bytes their telemetry (TIMELY's: a send time) adds to every
+        data packet and (HPCC's) ACK, HPCC's T, and each link's queue and tx rate, one row a
+        step, as the hops stamp them (TIMELY's RTT samples read the queues)."""
+        cc = self.hpcc if self.hpcc is not None else self.timely
+        self._int_bits = 8.0 * cc.int_bytes
         self._pkt_bits += self._int_bits
+        ack_int = self.hpcc.ack_int_bytes if self.hpcc is not None else 0
         if ack_load:
-            ack_bits = 8.0 * (rdma.ack_bytes + self.hpcc.ack_int_bytes)
-            self._ack_frac = ack_bits / self._pkt_bits
-        self._hpcc_t = self.hpcc.base_rtt_s or self._base_rtt()
+            self._ack_frac = 8.0 * (rdma.ack_bytes + ack_int) / self._pkt_bits
+        self._hpcc_t = self.hpcc.base_rtt_s or self._base_rtt() if self.hpcc else 0.0
         self._q_hist = np.zeros((self._lag, n_links))
         self._tx_hist = np.zeros((self._lag, n_links))
 
@@ -386,7 +396,12 @@ class FluidDctcp(QueueClock):
         hpcc = [0.0] * 5
         if h is not None:
             hpcc = [1.0, h.target_utilization, h.rate_ai_bps, float(h.max_stage), self._hpcc_t]
-        return [float(p is not None), *common, *dcqcn, *hpcc]
+        t = self.timely
+        timely = [0.0] * 8
+        if t is not None:
+            timely = [1.0, t.t_low_s, t.t_high_s, t.beta, t.ewma, t.min_rtt_s]
+            timely += [t.rate_ai_bps, t.rate_hai_bps]
+        return [float(p is not None), *common, *dcqcn, *hpcc, *timely]
 
     def __del__(self) -> None:
         if getattr(self, "_core", None) is not None:
@@ -463,6 +478,8 @@ class FluidDctcp(QueueClock):
         self._inflight = np.concatenate([self._inflight, np.zeros(len(ids))])
         self._cur = np.concatenate([self._cur, line])
         self._util = np.concatenate([self._util, np.ones(len(ids))])
+        self._last_rtt = np.concatenate([self._last_rtt, np.full(len(ids), np.nan)])
+        self._rtt_diff = np.concatenate([self._rtt_diff, np.zeros(len(ids))])
         self._left = np.concatenate([self._left, bits])
         self._bits = np.concatenate([self._bits, bits])
         self._rate = np.concatenate([self._rate, line])
@@ -643,12 +660,14 @@ class FluidDctcp(QueueClock):
             rows = (self._step - self._hop_lag) % self._lag
             seen = self._p_hist[rows, np.where(ok, links, 0)]
         unmarked = np.where(ok, 1.0 - seen, 1.0).prod(axis=1)
-        if self.hpcc is not None:  # the telemetry each hop stamps now, read a return trip later
+        if self._q_hist is not None:  # each hop's telemetry as stamped a return trip ago
             rows = (self._step - self._hop_lag) % self._lag if self._hop_lag is not None else row
             at = np.where(ok, links, 0)
             self._int_q = np.where(ok, self._q_hist[rows, at], 0.0)
             self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
-            self._q_hist[row], self._tx_hist[row] = self._q, self._tx
+            self._q_hist[row] = self._q
+            if self.hpcc is not None:
+                self._tx_hist[row] = self._tx
         self._p_hist[row] = self._marks_now()
         self._step += 1
         return unmarked
@@ -660,6 +679,9 @@ class FluidDctcp(QueueClock):
             return
         if self.hpcc is not None:
             self._hpcc_step(dt, rtt)
+            return
+        if self.timely is not None:
+            self._timely_step(rtt)
             return
         frac = 1.0 - unmarked  # a packet's chance of a mark on the path
         pkts = np.maximum(1.0, x * rtt / self._pkt_bits)
@@ -739,6 +761,42 @@ class FluidDctcp(QueueClock):
         self._cur[done] = rate[full]
         self._stage[done] = np.where(mult[full], 0.0, self._stage[done] + 1.0)
         self._tick[done] = self._now + rtt[done]
+
+    def _timely_step(self, rtt: np.ndarray) -> None:
+        """TIMELY (our ns-3's ``Timely``, reference ``CC_MODE 7``), once a window per flow (at
+        its own ticks): the RTT its ACKed packet met (its base round trip and the queues on its
+        path as each hop held them a return trip ago) and the EWMA of its change, normalised by
+        the minimum RTT, set the rate: below T_low, or with a gradient at most 0, an increase
+        (AI five times, then hyper AI); above T_high a cut by β (1 − T_high / RTT); else a cut
+        by β x gradient. A flow's first sample only sets its last RTT."""
+        p = self.timely
+        due = np.flatnonzero(self._now >= self._tick)
+        if not len(due):
+            return
+        links = self._links[due]
+        ok = links >= 0
+        cap = self._cap[np.where(ok, links, 0)]
+        sample = self._rtt0[due] + np.where(ok, self._int_q[due] / cap, 0.0).sum(axis=1)
+        last = self._last_rtt[due]
+        on = ~np.isnan(last)
+        diff = (1.0 - p.ewma) * self._rtt_diff[due] + p.ewma * (sample - last)
+        gradient = diff / p.min_rtt_s
+        up = (sample < p.t_low_s) | ((sample <= p.t_high_s) & (gradient <= 0.0))
+        high = p.t_high_s / sample
+        c = np.where(sample > p.t_high_s, 1.0 - p.beta * (1.0 - high), 1.0 - p.beta * gradient)
+        c = np.maximum(0.0, c)
+        cur, stage = self._cur[due], self._stage[due]
+        step = np.where(stage < 5, p.rate_ai_bps, p.rate_hai_bps)
+        rate = np.where(
+            up, np.minimum(self._line[due], cur + step), np.maximum(self.min_rate, cur * c)
+        )
+        rate = np.where(on, rate, self._rate[due])
+        self._rate[due] = rate
+        self._cur[due] = np.where(on, rate, cur)
+        self._stage[due] = np.where(on, np.where(up, stage + 1.0, 0.0), stage)
+        self._rtt_diff[due] = np.where(on, diff, self._rtt_diff[due])
+        self._last_rtt[due] = sample
+        self._tick[due] = self._now + rtt[due]
 
     def _dcqcn_first(self, first: np.ndarray) -> None:
         """The flows ``first`` have their first CNP now: their timers start."""
@@ -851,7 +909,7 @@ class FluidDctcp(QueueClock):
         )
         if self._hop_lag is not None:
             names = (*names, "_hop_lag")
-        names = (*names, "_inflight", "_cur", "_util")
+        names = (*names, "_inflight", "_cur", "_util", "_last_rtt", "_rtt_diff")
         for name in names:
             setattr(self, name, getattr(self, name)[keep])
         self._groups = None
