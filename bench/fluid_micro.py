@@ -7,6 +7,7 @@ its worst flow's |FCT / ns-3's − 1|; then the mean of that over the cases.
 
     .venv/bin/python bench/fluid_micro.py                  # ~10 s, ns-3 included
     .venv/bin/python bench/fluid_micro.py --cases ring degraded_port
+    .venv/bin/python bench/fluid_micro.py --cc dcqcn          # or hpcc, timely
 
 What each case isolates:
 
@@ -106,20 +107,25 @@ def cases() -> dict:
     }
 
 
-def backends() -> tuple[dict, object]:
+def backends(cc: str = "dctcp") -> tuple[dict, object]:
     """The sweep's ns-3, the fluid (its defaults; as it was before 2026-12-07, evening: marks
     back a round trip late, every hop seeing the senders' rates, first windows held; and the
     defaults with one rule changed: the window held at the network's, no tandem hops, marks
     back a round trip late, first windows held, no ACK load) and flowSim, as
-    ``+experiment=gray_failure wire=default`` composes them."""
+    ``+experiment=gray_failure wire=default`` composes them; with ``cc`` other than DCTCP, the
+    same network running that CC with its reference parameters (ns-3 and the fluid alike)."""
     from composed import resolved
 
     cfg = resolved("+experiment=gray_failure", "wire=default")
     options = cfg.backend_options
-    fluid = options["fluid_dctcp"]
+    network = options["ns3"]
+    if cc != "dctcp":  # the study's RED points are DCTCP's; the other CCs bring their own
+        rdma = dataclasses.replace(network.rdma, cc=cc, ecn_k_max_bytes=None)
+        network = dataclasses.replace(network, rdma=rdma)
+    fluid = dataclasses.replace(options["fluid_dctcp"], network=network)
     before = dataclasses.replace(fluid, first_window=False, mark_delay="rtt", tandem=False)
     return {
-        "ns3": options["ns3"],
+        "ns3": network,
         "fluid_dctcp": fluid,
         "fluid before 2026-12-07": before,
         "fluid held window": dataclasses.replace(fluid, var_window=False),
@@ -140,8 +146,12 @@ def main() -> None:
     table = cases()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", nargs="*", choices=sorted(table), default=list(table))
+    parser.add_argument(
+        "--cc", choices=["dctcp", "dcqcn", "hpcc", "timely"], default="dctcp",
+        help="the congestion control ns-3 and the fluid run (default: the study's DCTCP)",
+    )  # fmt: skip
     args = parser.parse_args()
-    configs, wire = backends()
+    configs, wire = backends(args.cc)
     rows, errors = [], {name: [] for name in configs if name != "ns3"}
     for case in args.cases:
         topo, flows = table[case]
