@@ -14,7 +14,7 @@ typedef struct {
     int64_t n_links, lag, step, last_mark; /* last_mark: the step that last marked anything */
     const double *cap, *kmin, *kmax, *pmax;
     const uint8_t *sw, *marks; /* switch egress ports (they queue), and those that mark */
-    double *q, *hist, *arrive, *seen, *used, *level, *total;
+    double *q, *hist, *arrive, *used, *level, *total;
     double *eff, *data; /* each link's capacity left to data by ACKs; its data rate last step */
     double ack_frac;    /* ACK bits per data bit (0: ACKs take no capacity) */
     int64_t *n_free, *count;
@@ -94,7 +94,6 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->q = calloc(n_links, sizeof(double));
     s->hist = calloc(lag * n_links, sizeof(double));
     s->arrive = calloc(n_links, sizeof(double));
-    s->seen = calloc(n_links, sizeof(double));
     s->used = calloc(n_links, sizeof(double));
     s->level = calloc(n_links, sizeof(double));
     s->total = calloc(n_links, sizeof(double));
@@ -108,7 +107,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
 
 void fcc_free(fcc *s) {
     if (!s) return;
-    void *all[] = {s->q,     s->hist,  s->arrive, s->seen,  s->used, s->level,
+    void *all[] = {s->q,     s->hist,  s->arrive, s->used, s->level,
                    s->total, s->n_free, s->count, s->id,   s->links, s->len,
                    s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
                    s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->bits,
