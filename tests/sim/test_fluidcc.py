@@ -214,7 +214,7 @@ def test_the_compiled_steps_answer_as_the_numpy_reference(
         ack_load=ack_load,
         first_window=first_window,
     )
-    assert_compiled_as_numpy(monkeypatch, config, scale=0.25)
+    assert_compiled_as_numpy(monkeypatch, config, scale=0.1)
 
 
 def assert_compiled_as_numpy(monkeypatch, config: FluidDctcpConfig, scale: float) -> None:
