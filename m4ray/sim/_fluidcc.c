@@ -18,6 +18,7 @@ typedef struct {
     double *eff, *data; /* each link's capacity left to data by ACKs; its data rate last step */
     double ack_frac;    /* ACK bits per data bit (0: ACKs take no capacity) */
     int64_t *n_free, *count;
+    int64_t *lag_row; /* this step's history row (its offset) d steps back, d = 0..lag */
     double gain, ai, min_rate, win_bits, pkt_bits, alpha_init, dt;
     int window_cuts, var_window; /* var_window: the window scales with rate / line rate */
     int first_window;            /* a flow that has sent less than its window: not held */
@@ -80,6 +81,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->inc_iv = params[19], s->fast = params[20], s->ai_d = params[21], s->hai_d = params[22];
     s->clamp = params[23] != 0.0, s->first_factor = params[24];
     s->through = calloc(n_links, sizeof(double));
+    s->lag_row = calloc(lag + 1, sizeof(int64_t));
     s->hpcc = params[25] != 0.0, s->eta = params[26], s->hp_ai = params[27];
     s->max_stage = params[28], s->hp_t = params[29];
     s->timely = params[30] != 0.0, s->t_low = params[31], s->t_high = params[32];
@@ -114,7 +116,7 @@ void fcc_free(fcc *s) {
                    s->hlag,  s->unm,   s->target, s->stage, s->t_alpha, s->t_dec, s->t_inc,
                    s->u_alpha, s->u_dec, s->n_dec, s->inflight, s->through,
                    s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu,
-                   s->last_rtt, s->rtt_diff, s->rs};
+                   s->last_rtt, s->rtt_diff, s->rs, s->lag_row};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -477,6 +479,8 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
          * takes from there to the receiver and its ACK back); then this step's marks */
         int64_t r0 = s->step % s->lag;
         double *row = s->hist + r0 * L;
+        for (int64_t d = 0; d <= s->lag; d++) /* rows by how far back (per-hop marks) */
+            s->lag_row[d] = ((s->step - d) % s->lag + s->lag) % s->lag * L;
         if (s->hpcc) /* what each link sent this step: its data and the ACKs on it */
             for (int64_t l = 0; l < L; l++) {
                 double d = s->arrive[l] < s->eff[l] ? s->arrive[l] : s->eff[l];
@@ -487,12 +491,12 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             double unmarked = 1.0, big_u = 0.0, queued = 0.0;
             double window = s->win_bits ? s->win_bits : INFINITY;
             for (int64_t k = 0; k < s->len[i]; k++) {
-                int64_t r = s->hop_lag ? ((s->step - lg[k]) % s->lag + s->lag) % s->lag : r0;
-                unmarked *= 1.0 - s->hist[r * L + p[k]];
-                if (s->timely) queued += s->qh[r * L + p[k]] / s->cap[p[k]];
+                int64_t at = (s->hop_lag ? s->lag_row[lg[k]] : r0 * L) + p[k];
+                unmarked *= 1.0 - s->hist[at];
+                if (s->timely) queued += s->qh[at] / s->cap[p[k]];
                 if (s->hpcc) { /* the hop's telemetry as it stamped it */
                     double c = s->cap[p[k]];
-                    double u = s->txh[r * L + p[k]] / c + s->qh[r * L + p[k]] * s->line[i] /
+                    double u = s->txh[at] / c + s->qh[at] * s->line[i] /
                                                               (c * window);
                     big_u = u > big_u ? u : big_u;
                 }
