@@ -24,15 +24,18 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from m4ray.sweeps.report import format_table
 
 
-def collect(run_dir: Path, names: list[str], limit: int | None):
-    """Per (backend, family): each scenario's FCT / ns-3's − 1 and its slowdowns ("ns-3": the
-    recorded ones); how many scenarios each refused; how many ran."""
+def open_loop_flows(run_dir: Path, names: list[str], limit: int | None = None):
+    """Every flow of the run's open-loop scenarios (the first ``limit`` of them): its scenario,
+    family, CC, size, hops, ideal FCT, ns-3's FCT and slowdown, and each backend's FCT
+    (``<name>_s``; NaN where it refused the scenario's network); how many scenarios each
+    backend refused, by backend and CC; how many ran."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
@@ -45,10 +48,7 @@ def collect(run_dir: Path, names: list[str], limit: int | None):
     dataset = run_dir / "dataset"
     table = pq.read_table(dataset / "scenarios.parquet").to_pandas()
     table = table[table.status == "ok"]
-    ratios: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
-    slow: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
-    refused: dict[str, int] = defaultdict(int)
-    done = 0
+    parts, refused, done = [], defaultdict(int), 0
     for sid, params in zip(table.scenario_id, table.params, strict=True):
         scenario = drawn[sid]
         if hasattr(scenario.traffic, "workload"):
@@ -56,21 +56,22 @@ def collect(run_dir: Path, names: list[str], limit: int | None):
         if limit is not None and done >= limit:
             break
         done += 1
-        family = scenario.family
+        cc = json.loads(params).get("cc", "dctcp")
         ref = ds.dataset(dataset / "flows" / f"scenario_id={sid}").to_table().to_pandas()
-        ref = ref.set_index("flow_id")
-        slow[("ns-3", family)].append(ref.slowdown.to_numpy())
+        frame = ref.set_index("flow_id")[
+            ["size_bytes", "n_links", "ideal_fct_s", "fct_s", "slowdown"]
+        ].assign(scenario=sid, family=scenario.family, cc=cc)
         for name, make in made.items():
             try:
                 out = deliver(scenario, config=make(scenario.ns3))[3]
             except InputError:
-                refused[f"{name} ({json.loads(params).get('cc', 'dctcp')})"] += 1
+                refused[f"{name} ({cc})"] += 1
+                frame[f"{name}_s"] = np.nan
                 continue
-            ids = np.array([f.id for f, _ in out])
-            fct = np.array([end - f.start_s for f, end in out])
-            ratios[(name, family)].append(fct / ref.fct_s.loc[ids].to_numpy() - 1)
-            slow[(name, family)].append(fct / ref.ideal_fct_s.loc[ids].to_numpy())
-    return ratios, slow, refused, done
+            fct = pd.Series({f.id: end - f.start_s for f, end in out})
+            frame[f"{name}_s"] = fct.reindex(frame.index).to_numpy()
+        parts.append(frame)
+    return pd.concat(parts, ignore_index=True), refused, done
 
 
 def main() -> None:
@@ -79,18 +80,18 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["flowsim", "fluid_dctcp"])
     parser.add_argument("--limit", type=int, default=None, help="at most this many scenarios")
     args = parser.parse_args()
-    ratios, slow, refused, done = collect(args.run_dir, args.backends, args.limit)
-    families = sorted({family for _, family in ratios})
+    flows, refused, done = open_loop_flows(args.run_dir, args.backends, args.limit)
+    families = sorted(flows.family.unique())
     rows = []
     for family in [*families, "all"]:
-        pick = families if family == "all" else [family]
-        p99 = np.quantile(np.concatenate([s for f in pick for s in slow[("ns-3", f)]]), 0.99)
+        part = flows if family == "all" else flows[flows.family == family]
+        p99 = np.quantile(part.slowdown, 0.99)
         for name in args.backends:
-            parts = [r for f in pick for r in ratios[(name, f)]]
-            if not parts:
+            ran = part[part[f"{name}_s"].notna()]
+            if ran.empty:
                 continue
-            err = np.abs(np.concatenate(parts))
-            mine = np.quantile(np.concatenate([s for f in pick for s in slow[(name, f)]]), 0.99)
+            err = np.abs(ran[f"{name}_s"] / ran.fct_s - 1).to_numpy()
+            mine = np.quantile(ran[f"{name}_s"] / ran.ideal_fct_s, 0.99)
             rows.append(
                 [
                     family,

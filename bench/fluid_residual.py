@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from m4ray.sweeps.report import format_table
 
@@ -41,42 +42,12 @@ BUCKETS = [0, 1_000, 10_000, 50_000, 1_000_000, np.inf]  # bytes
 
 
 def flows_of(run_dir: Path) -> pd.DataFrame:
-    """Every open-loop flow of the run: its scenario, CC, family, size, hops, ideal FCT and
-    ns-3's, the fluid's and flowSim's FCT (s)."""
-    import json
+    """Every open-loop flow of the run on the fluid and classic flowSim (``fluid_s``,
+    ``flowsim_s``) beside ns-3's (:func:`fluid_perflow.open_loop_flows`)."""
+    from fluid_perflow import open_loop_flows
 
-    import pyarrow.dataset as ds
-    import pyarrow.parquet as pq
-
-    from m4ray.datagen.closed_loop import drawn_scenarios
-    from m4ray.datagen.record import deliver
-    from m4ray.sim.flowsim import FlowSimConfig
-    from m4ray.sim.fluidcc import FluidDctcpConfig
-
-    drawn = drawn_scenarios(run_dir)
-    dataset = run_dir / "dataset"
-    table = pq.read_table(dataset / "scenarios.parquet").to_pandas()
-    parts = []
-    for sid, params in zip(table.scenario_id, table.params, strict=True):
-        scenario = drawn.get(sid)
-        if scenario is None or hasattr(scenario.traffic, "workload"):
-            continue  # closed loop: bench/closed_loop.py
-        ref = ds.dataset(dataset / "flows" / f"scenario_id={sid}").to_table().to_pandas()
-        ref = ref.set_index("flow_id")
-        got = {}
-        for name, config in (
-            ("fluid", FluidDctcpConfig(network=scenario.ns3)),
-            ("flowsim", FlowSimConfig()),
-        ):
-            out = deliver(scenario, config=config)[3]
-            got[name] = pd.Series({f.id: end - f.start_s for f, end in out})
-        frame = ref[["size_bytes", "n_links", "ideal_fct_s", "fct_s"]].copy()
-        frame["fluid_s"] = got["fluid"].reindex(frame.index).to_numpy()
-        frame["flowsim_s"] = got["flowsim"].reindex(frame.index).to_numpy()
-        frame["scenario"], frame["family"] = sid, scenario.family
-        frame["cc"] = json.loads(params).get("cc", "dctcp")
-        parts.append(frame)
-    return pd.concat(parts, ignore_index=True)
+    flows = open_loop_flows(run_dir, ["fluid_dctcp", "flowsim"])[0]
+    return flows.rename(columns={"fluid_dctcp_s": "fluid_s"})
 
 
 def held_out(scenario_id: str, seed: int) -> bool:

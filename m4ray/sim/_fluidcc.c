@@ -352,8 +352,9 @@ static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
     double no_cnp = exp(-(acked / s->pkt_bits) * (1.0 - s->unm[i]));
     s->u_alpha[i] *= no_cnp;
     s->u_dec[i] *= no_cnp;
-    double first_at = s->sampled ? uniform(s->seed, s->id[i], 0.0) : 0.5;
-    if (isinf(s->t_alpha[i]) && 1.0 - s->u_dec[i] >= first_at) {
+    /* the first CNP: its chance since the start past the flow's own draw (or 1/2) */
+    if (isinf(s->t_alpha[i]) &&
+        1.0 - s->u_dec[i] >= (s->sampled ? uniform(s->seed, s->id[i], 0.0) : 0.5)) {
         s->alpha[i] = 1.0;
         s->t_alpha[i] = now + s->alpha_iv;
         s->t_dec[i] = now + s->dec_iv + 1e-9;
@@ -379,7 +380,6 @@ static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
         if (cnp > 0) {
             double rate = s->rate[i];
             if (s->stage[i] != 0 || s->clamp) s->target[i] += cnp * (rate - s->target[i]);
-            else s->target[i] += 0.0;
             double r = rate * (1.0 - cnp * s->alpha[i] / 2.0);
             s->rate[i] = s->min_rate > r ? s->min_rate : r;
             if (cnp >= 0.5) s->stage[i] = 0.0;

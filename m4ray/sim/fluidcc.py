@@ -129,7 +129,7 @@ def library():
 
         from m4ray import native
 
-        lib = native.load(Path(__file__).with_name("_fluidcc.c"), "compiled fluid DCTCP")
+        lib = native.load(Path(__file__).with_name("_fluidcc.c"), "compiled RDMA fluid")
         if lib is not None:
             i64, f64, vp, cint = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_int
             signatures = {
@@ -149,8 +149,9 @@ def library():
 
 @dataclass(kw_only=True, slots=True)
 class FluidDctcpConfig:
-    """The fluid DCTCP of an ns-3 network config (``network``, an ``Ns3Config`` running RDMA
-    DCTCP: its window, marking, gain, AI, minimum rate and α's start) and the time step."""
+    """The fluid of an ns-3 network config (``network``, an ``Ns3Config`` running RDMA: its
+    congestion control and that CC's parameters, its window, marking and minimum rate) and the
+    time step and modelling rules below."""
 
     replay: ClassVar[str] = "dag"
 
@@ -257,7 +258,8 @@ class FluidDctcp(QueueClock):
         n_links = topology.n_links
         self._marking(topology, rdma)
         self._q = np.zeros(n_links)  # bits queued at each link
-        self._lag = max(1, round(self._base_rtt() / dt_s))
+        self._rtt_max = self._base_rtt()  # the network's largest base round trip
+        self._lag = max(1, round(self._rtt_max / dt_s))
         self._p_hist = np.zeros((self._lag, n_links))  # marking probability, one row per step
         self._step = 0
         self._win_bits = wire_window(window_bytes, routing.wire) * 8.0 if window_bytes else 0.0
@@ -274,33 +276,17 @@ class FluidDctcp(QueueClock):
         self._int_bits, self._q_hist = 0.0, None
         if self.hpcc is not None or self.timely is not None:
             self._telemetry(rdma, topology.n_links, ack_load)
-        # active flows
+        # active flows: ids, paths (padded with -1) and their per-flow columns (_columns)
         self._ids = np.zeros(0, dtype=np.int64)
-        self._links = np.zeros((0, 1), dtype=np.int64)  # padded with -1
-        self._left = np.zeros(0)  # bits not yet sent
-        self._bits = np.zeros(0)  # bits in all (sent: bits - left)
-        self._rate = np.zeros(0)
-        self._line = np.zeros(0)
-        self._alpha = np.zeros(0)
-        self._tick = np.zeros(0)  # cuts=window: each flow's next window end
-        # DCQCN: target rate, increase stage, next α / decrease / increase tick (inf: not
-        # started, before the first CNP), and the chance of no CNP since the last α and
-        # decrease ticks (since the start, before the first CNP)
-        # (and the decrease ticks drawn, cnp="sampled")
-        for name in ("_target", "_stage", "_t_alpha", "_t_dec", "_t_inc", "_u_alpha"):
-            setattr(self, name, np.zeros(0))
-        self._u_dec, self._n_dec = np.zeros(0), np.zeros(0)
-        self._rtt0 = np.zeros(0)
+        self._links = np.zeros((0, 1), dtype=np.int64)
+        empty = np.zeros(0)
+        self._columns = tuple(self._new_columns(empty, empty, empty, empty))
+        for name, column in self._new_columns(empty, empty, empty, empty).items():
+            setattr(self, name, column)
         # mark_delay="hop": each flow's steps from each hop's egress back to it (padded as
         # _links); None: every hop a base round trip (the history's depth)
         self._hop_lag = np.zeros((0, 1), dtype=np.int64) if mark_delay == "hop" else None
         self._latency = topology.latency_s
-        # DCQCN: each flow's bits in flight, and those acknowledged over the last step
-        self._inflight, self._acked = np.zeros(0), np.zeros(0)
-        # HPCC: each flow's reference rate (once a window; TIMELY's too) and smoothed
-        # utilisation; TIMELY: its last RTT sample (NaN: none yet) and the EWMA of its change
-        self._cur, self._util, self._last_rtt, self._rtt_diff = (np.zeros(0) for _ in range(4))
-        self._delay = np.zeros(0)
         self._cb: list[DoneCallback] = []
         self._new: list[tuple] = []
         self._groups: tuple[np.ndarray, np.ndarray] | None = None
@@ -319,9 +305,10 @@ class FluidDctcp(QueueClock):
         ack_int = self.hpcc.ack_int_bytes if self.hpcc is not None else 0
         if ack_load:
             self._ack_frac = 8.0 * (rdma.ack_bytes + ack_int) / self._pkt_bits
-        self._hpcc_t = self.hpcc.base_rtt_s or self._base_rtt() if self.hpcc else 0.0
         self._q_hist = np.zeros((self._lag, n_links))
-        self._tx_hist = np.zeros((self._lag, n_links))
+        if self.hpcc is not None:  # its T, and what each link sent, one row a step
+            self._hpcc_t = self.hpcc.base_rtt_s or self._rtt_max
+            self._tx_hist = np.zeros((self._lag, n_links))
 
     def _marking(self, topology: Topology, rdma) -> None:
         """Which links queue (switch egress ports) and mark (unless on an NVSwitch), and each
@@ -443,6 +430,45 @@ class FluidDctcp(QueueClock):
             return
         self._new.append((flow.id, path.links, bits, rtt, delay, on_done))
 
+    def _new_columns(self, bits, rtt, delay, line) -> dict[str, np.ndarray]:
+        """Every per-flow column's values for new flows of these wire bits, base round trips,
+        delivery delays and line rates (:meth:`_flush` appends them, :meth:`_finish` drops
+        the done flows' rows of each)."""
+        n = len(bits)
+        zero, one, inf = np.zeros(n), np.ones(n), np.full(n, np.inf)
+        return {
+            "_left": bits,  # bits not yet sent
+            "_bits": bits,  # bits in all (sent: bits - left)
+            "_rate": line,
+            "_line": line,
+            "_alpha": np.full(n, self.alpha_init),
+            # cuts=window, HPCC, TIMELY: the next window end (HPCC: none until its first ACKs
+            # set its reference)
+            "_tick": inf if self.hpcc is not None else self._now + rtt,
+            "_rtt0": rtt,
+            "_delay": delay,
+            # DCQCN: target rate, increase stage (HPCC's and TIMELY's too), the next α,
+            # decrease and increase ticks (inf: none before the first CNP), the chance of no
+            # CNP since the last α and decrease ticks (since the start before the first CNP)
+            # and the decrease ticks drawn (cnp="sampled")
+            "_target": line,
+            "_stage": zero,
+            "_t_alpha": inf,
+            "_t_dec": inf,
+            "_t_inc": inf,
+            "_u_alpha": one,
+            "_u_dec": one,
+            "_n_dec": zero,
+            # DCQCN, HPCC: the bits in flight (the ACKs' clock)
+            "_inflight": zero,
+            # HPCC, TIMELY: the reference rate (once a window); HPCC: the smoothed
+            # utilisation; TIMELY: the last RTT sample (NaN: none yet), its change's EWMA
+            "_cur": line,
+            "_util": one,
+            "_last_rtt": np.full(n, np.nan),
+            "_rtt_diff": zero,
+        }
+
     def _lags_of(self, links: np.ndarray, rtt: float) -> np.ndarray:
         """``mark_delay="hop"``: the steps a mark made at each hop's egress takes back to the
         sender (the round trip less the time from the sender to that hop's egress: each hop
@@ -475,30 +501,9 @@ class FluidDctcp(QueueClock):
             self._hop_lag = np.concatenate([old_lag, lags])
         self._ids = np.concatenate([self._ids, ids])
         self._links = np.concatenate([old, pad])
-        self._inflight = np.concatenate([self._inflight, np.zeros(len(ids))])
-        self._cur = np.concatenate([self._cur, line])
-        self._util = np.concatenate([self._util, np.ones(len(ids))])
-        self._last_rtt = np.concatenate([self._last_rtt, np.full(len(ids), np.nan)])
-        self._rtt_diff = np.concatenate([self._rtt_diff, np.zeros(len(ids))])
-        self._left = np.concatenate([self._left, bits])
-        self._bits = np.concatenate([self._bits, bits])
-        self._rate = np.concatenate([self._rate, line])
-        self._line = np.concatenate([self._line, line])
-        self._alpha = np.concatenate([self._alpha, np.full(len(ids), self.alpha_init)])
-        self._tick = np.concatenate([self._tick, self._now + rtt])
-        if self.hpcc is not None:  # no window of ACKs yet: its first ACKs set the reference
-            self._tick[-len(ids) :] = np.inf
-        fresh, inf = np.ones(len(ids)), np.full(len(ids), np.inf)
-        self._target = np.concatenate([self._target, line])
-        self._stage = np.concatenate([self._stage, np.zeros(len(ids))])
-        self._t_alpha = np.concatenate([self._t_alpha, inf])
-        self._t_dec = np.concatenate([self._t_dec, inf])
-        self._t_inc = np.concatenate([self._t_inc, inf])
-        self._u_alpha = np.concatenate([self._u_alpha, fresh])
-        self._u_dec = np.concatenate([self._u_dec, fresh])
-        self._n_dec = np.concatenate([self._n_dec, np.zeros(len(ids))])
-        self._rtt0 = np.concatenate([self._rtt0, rtt])
-        self._delay = np.concatenate([self._delay, delay])
+        new = self._new_columns(np.asarray(bits, dtype=np.float64), rtt, np.asarray(delay), line)
+        for name, column in new.items():
+            setattr(self, name, np.concatenate([getattr(self, name), column]))
         self._cb.extend(cbs)
 
     def run(self, until: float | None = None) -> None:
@@ -654,20 +659,16 @@ class FluidDctcp(QueueClock):
         links = self._links
         ok = links >= 0
         row = self._step % self._lag
-        if self._hop_lag is None:
-            seen = self._p_hist[row][np.where(ok, links, 0)]  # written lag steps ago
-        else:
-            rows = (self._step - self._hop_lag) % self._lag
-            seen = self._p_hist[rows, np.where(ok, links, 0)]
-        unmarked = np.where(ok, 1.0 - seen, 1.0).prod(axis=1)
+        # each hop's row: written lag steps ago (rtt), or as many as its own delay back (hop)
+        rows = row if self._hop_lag is None else (self._step - self._hop_lag) % self._lag
+        at = np.where(ok, links, 0)
+        unmarked = np.where(ok, 1.0 - self._p_hist[rows, at], 1.0).prod(axis=1)
         if self._q_hist is not None:  # each hop's telemetry as stamped a return trip ago
-            rows = (self._step - self._hop_lag) % self._lag if self._hop_lag is not None else row
-            at = np.where(ok, links, 0)
             self._int_q = np.where(ok, self._q_hist[rows, at], 0.0)
-            self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
             self._q_hist[row] = self._q
-            if self.hpcc is not None:
-                self._tx_hist[row] = self._tx
+        if self.hpcc is not None:
+            self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
+            self._tx_hist[row] = self._tx
         self._p_hist[row] = self._marks_now()
         self._step += 1
         return unmarked
@@ -716,8 +717,9 @@ class FluidDctcp(QueueClock):
         self._u_alpha *= no_cnp
         self._u_dec *= no_cnp
         # the first CNP: when its chance since the start passes the flow's own draw (or 1/2)
-        first_at = uniform(self.seed, self._ids, 0) if sampled else 0.5
-        first = np.flatnonzero(np.isinf(self._t_alpha) & (1.0 - self._u_dec >= first_at))
+        waiting = np.flatnonzero(np.isinf(self._t_alpha))
+        first_at = uniform(self.seed, self._ids[waiting], 0) if sampled else 0.5
+        first = waiting[1.0 - self._u_dec[waiting] >= first_at]
         self._dcqcn_first(first)
         self._dcqcn_alpha()
         self._dcqcn_decrease(sampled)
@@ -887,29 +889,9 @@ class FluidDctcp(QueueClock):
             self.events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
         keep = np.ones(len(self._ids), dtype=bool)
         keep[done] = False
-        names = (
-            "_ids",
-            "_left",
-            "_bits",
-            "_rate",
-            "_line",
-            "_alpha",
-            "_tick",
-            "_target",
-            "_stage",
-            "_t_alpha",
-            "_t_dec",
-            "_t_inc",
-            "_u_alpha",
-            "_u_dec",
-            "_n_dec",
-            "_rtt0",
-            "_delay",
-            "_links",
-        )
+        names = ("_ids", "_links", *self._columns)
         if self._hop_lag is not None:
             names = (*names, "_hop_lag")
-        names = (*names, "_inflight", "_cur", "_util", "_last_rtt", "_rtt_diff")
         for name in names:
             setattr(self, name, getattr(self, name)[keep])
         self._groups = None
