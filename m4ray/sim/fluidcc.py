@@ -289,6 +289,7 @@ class FluidDctcp(QueueClock):
         self._latency = topology.latency_s
         self._cb: list[DoneCallback] = []
         self._new: list[tuple] = []
+        self._routes: dict = {}  # send's per-path (links, base round trip, lags)
         self._groups: tuple[np.ndarray, np.ndarray] | None = None
         self._core = None  # the same steps in C (_fluidcc.c), where it compiles
         lib = library()
@@ -366,7 +367,7 @@ class FluidDctcp(QueueClock):
             raise MemoryError("fluid DCTCP: no memory for its state")
         self._lib, self._core = lib, ctypes.c_void_p(core)
         self._c_now = ctypes.c_double(0.0)
-        self._c_out = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        self._c_out = (np.zeros(0, dtype=np.int64), np.zeros(0), None, None)  # and addresses
         self._c_cb: dict[int, DoneCallback] = {}
 
     def _cc_params(self) -> list[float]:
@@ -408,17 +409,22 @@ class FluidDctcp(QueueClock):
         bits = wire.wire_bytes(flow.size_bytes) * 8.0
         if self._int_bits:  # HPCC: every data packet carries its telemetry
             bits += -(-flow.size_bytes // wire.mtu_bytes) * self._int_bits
-        rtt = round_trip_s(wire, path.latency_s, path.inverse_bw_sum, self.ack_bytes)
+        route = self._routes.get(path)
+        if route is None:  # a path's links, base round trip and marks' lags, once per path
+            links = np.asarray(path.links, dtype=np.int64)
+            rtt = round_trip_s(wire, path.latency_s, path.inverse_bw_sum, self.ack_bytes)
+            lags = self._lags_of(links, rtt) if self._hop_lag is not None else None
+            at = (links.ctypes.data, None if lags is None else lags.ctypes.data)
+            route = self._routes[path] = (links, rtt, lags, *at)
+        links, rtt, lags, links_at, lags_at = route
         delay = self.routing.delivery_delay(flow.size_bytes, path)
         if self._core is not None:
-            links = np.asarray(path.links, dtype=np.int64)
-            lags = self._lags_of(links, rtt) if self._hop_lag is not None else None
             rc = self._lib.fcc_add(
                 self._core,
                 flow.id,
                 len(links),
-                links.ctypes.data,
-                None if lags is None else lags.ctypes.data,
+                links_at,
+                lags_at,
                 bits,
                 rtt,
                 delay,
@@ -526,19 +532,19 @@ class FluidDctcp(QueueClock):
                 fn()
 
     def _n_active(self) -> int:
-        return len(self._ids) if self._core is None else self._lib.fcc_n(self._core)
+        # the core's flows are those whose completion is still to come back (fcc_n's count)
+        return len(self._ids) if self._core is None else len(self._c_cb)
 
     def _advance_core(self, t_far: float) -> None:
         """:meth:`_advance` in C: steps until ``t_far`` or until flows send their last bit,
         whose completions are pushed in the reference's order."""
         n = self._n_active()
         if len(self._c_out[0]) < n:
-            self._c_out = (np.zeros(2 * n, dtype=np.int64), np.zeros(2 * n))
-        ids, times = self._c_out
+            ids, times = np.zeros(2 * n, dtype=np.int64), np.zeros(2 * n)
+            self._c_out = (ids, times, ids.ctypes.data, times.ctypes.data)
+        ids, times, ids_at, times_at = self._c_out
         self._c_now.value = self._now
-        k = self._lib.fcc_run(
-            self._core, self._c_now, t_far, ids.ctypes.data, times.ctypes.data, len(ids)
-        )
+        k = self._lib.fcc_run(self._core, self._c_now, t_far, ids_at, times_at, len(ids))
         self._now = self._c_now.value
         for j in range(k):
             fid, t_done = int(ids[j]), float(times[j])
