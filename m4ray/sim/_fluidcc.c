@@ -303,7 +303,9 @@ static void hpcc_step(fcc *s, int64_t i, double now, double dt) {
         s->tick[i] = now + rtt;
         return;
     }
-    double big_u = s->hu[i], keep = exp(-(dt < s->hp_t ? dt : s->hp_t) / s->hp_t);
+    double big_u = s->hu[i];
+    if (big_u < 0.0) return; /* no switch on its path: no telemetry, the rate holds */
+    double keep = exp(-(dt < s->hp_t ? dt : s->hp_t) / s->hp_t);
     double util = big_u + (s->util[i] - big_u) * keep;
     s->util[i] = util;
     double max_c = util / s->eta;
@@ -488,13 +490,13 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             }
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH, *lg = s->hlag + i * WIDTH;
-            double unmarked = 1.0, big_u = 0.0, queued = 0.0;
+            double unmarked = 1.0, big_u = -1.0, queued = 0.0; /* -1: no hop stamped */
             double window = s->win_bits ? s->win_bits : INFINITY;
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t at = (s->hop_lag ? s->lag_row[lg[k]] : r0 * L) + p[k];
                 unmarked *= 1.0 - s->hist[at];
                 if (s->timely) queued += s->qh[at] / s->cap[p[k]];
-                if (s->hpcc) { /* the hop's telemetry as it stamped it */
+                if (s->hpcc && s->sw[p[k]]) { /* a switch's telemetry as it stamped it */
                     double c = s->cap[p[k]];
                     double u = s->txh[at] / c + s->qh[at] * s->line[i] /
                                                               (c * window);

@@ -733,13 +733,13 @@ class FluidDctcp(QueueClock):
 
     def _hpcc_step(self, dt: float, rtt: np.ndarray) -> None:
         """HPCC over ``dt`` (our ns-3's ``Hpcc``, reference ``CC_MODE 3``, with fast react):
-        a flow whose ACKs come back reads its path's telemetry as the hops stamped it (a return
-        trip ago, per hop): U, the most utilised hop's tx rate / C + queue x line rate / (C x
-        window), smoothed over T (the base round trip) into its utilisation; its rate is then
-        its reference rate / (utilisation / η) + AI (or + AI only below η for the first
-        ``max_stage`` rounds), between the minimum and the line rate; once a round trip (a
-        window of data) the reference rate takes it. A flow's first ACKs only set its
-        reference."""
+        a flow whose ACKs come back reads its path's telemetry as the switch egresses stamped
+        it (a return trip ago, per hop; the sender's own NIC stamps none): U, the most utilised
+        hop's tx rate / C + queue x line rate / (C x window), smoothed over T (the base round
+        trip) into its utilisation; its rate is then its reference rate / (utilisation / η) +
+        AI (or + AI only below η for the first ``max_stage`` rounds), between the minimum and
+        the line rate; once a round trip (a window of data) the reference rate takes it. A
+        flow's first ACKs only set its reference."""
         p = self.hpcc
         acking = np.flatnonzero(self._acked > 0)
         if not len(acking):
@@ -749,12 +749,19 @@ class FluidDctcp(QueueClock):
         on = np.setdiff1d(acking, fresh)
         if not len(on):
             return
+        # the hops that stamp telemetry: switch egresses (NVSwitches too), not the sender's
+        # NIC; a path with none brings no telemetry and its rate holds (ns-3 skips that ACK)
         links = self._links[on]
-        ok = links >= 0
-        cap = self._cap[np.where(ok, links, 0)]
+        at = np.where(links >= 0, links, 0)
+        stamped = (links >= 0) & self._switch[at]
+        keep = stamped.any(axis=1)
+        on, at, stamped = on[keep], at[keep], stamped[keep]
+        if not len(on):
+            return
+        cap = self._cap[at]
         window = self._win_bits if self._win_bits else np.inf
         u_hop = self._int_tx[on] / cap + self._int_q[on] * self._line[on, None] / (cap * window)
-        big_u = np.where(ok, u_hop, 0.0).max(axis=1)
+        big_u = np.where(stamped, u_hop, 0.0).max(axis=1)
         keep = _exp(-min(dt, self._hpcc_t) / self._hpcc_t)
         util = big_u + (self._util[on] - big_u) * keep
         self._util[on] = util

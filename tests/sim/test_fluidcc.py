@@ -467,6 +467,28 @@ def test_under_hpcc_a_flow_runs_at_eta_of_its_line_and_shares_as_in_ns3():
         assert fair < 0.93 * packet
 
 
+def test_under_hpcc_the_senders_own_nic_stamps_no_telemetry_as_in_ns3():
+    """HPCC's telemetry comes from switch egresses only: flows that share their sender's
+    degraded 25 Gbit/s NIC (all at once, and joining one by one) see idle switch ports, so no
+    hop says the NIC is full and none is cut below its share of it. The fluid within 0.5 % of
+    real ns-3 flow by flow (counting the NIC's own tx as a hop, it was 4-9 % long: each window
+    cut the flows toward η of a link the NIC share already held full)."""
+    rates = (100, 100, 100, 25)
+    topo = Topology(
+        n_nodes=5,
+        switches=(4,),
+        cables=tuple(Cable(h, 4, r * 1e9, 1e-6) for h, r in enumerate(rates)),
+    )
+    for flows in (
+        [(3, 0, 1_000_000, 0.0), (3, 1, 1_000_000, 0.0), (3, 2, 1_000_000, 0.0)],
+        [(3, 0, 1_000_000, 0.0), (3, 1, 1_000_000, 20e-6), (3, 2, 1_000_000, 40e-6)],
+    ):
+        packet = fcts(topo, flows, hpcc())
+        fluid = fcts(topo, flows, FluidDctcpConfig(network=hpcc()))
+        for got, want in zip(fluid, packet, strict=True):
+            assert got == pytest.approx(want, rel=0.005)
+
+
 @pytest.mark.parametrize("make", [hpcc, timely])
 def test_the_compiled_hpcc_and_timely_steps_answer_as_the_numpy_reference(monkeypatch, make):
     """HPCC (its telemetry read per hop, utilisation, reference rate) and TIMELY (RTT samples
