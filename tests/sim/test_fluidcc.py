@@ -27,6 +27,16 @@ def star(n_hosts: int) -> Topology:
     return Topology(n_nodes=n_hosts + 1, switches=(n_hosts,), cables=cables)
 
 
+def degraded_star() -> Topology:
+    """Hosts 0-2 at 100 Gbit/s and host 3 at 25 Gbit/s on one switch (node 4), 1 us each way."""
+    rates = (100, 100, 100, 25)
+    return Topology(
+        n_nodes=5,
+        switches=(4,),
+        cables=tuple(Cable(h, 4, r * 1e9, 1e-6) for h, r in enumerate(rates)),
+    )
+
+
 def dctcp(**rdma) -> Ns3Config:
     """RDMA DCTCP with the study's RED (K_min 1 KB per Gbit/s, K_max 4x, P_max 0.2)."""
     red = {
@@ -448,12 +458,7 @@ def test_under_hpcc_a_flow_runs_at_eta_of_its_line_and_shares_as_in_ns3():
     two flows into one port and a degraded port likewise; the fluid (its INT bytes, its U from
     each hop's tx rate and queue a return trip old, the reference rate once a window) within
     2 % of ns-3 in each, where flowSim is 7 % short or more."""
-    rates = (100, 100, 100, 25)
-    topo = Topology(
-        n_nodes=5,
-        switches=(4,),
-        cables=tuple(Cable(h, 4, r * 1e9, 1e-6) for h, r in enumerate(rates)),
-    )
+    topo = degraded_star()
     cases = [
         [(0, 1, 1_000_000, 0.0)],
         [(0, 2, 2_000_000, 0.0), (1, 2, 2_000_000, 0.0)],
@@ -473,12 +478,7 @@ def test_under_hpcc_the_senders_own_nic_stamps_no_telemetry_as_in_ns3():
     hop says the NIC is full and none is cut below its share of it. The fluid within 0.5 % of
     real ns-3 flow by flow (counting the NIC's own tx as a hop, it was 4-9 % long: each window
     cut the flows toward η of a link the NIC share already held full)."""
-    rates = (100, 100, 100, 25)
-    topo = Topology(
-        n_nodes=5,
-        switches=(4,),
-        cables=tuple(Cable(h, 4, r * 1e9, 1e-6) for h, r in enumerate(rates)),
-    )
+    topo = degraded_star()
     for flows in (
         [(3, 0, 1_000_000, 0.0), (3, 1, 1_000_000, 0.0), (3, 2, 1_000_000, 0.0)],
         [(3, 0, 1_000_000, 0.0), (3, 1, 1_000_000, 20e-6), (3, 2, 1_000_000, 40e-6)],
@@ -502,12 +502,7 @@ def test_under_timely_two_flows_into_a_degraded_port_take_what_ns3_takes():
     """TIMELY with its reference thresholds (T_low 50 us) hardly cuts on a 10 us path: two
     1 MB flows into a 25 Gbit/s port take real ns-3's time within 0.5 %, the 8 B send time on
     every packet included; a late joiner too."""
-    rates = (100, 100, 100, 25)
-    topo = Topology(
-        n_nodes=5,
-        switches=(4,),
-        cables=tuple(Cable(h, 4, r * 1e9, 1e-6) for h, r in enumerate(rates)),
-    )
+    topo = degraded_star()
     for flows in (
         [(0, 3, 1_000_000, 0.0), (1, 3, 1_000_000, 0.0)],
         [(0, 2, 4_000_000, 0.0), (1, 2, 1_000_000, 50e-6)],
