@@ -159,6 +159,7 @@ def in_process(  # noqa: PLR0917 (table 2's settings)
     collective: str,
     transports=("rdma", "tcp"),
     wire: str = "jumbo",
+    checkpoints: tuple[str, ...] = (),
 ) -> list[list]:
     from simai_flows import study_ns3  # bench/: the study's ns-3 preset, as the sweep runs it
 
@@ -166,30 +167,39 @@ def in_process(  # noqa: PLR0917 (table 2's settings)
 
     # m4 is told the network ns-3 runs (the experiment's backend_options.m4.network)
     m4 = M4Config(network=study_ns3()) if collective == "simai" else M4Config()
-    simulate(grid(0.01, 1, m4, "m4")[0])  # load the model, warm the caches
+    models = {name: dataclasses.replace(m4, checkpoint=name) for name in checkpoints}
+    models = models or {"": m4}
+    for model in models.values():
+        simulate(grid(0.01, 1, model, "m4")[0])  # load the model, warm the caches
     n8r4 = grid_points(group).index((8, 4))
     rows = []
     for scale in scales:
         flowsim = grid(scale, group, FlowSimConfig(), "flowsim", collective, wire)
-        m4s = grid(scale, group, m4, "m4", collective, wire)
         t_fs, fs_out = timed(lambda s=flowsim: [simulate(x) for x in s])
-        t_alone, alone = timed(lambda s=m4s: [simulate(x) for x in s])
-        t_group, grouped = timed(lambda s=m4s: simulate_together(s, m4.shared_stepper(), simulate))
-        same = all(
-            a[1].column("finish_s").equals(g[1].column("finish_s"))
-            for a, g in zip(alone, grouped, strict=True)
-        )
-        per = {
-            "flowSim": (t_fs / group, fs_out, ""),
-            "m4 alone": (t_alone / group, alone, ""),
-            f"m4 in a group of {group}": (t_group / group, grouped, "yes" if same else "NO"),
-        }
+        per = {"flowSim": (t_fs / group, fs_out, "")}
+        for name, model in models.items():
+            m4s = grid(scale, group, model, "m4", collective, wire)
+            t_alone, alone = timed(lambda s=m4s: [simulate(x) for x in s])
+            t_group, grouped = timed(
+                lambda s=m4s, m=model: simulate_together(s, m.shared_stepper(), simulate)
+            )
+            same = all(
+                a[1].column("finish_s").equals(g[1].column("finish_s"))
+                for a, g in zip(alone, grouped, strict=True)
+            )
+            tag = f" ({name})" if name else ""
+            per[f"m4{tag} alone"] = (t_alone / group, alone, "")
+            per[f"m4{tag} in a group of {group}"] = (
+                t_group / group,
+                grouped,
+                "yes" if same else "NO",
+            )
         if collective != "simai":  # lockstep needs a step barrier (SimAI's flows have none)
             lock_fs, lock_m4 = (lockstep(s) for s in (flowsim, m4s))
             t_lfs, lfs_out = timed(lambda s=lock_fs: [simulate(x) for x in s])
             t_lm4, lm4_out = timed(lambda s=lock_m4: [simulate(x) for x in s])
             per["flowSim, lockstep"] = (t_lfs / group, lfs_out, max_diff(lfs_out, fs_out))
-            per["m4 alone, lockstep"] = (t_lm4 / group, lm4_out, max_diff(lm4_out, alone))
+            per[f"m4{tag} alone, lockstep"] = (t_lm4 / group, lm4_out, max_diff(lm4_out, alone))
         refs: dict[str, tuple[float, float]] = {}
         if ns3 and scale == 1.0:
             for transport in transports:
@@ -256,6 +266,10 @@ def main() -> None:
         "--transports", nargs="+", default=["rdma", "tcp"], choices=["rdma", "tcp"],
         help="ns-3 transports timed at full scale (TCP at 1,000 B takes about an hour)",
     )  # fmt: skip
+    parser.add_argument(
+        "--m4", nargs="+", default=[], metavar="CHECKPOINT",
+        help="table 2's m4 checkpoints, side by side in the one run (default: the backend's)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not args.no_commands:
         rows = whole_commands(args.repeat)
@@ -263,7 +277,13 @@ def main() -> None:
         head = ["backends", "runs", "min s", "median s", "min / flowSim", "median / flowSim"]
         print(format_table(head, rows))
     rows = in_process(
-        args.scales, args.group, not args.no_ns3, args.collective, args.transports, args.wire
+        args.scales,
+        args.group,
+        not args.no_ns3,
+        args.collective,
+        args.transports,
+        args.wire,
+        tuple(args.m4),
     )
     _, workload = COLLECTIVES[args.collective]
     print(
