@@ -226,7 +226,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", type=Path, help="the shared data folder (holding simai/)")
     parser.add_argument("--backends", nargs="+", default=["flowsim", "ns3"])
-    parser.add_argument("--checkpoint", default="m4-v2", help="m4's checkpoint")
+    parser.add_argument("--checkpoint", default="m4-lite", help="m4's checkpoint")
     parser.add_argument("--save", type=Path, help="write each backend's flows here (Parquet)")
     parser.add_argument(
         "--send-latency-us",

@@ -52,7 +52,7 @@ def completion(scenario, config) -> float:
     return max(end for _, end in deliver(scenario, config=config)[3])
 
 
-def backends(names: Iterable[str], checkpoint: str = "m4-v2") -> dict[str, Factory]:
+def backends(names: Iterable[str], checkpoint: str = "m4-lite") -> dict[str, Factory]:
     """Backends by name, each made for a scenario's ns-3 network: ``flowsim`` (classic),
     ``flowsim_acks`` (ACKs load the reverse links), ``flowsim_dcqcn`` (DCQCN's rates; DCQCN
     networks only), ``flowsim_fifo`` (links serve window-sized flows in order of arrival),

@@ -192,11 +192,11 @@ class SessionState(BaseModel):
 
 
 class AppArgs(BaseModel):
-    """Application arguments (``serve run m4ray.serve.app:build checkpoint=m4-v2``)."""
+    """Application arguments (``serve run m4ray.serve.app:build checkpoint=m4-lite``)."""
 
     model_config = ConfigDict(extra="forbid")  # a misspelt argument is an error
 
-    checkpoint: str = "m4-v2"
+    checkpoint: str = "m4-lite"
     max_batch_requests: int = Field(64, ge=1, description="1 disables batching")
     batch_wait_s: float = Field(0.002, ge=0)
     max_batch_flows: int = Field(4096, ge=1, description="flows per forward pass")

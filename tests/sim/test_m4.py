@@ -418,11 +418,12 @@ def test_the_step_memo_answers_repeated_graphs_as_the_pass_did(model):
     assert group.n_passes == 1 and group.n_known == 2  # known: answered without a round
 
 
-@pytest.mark.parametrize("name", ["m4-v2", "m4-v3"])
+@pytest.mark.parametrize("name", ["m4-lite", "m4-v2", "m4-v3"])
 def test_the_rdma_checkpoints_have_cards_the_benches_wrote(name):
-    """m4-v2 is the default of backend=m4; each records the ns-3 transport it learned (the
-    default backend describes that one) and the span of network parameters it was trained on
-    (the backend reads others at its edge), and its card's measured section is bench/m4_card.py's:
+    """m4-lite is the default of backend=m4 (m4-v2 before 2026-12-07); each records the ns-3
+    transport it learned (the default backend describes that one) and the span of network
+    parameters it was trained on (the backend reads others at its edge), and its card's
+    measured section is bench/m4_card.py's:
     each subsection quotes the command (an existing bench or the sweep) whose output follows."""
     import json
     import re
@@ -430,7 +431,7 @@ def test_the_rdma_checkpoints_have_cards_the_benches_wrote(name):
 
     from m4ray.models.config import ParamsRange
 
-    assert M4Config().checkpoint == "m4-v2"
+    assert M4Config().checkpoint == "m4-lite"
     directory = checkpoint_dir(name)
     info = json.loads((directory / "model.json").read_text())
     assert info["transport"] == M4Config().network.transport == "rdma"
@@ -514,10 +515,11 @@ def test_network_parameters_outside_the_trained_span_are_read_at_its_edge(tmp_pa
     routing = Routing(topo)
     deep = Ns3Config(rdma=RdmaConfig(buffer_bytes=100_000_000, pfc_threshold_bytes=12_500_000))
     raw = params13(deep, routing)
-    span = trained_params_range("m4-v2")
+    name = M4Config().checkpoint
+    span = trained_params_range(name)
     assert span is not None and raw[0] == 10_000 > span.high[0]  # buffer in 10 KB units
     _warn_fitted.cache_clear()
-    with pytest.warns(UserWarning, match=r"'m4-v2' was not trained on this network: bfsz 10000"):
+    with pytest.warns(UserWarning, match=rf"'{name}' was not trained on this network: bfsz 10000"):
         engine = M4Config(network=deep).build(topo, routing).engine
     expected = [min(max(v, lo), hi) for v, lo, hi in zip(raw, span.low, span.high, strict=True)]
     assert engine.params[0].tolist() == expected and expected[0] == span.high[0]

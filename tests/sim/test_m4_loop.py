@@ -69,6 +69,7 @@ def both(config: M4Config, algorithm, failure: GrayFailure):
         ("m4-v2", "simai", None, "float64"),  # the default: every update compiled
         ("m4-v2", "simai", 6, "float64"),  # updates of 6 flows and more back to Python's stepper
         ("m4-v2", "simai", 6, "float32"),  # the float32 pass, both ways
+        ("m4-lite", "simai", None, "float32"),  # a quarter of the width: 16-wide tiles
         ("m4-small", "hierarchical", None, "float64"),  # no fluid anchor
     ],
 )

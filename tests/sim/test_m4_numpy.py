@@ -90,9 +90,10 @@ def test_the_numpy_step_equals_the_torch_step(fluid, tmp_path, monkeypatch):
         np.testing.assert_allclose(alone.h_flow, together.h_flow, rtol=1e-12, atol=1e-13)
 
 
-def test_the_shipped_checkpoint_steps_alike_in_numpy_and_torch():
-    directory = str(checkpoint_dir("m4-v2"))
-    numpy_model, reference = load_numpy_model(directory), load_model("m4-v2")
+@pytest.mark.parametrize("name", ["m4-v2", "m4-lite"])
+def test_the_shipped_checkpoint_steps_alike_in_numpy_and_torch(name):
+    directory = str(checkpoint_dir(name))
+    numpy_model, reference = load_numpy_model(directory), load_model(name)
     graphs = _graphs(numpy_model.cfg, np.random.default_rng(5), [(12, 10), (2, 3), (60, 25)])
     _assert_same(step(reference, graphs), numpy_model.step(graphs))
 

@@ -214,7 +214,7 @@ class M4Config(M4Settings):
 
     replay: ClassVar[str] = "dag"  # m4ray.sim.replays
 
-    checkpoint: str = "m4-v2"
+    checkpoint: str = "m4-lite"
     window_us: float | None = 0.0
     threads: int = 1
     max_flows_per_step: int = 4096
