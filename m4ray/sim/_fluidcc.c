@@ -528,13 +528,14 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 timely_step(s, i, *now);
                 continue;
             }
+            if (s->window_cuts && !(*now >= s->tick[i])) continue; /* not its window's end */
             double unmarked = s->unm[i];
             double frac = 1.0 - unmarked, rtt = s->rtt0[i] + s->qd[i];
             double pkts = s->x[i] * rtt / s->pkt_bits;
             pkts = pkts > 1.0 ? pkts : 1.0;
-            double m = 1.0 - pow(unmarked, pkts), r;
+            /* a window's chance of a mark (pow(1, y) is 1 exactly: no call where none) */
+            double m = unmarked == 1.0 ? 0.0 : 1.0 - pow(unmarked, pkts), r;
             if (s->window_cuts) {
-                if (!(*now >= s->tick[i])) continue;
                 double a = (1 - s->gain) * s->alpha[i] + s->gain * frac;
                 s->alpha[i] = a;
                 r = s->rate[i] * (1.0 - m * a / 2.0) + (1.0 - m) * s->ai;
