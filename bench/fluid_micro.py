@@ -35,6 +35,11 @@ What each case isolates:
   once (its round trip now, not as the ACKs report it a round trip later), so the uplink's
   queue never gets there; with them unheld (the default) it marks them, and over-cuts (22 %).
 
+* ``three_from_a_degraded_nic``: the degraded GPU sends three 2 MiB chunks to healthy ones,
+  joining 20 µs apart: its own 100 Gbit/s NIC is their bottleneck, and (under HPCC) no switch
+  hop reports it, since a NIC stamps no telemetry (the fluid counted it as a hop before
+  2026-12-07, later, and cut these flows toward η of it each window).
+
 These say whether each mechanism is modelled as ns-3 runs it; they do not say how the
 mechanisms compose in a closed-loop collective (docs/gray_failure_study.md).
 """
@@ -104,6 +109,10 @@ def cases() -> dict:
         "paced_chunks": (tor, [(0, 1, 128 * 1024, i * 20e-6) for i in range(8)]),
         "chunk_stream_into_degraded": (tor, [(0, 1, MIB // 2, i * 14e-6) for i in range(30)]),
         "rail_uplink_both_ways": (rail, [(s, d, 2 * MIB, 0.0) for s, d in crossing]),
+        "three_from_a_degraded_nic": (
+            tor,
+            [(1, 0, 2 * MIB, 0.0), (1, 2, 2 * MIB, 20e-6), (1, 3, 2 * MIB, 40e-6)],
+        ),
     }
 
 
