@@ -35,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a datagen run (manifest.json, dataset/)")
     parser.add_argument("--backends", nargs="+", default=["flowsim", "flowsim_acks", "m4"])
-    parser.add_argument("--checkpoint", default="m4-lite")
+    parser.add_argument("--checkpoint", help="m4's checkpoint (default: the backend's)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many scenarios")
     parser.add_argument("--family", default=None, help="only this family's scenarios")
     parser.add_argument(

@@ -148,6 +148,7 @@ def backends(cc: str = "dctcp") -> tuple[dict, object]:
 
 def main() -> None:
     from m4ray.sim.flows import Flow
+    from m4ray.sim.fluidcc import CCS
     from m4ray.sim.routing import Routing
     from m4ray.sim.trace import run_trace
     from m4ray.sweeps.report import format_table
@@ -156,7 +157,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", nargs="*", choices=sorted(table), default=list(table))
     parser.add_argument(
-        "--cc", choices=["dctcp", "dcqcn", "hpcc", "timely"], default="dctcp",
+        "--cc", choices=["dctcp", *CCS], default="dctcp",
         help="the congestion control ns-3 and the fluid run (default: the study's DCTCP)",
     )  # fmt: skip
     args = parser.parse_args()

@@ -178,6 +178,7 @@ def m3_shard(shard: Path):
 
 def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) -> None:
     from m4ray.sim.flowsim import FlowSimConfig, StandingQueues
+    from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.routing import Routing
     from m4ray.sim.topology import read_topology
 
@@ -196,10 +197,7 @@ def m3_shards(folder: Path, rows: list, notes: list, dynamic_pfc: bool = False) 
         }
         queues = StandingQueues.of(backends[cc], routing)  # its CC's level (standing_levels)
         backends["flowSim+queues"] = FlowSimConfig(queues=queues)
-        if cc in ("dctcp", "dcqcn", "hpcc", "timely"):  # the fluid of the same network
-            from m4ray.sim.fluidcc import FluidDctcpConfig
-
-            backends[f"fluid {cc.upper()}"] = FluidDctcpConfig(network=backends[cc])
+        backends[f"fluid {cc.upper()}"] = FluidDctcpConfig(network=backends[cc])  # same network
         if cc != "dctcp":
             dctcp = dict(cfg)
             dctcp["EWMA_GAIN"] = ["0.0625"]
@@ -268,6 +266,7 @@ def fat_tree(
     folder: Path, n_flows: int, rows: list, notes: list, *, only=None, dynamic_pfc: bool = False
 ) -> None:
     from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.routing import Routing, WireFormat
     from m4ray.sim.topology import read_topology
 
@@ -302,15 +301,12 @@ def fat_tree(
             f"fat-tree {label}: wall {wall:.1f} s; the {len(later)} flows the reference ended "
             f"after the prefix's last start: median FCT ratio {np.median(later):.3f}"
         )
-        if cc in ("hpcc", "timely"):  # the fluid of the same network
-            from m4ray.sim.fluidcc import FluidDctcpConfig
-
-            fluid, wall = run(topo, flows, FluidDctcpConfig(network=backend), routing)
-            notes.append(f"fat-tree fluid {label}: wall {wall:.1f} s")
-            fl = np.array([fluid[f.id] for f in flows]) + back
-            rows.append(
-                [where, f"fluid vs {label}", *errors(fl[inside] / theirs[inside], size[inside])]
-            )
+        fluid, wall = run(topo, flows, FluidDctcpConfig(network=backend), routing)  # the same
+        notes.append(f"fat-tree fluid {label}: wall {wall:.1f} s")
+        fl = np.array([fluid[f.id] for f in flows]) + back
+        rows.append(
+            [where, f"fluid vs {label}", *errors(fl[inside] / theirs[inside], size[inside])]
+        )
         if flowsim_fct is None:
             flowsim_fct, wall = run(topo, flows, FlowSimConfig(), routing)
             notes.append(f"fat-tree flowSim: wall {wall:.1f} s")

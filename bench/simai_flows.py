@@ -204,13 +204,16 @@ def simai_conf_rdma(path: Path) -> dict:
 
 
 def backend_configs(
-    names: list[str], checkpoint: str, conf: Path | None = None, preset: str = "ns3_simai"
+    names: list[str], checkpoint: str | None, conf: Path | None = None, preset: str = "ns3_simai"
 ):
+    """The named backends on the study's ns-3 network (m4: ``checkpoint``, or the backend's
+    default)."""
     from m4ray.sim.flowsim import FlowSimConfig
     from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.m4.backend import M4Config
 
     ns3 = study_ns3(conf, preset)
+    checkpoint = checkpoint or M4Config().checkpoint
     every = {
         "flowsim": ("flowsim", FlowSimConfig()),
         "flowsim_fifo": ("flowsim", FlowSimConfig(service="fifo", fifo_bytes="window")),
@@ -226,7 +229,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", type=Path, help="the shared data folder (holding simai/)")
     parser.add_argument("--backends", nargs="+", default=["flowsim", "ns3"])
-    parser.add_argument("--checkpoint", default="m4-lite", help="m4's checkpoint")
+    parser.add_argument("--checkpoint", help="m4's checkpoint (default: the backend's)")
     parser.add_argument("--save", type=Path, help="write each backend's flows here (Parquet)")
     parser.add_argument(
         "--send-latency-us",

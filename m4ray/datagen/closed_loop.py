@@ -52,20 +52,22 @@ def completion(scenario, config) -> float:
     return max(end for _, end in deliver(scenario, config=config)[3])
 
 
-def backends(names: Iterable[str], checkpoint: str = "m4-lite") -> dict[str, Factory]:
+def backends(names: Iterable[str], checkpoint: str | None = None) -> dict[str, Factory]:
     """Backends by name, each made for a scenario's ns-3 network: ``flowsim`` (classic),
     ``flowsim_acks`` (ACKs load the reverse links), ``flowsim_dcqcn`` (DCQCN's rates; DCQCN
     networks only), ``flowsim_fifo`` (links serve window-sized flows in order of arrival),
     ``flowsim_bursts`` and ``flowsim_fifo_bursts`` (those with the network's standing queues
     and first windows over them, ``StandingQueues.of(..., bursts=True)``),
     ``fluid_dctcp`` (:mod:`m4ray.sim.fluidcc`: the rates and queues of the network's RDMA
-    congestion control, time-stepped), ``m4`` (``checkpoint``, told the network it
+    congestion control, time-stepped), ``m4`` (``checkpoint``, the m4 backend's default if
+    None, told the network it
     imitates), ``m4_fifo`` (that on a FIFO anchor: ``M4Config.anchor``) and
     ``m4=<checkpoint>`` (another checkpoint, so several models replay side by side)."""
     from m4ray.sim.flowsim import DcqcnRates, FlowSimConfig
     from m4ray.sim.fluidcc import FluidDctcpConfig
     from m4ray.sim.m4 import M4Config
 
+    checkpoint = checkpoint or M4Config().checkpoint
     made: dict[str, Factory] = {
         "flowsim": lambda network: FlowSimConfig(),
         "flowsim_acks": lambda network: FlowSimConfig(ack_load=True),

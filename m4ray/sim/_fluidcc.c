@@ -87,8 +87,8 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->timely = params[30] != 0.0, s->t_low = params[31], s->t_high = params[32];
     s->beta = params[33], s->ewma = params[34], s->min_rtt = params[35];
     s->ti_ai = params[36], s->ti_hai = params[37];
-    if (s->hpcc || s->timely) {
-        s->qh = calloc(lag * n_links, sizeof(double));
+    if (s->hpcc || s->timely) s->qh = calloc(lag * n_links, sizeof(double));
+    if (s->hpcc) {
         s->txh = calloc(lag * n_links, sizeof(double));
         s->tx = calloc(n_links, sizeof(double));
     }
@@ -283,9 +283,6 @@ void fcc_idle(fcc *s, double gap) {
     }
 }
 
-/* DCQCN over dt for flow i (fluidcc.py's _dcqcn_step, after the in-flight ACK clock of
- * _advance): its CNP chance from the ACKs back, the first CNP, then the alpha, decrease and
- * increase ticks due by now */
 /* the bits flow i has acknowledged over dt (fluidcc.py's _ack_clock): what is in flight over a
  * round trip, in flight growing by what it sends */
 static double ack_clock(fcc *s, int64_t i, double dt) {
@@ -349,6 +346,9 @@ static void timely_step(fcc *s, int64_t i, double now) {
     s->tick[i] = now + s->rtt0[i] + s->qd[i];
 }
 
+/* DCQCN over dt for flow i (fluidcc.py's _dcqcn_step, after the in-flight ACK clock of
+ * _advance): its CNP chance from the ACKs back, the first CNP, then the alpha, decrease and
+ * increase ticks due by now */
 static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
     double acked = ack_clock(s, i, dt);
     double no_cnp = exp(-(acked / s->pkt_bits) * (1.0 - s->unm[i]));
@@ -481,17 +481,17 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
          * takes from there to the receiver and its ACK back); then this step's marks */
         int64_t r0 = s->step % s->lag;
         double *row = s->hist + r0 * L;
-        for (int64_t d = 0; d <= s->lag; d++) /* rows by how far back (per-hop marks) */
+        for (int64_t d = 0; s->hop_lag && d <= s->lag; d++) /* rows by how far back */
             s->lag_row[d] = ((s->step - d) % s->lag + s->lag) % s->lag * L;
         if (s->hpcc) /* what each link sent this step: its data and the ACKs on it */
             for (int64_t l = 0; l < L; l++) {
                 double d = s->arrive[l] < s->eff[l] ? s->arrive[l] : s->eff[l];
                 s->tx[l] = (s->q[l] > 0 ? s->eff[l] : d) + (s->cap[l] - s->eff[l]);
             }
+        double window = s->win_bits ? s->win_bits : INFINITY;
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH, *lg = s->hlag + i * WIDTH;
             double unmarked = 1.0, big_u = -1.0, queued = 0.0; /* -1: no hop stamped */
-            double window = s->win_bits ? s->win_bits : INFINITY;
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t at = (s->hop_lag ? s->lag_row[lg[k]] : r0 * L) + p[k];
                 unmarked *= 1.0 - s->hist[at];

@@ -100,7 +100,7 @@ _LIB: list = []  # [library or None], loaded once per process
 # bit apart from the C library's that _fluidcc.c calls, and the dynamics amplify it; the tests
 # swap in the C library's to hold the two to the bit
 _exp, _power, _log1p = np.exp, np.power, np.log1p
-CCS = ("dcqcn", "hpcc", "timely")  # the CCs beside DCTCP, each with its parameters
+CCS = ("dcqcn", "hpcc", "timely")  # the CCs beside DCTCP, each with its own parameters
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
@@ -245,8 +245,8 @@ class FluidDctcp(QueueClock):
             rdma.min_rate_bps,
         )
         self.alpha_init = getattr(rdma, "dctcp_alpha_init", 1.0)
-        # DCQCN's or HPCC's parameters (ns3.cc.DcqcnParams, HpccParams) where rdma.cc is
-        # that CC, else None (DCTCP: its settings are rdma's own)
+        # DCQCN's, HPCC's or TIMELY's parameters (ns3.cc's DcqcnParams, HpccParams,
+        # TimelyParams) where rdma.cc is that CC, else None (DCTCP: its settings are rdma's)
         self.dcqcn, self.hpcc, self.timely = (
             rdma.cc_config() if rdma.cc == cc else None for cc in CCS
         )
@@ -280,8 +280,9 @@ class FluidDctcp(QueueClock):
         self._ids = np.zeros(0, dtype=np.int64)
         self._links = np.zeros((0, 1), dtype=np.int64)
         empty = np.zeros(0)
-        self._columns = tuple(self._new_columns(empty, empty, empty, empty))
-        for name, column in self._new_columns(empty, empty, empty, empty).items():
+        columns = self._new_columns(empty, empty, empty, empty)
+        self._columns = tuple(columns)
+        for name, column in columns.items():
             setattr(self, name, column)
         # mark_delay="hop": each flow's steps from each hop's egress back to it (padded as
         # _links); None: every hop a base round trip (the history's depth)
@@ -371,8 +372,9 @@ class FluidDctcp(QueueClock):
         self._c_cb: dict[int, DoneCallback] = {}
 
     def _cc_params(self) -> list[float]:
-        """The C core's params past the eleventh: DCQCN's (its flag first), CNPs drawn, seed,
-        per-hop mark delays, tandem, then HPCC's (its flag, η, AI, max stage, T)."""
+        """The C core's params past the eleventh: DCQCN's flag, CNPs drawn, seed, per-hop
+        mark delays, tandem, DCQCN's nine, then HPCC's (its flag, η, AI, max stage, T) and
+        TIMELY's (its flag, T_low, T_high, β, EWMA weight, min RTT, AI, hyper AI)."""
         p, h = self.dcqcn, self.hpcc
         common = [float(self.cnp == "sampled"), float(self.seed)]
         common += [float(self._hop_lag is not None), float(self._tandem)]
@@ -411,12 +413,13 @@ class FluidDctcp(QueueClock):
             bits += -(-flow.size_bytes // wire.mtu_bytes) * self._int_bits
         route = self._routes.get(path)
         if route is None:  # a path's links, base round trip and marks' lags, once per path
+            # (the arrays stay here, alive for the addresses C reads them at)
             links = np.asarray(path.links, dtype=np.int64)
             rtt = round_trip_s(wire, path.latency_s, path.inverse_bw_sum, self.ack_bytes)
             lags = self._lags_of(links, rtt) if self._hop_lag is not None else None
             at = (links.ctypes.data, None if lags is None else lags.ctypes.data)
             route = self._routes[path] = (links, rtt, lags, *at)
-        links, rtt, lags, links_at, lags_at = route
+        links, rtt, _, links_at, lags_at = route
         delay = self.routing.delivery_delay(flow.size_bytes, path)
         if self._core is not None:
             rc = self._lib.fcc_add(
@@ -762,8 +765,8 @@ class FluidDctcp(QueueClock):
         window = self._win_bits if self._win_bits else np.inf
         u_hop = self._int_tx[on] / cap + self._int_q[on] * self._line[on, None] / (cap * window)
         big_u = np.where(stamped, u_hop, 0.0).max(axis=1)
-        keep = _exp(-min(dt, self._hpcc_t) / self._hpcc_t)
-        util = big_u + (self._util[on] - big_u) * keep
+        decay = _exp(-min(dt, self._hpcc_t) / self._hpcc_t)
+        util = big_u + (self._util[on] - big_u) * decay
         self._util[on] = util
         max_c = util / p.target_utilization
         mult = (max_c >= 1.0) | (self._stage[on] >= p.max_stage)
