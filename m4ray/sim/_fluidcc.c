@@ -44,6 +44,13 @@ typedef struct {
     double *target, *stage, *t_alpha, *t_dec, *t_inc, *u_alpha, *u_dec, *n_dec, *inflight;
     double *cur, *util, *hu; /* HPCC: reference rate, utilisation, this step's U */
     double *last_rtt, *rtt_diff, *rs; /* TIMELY: last sample, its change's EWMA; this one */
+    /* backlog (with tandem): each flow's bits queued per hop (WIDTH a flow) and when the first
+     * of them leaves, the hop its last bit waits at (-1: still sending) and when it leaves;
+     * per link scratch of the pass */
+    int backlog;
+    double *held, *head, *lb_t;
+    int64_t *lb_hop;
+    double *mine, *due, *hsum, *psi, *spare, *phi, *outl;
 } fcc;
 
 /* a draw in [0, 1) for flow id and draw k from seed (fluidcc.py's uniform: SplitMix64's
@@ -87,6 +94,12 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
     s->timely = params[30] != 0.0, s->t_low = params[31], s->t_high = params[32];
     s->beta = params[33], s->ewma = params[34], s->min_rtt = params[35];
     s->ti_ai = params[36], s->ti_hai = params[37];
+    s->backlog = s->tandem && params[38] != 0.0;
+    if (s->backlog) {
+        double **scratch[] = {&s->mine, &s->due, &s->hsum, &s->psi, &s->spare, &s->phi, &s->outl};
+        for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++)
+            *scratch[k] = calloc(n_links, sizeof(double));
+    }
     if (s->hpcc || s->timely) s->qh = calloc(lag * n_links, sizeof(double));
     if (s->hpcc) {
         s->txh = calloc(lag * n_links, sizeof(double));
@@ -116,31 +129,40 @@ void fcc_free(fcc *s) {
                    s->hlag,  s->unm,   s->target, s->stage, s->t_alpha, s->t_dec, s->t_inc,
                    s->u_alpha, s->u_dec, s->n_dec, s->inflight, s->through,
                    s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu,
-                   s->last_rtt, s->rtt_diff, s->rs, s->lag_row};
+                   s->last_rtt, s->rtt_diff, s->rs, s->lag_row,
+                   s->held,  s->head,  s->lb_t,  s->lb_hop, s->mine,  s->due,   s->hsum,
+                   s->psi,   s->spare,  s->phi,    s->outl};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
 
 int64_t fcc_n(const fcc *s) { return s->n; }
 
+/* each link's queue now (bits), copied into out (n_links) */
+void fcc_queues(const fcc *s, double *out) {
+    memcpy(out, s->q, (size_t)s->n_links * sizeof(double));
+}
+
 int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64_t *lags,
             double bits, double rtt, double delay, double now) {
     if (n_path < 1 || n_path > WIDTH) return 1;
     if (s->n == s->room) {
         int64_t r = s->room ? 2 * s->room : 64;
-        int64_t **ints[] = {&s->id, &s->len};
+        int64_t **ints[] = {&s->id, &s->len, &s->lb_hop};
         double **reals[] = {&s->left,   &s->bits,    &s->rate,  &s->line,  &s->alpha,
                             &s->tick,   &s->rtt0,    &s->delay, &s->x,     &s->qd,
                             &s->tout,   &s->unm,     &s->target, &s->stage, &s->t_alpha,
                             &s->t_dec,  &s->t_inc,   &s->u_alpha, &s->u_dec, &s->n_dec,
                             &s->inflight, &s->cur,   &s->util,  &s->hu,
-                            &s->last_rtt, &s->rtt_diff, &s->rs};
+                            &s->last_rtt, &s->rtt_diff, &s->rs, &s->lb_t};
         for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
             if (!(*ints[k] = grow(*ints[k], r, sizeof(int64_t)))) return 2;
         for (size_t k = 0; k < sizeof reals / sizeof *reals; k++)
             if (!(*reals[k] = grow(*reals[k], r, sizeof(double)))) return 2;
         if (!(s->links = grow(s->links, r * WIDTH, sizeof(int64_t)))) return 2;
         if (!(s->hlag = grow(s->hlag, r * WIDTH, sizeof(int64_t)))) return 2;
+        if (!(s->held = grow(s->held, r * WIDTH, sizeof(double)))) return 2;
+        if (!(s->head = grow(s->head, r * WIDTH, sizeof(double)))) return 2;
         s->room = r;
     }
     int64_t i = s->n++;
@@ -154,6 +176,9 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
     s->t_alpha[i] = s->t_dec[i] = s->t_inc[i] = INFINITY, s->u_alpha[i] = s->u_dec[i] = 1.0;
     s->cur[i] = line, s->util[i] = 1.0, s->hu[i] = 0.0;
     s->last_rtt[i] = NAN, s->rtt_diff[i] = 0.0, s->rs[i] = 0.0;
+    s->lb_hop[i] = -1, s->lb_t[i] = INFINITY;
+    memset(s->held + i * WIDTH, 0, WIDTH * sizeof(double));
+    memset(s->head + i * WIDTH, 0, WIDTH * sizeof(double));
     if (s->hpcc) s->tick[i] = INFINITY; /* its first ACKs set the reference */
     return 0;
 }
@@ -224,6 +249,9 @@ static void compact(fcc *s) {
             s->id[j] = s->id[i], s->len[j] = s->len[i];
             memcpy(s->links + j * WIDTH, s->links + i * WIDTH, WIDTH * sizeof(int64_t));
             memcpy(s->hlag + j * WIDTH, s->hlag + i * WIDTH, WIDTH * sizeof(int64_t));
+            memcpy(s->held + j * WIDTH, s->held + i * WIDTH, WIDTH * sizeof(double));
+            memcpy(s->head + j * WIDTH, s->head + i * WIDTH, WIDTH * sizeof(double));
+            s->lb_hop[j] = s->lb_hop[i], s->lb_t[j] = s->lb_t[i];
             s->target[j] = s->target[i], s->stage[j] = s->stage[i];
             s->t_alpha[j] = s->t_alpha[i], s->t_dec[j] = s->t_dec[i], s->t_inc[j] = s->t_inc[i];
             s->u_alpha[j] = s->u_alpha[i], s->u_dec[j] = s->u_dec[i], s->n_dec[j] = s->n_dec[i];
@@ -405,6 +433,80 @@ static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
     }
 }
 
+/* backlog: the share of what flow i holds at the hop its last bit waits at that leaves over
+ * dt (evenly from when the first of it leaves to when that bit leaves) */
+static double drain_frac(const fcc *s, int64_t i, double now, double dt) {
+    double first = s->lb_hop[i] >= 0 ? s->head[i * WIDTH + s->lb_hop[i]] : 0.0;
+    first = first > now ? first : now;
+    double span = s->lb_t[i] - first, f;
+    if (!(span > 0)) return 1.0;
+    f = (now + dt - first) / span;
+    return f < 0.0 ? 0.0 : (f > 1.0 ? 1.0 : f);
+}
+
+/* backlog: what each switch queue sends over dt, passed on to each flow's next hop, and the
+ * queues after (fluidcc.py's _pass_backlogs: the same sums in the same order) */
+static void pass_backlogs(fcc *s, double now, double dt) {
+    const int64_t L = s->n_links, n = s->n;
+    int64_t longest = 0;
+    memset(s->mine, 0, L * sizeof(double));
+    memset(s->due, 0, L * sizeof(double));
+    memset(s->hsum, 0, L * sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t *p = s->links + i * WIDTH;
+        const double *h = s->held + i * WIDTH;
+        double frac = drain_frac(s, i, now, dt);
+        longest = s->len[i] > longest ? s->len[i] : longest;
+        for (int64_t k = 0; k < s->len[i]; k++) {
+            s->hsum[p[k]] += h[k];
+            if (k == s->lb_hop[i]) s->mine[p[k]] += h[k], s->due[p[k]] += h[k] * frac;
+        }
+    }
+    for (int64_t l = 0; l < L; l++) {
+        double a = s->q[l] - s->hsum[l], out_max = s->sw[l] ? s->eff[l] * dt : INFINITY;
+        s->hsum[l] = a > 0.0 ? a : 0.0; /* now what no flow holds */
+        s->psi[l] = s->due[l] > out_max ? out_max / s->due[l] : 1.0;
+        a = out_max - s->due[l];
+        s->spare[l] = a > 0.0 ? a : 0.0;
+    }
+    for (int64_t pass = 0; pass < longest; pass++) {
+        int last = pass == longest - 1;
+        for (int64_t l = 0; l < L; l++) {
+            double c = s->q[l] - s->mine[l] + s->arrive[l] * dt;
+            c = c > 0.0 ? c : 0.0;
+            s->phi[l] = c > s->spare[l] ? s->spare[l] / c : 1.0;
+        }
+        memset(s->arrive, 0, L * sizeof(double));
+        if (last) memset(s->outl, 0, L * sizeof(double));
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t *p = s->links + i * WIDTH;
+            double *h = s->held + i * WIDTH, *hd = s->head + i * WIDTH, cur = s->x[i];
+            double frac = drain_frac(s, i, now, dt);
+            for (int64_t k = 0; k < s->len[i]; k++) {
+                int64_t l = p[k];
+                int here = k == s->lb_hop[i];
+                double must = here ? h[k] * frac : 0.0;
+                s->arrive[l] += cur;
+                double nxt = here ? s->psi[l] * must / dt : s->phi[l] * (h[k] / dt + cur);
+                if (last) {
+                    if (h[k] == 0 && cur > 0) hd[k] = now + s->q[l] / s->cap[l];
+                    double hn = h[k] + cur * dt;
+                    double passed = here ? s->psi[l] * must : s->phi[l] * hn;
+                    s->outl[l] += passed;
+                    h[k] = hn - passed;
+                }
+                cur = nxt;
+            }
+        }
+    }
+    for (int64_t l = 0; l < L; l++)
+        if (s->sw[l]) {
+            double out = s->outl[l] + s->phi[l] * s->hsum[l];
+            double v = s->q[l] + s->arrive[l] * dt - out;
+            s->q[l] = v > 1.0 ? v : 0.0; /* under a bit: the sums' rounding, gone */
+        }
+}
+
 /* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
  * come back as ids and delivery times, and the count is returned (0: t_far reached). */
 int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_t,
@@ -431,6 +533,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 /* a flow that has sent less than its window: no hold */
                 if (!(s->first_window && s->bits[i] - s->left[i] < held)) x = x < w ? x : w;
             }
+            if (s->lb_hop[i] >= 0) x = 0.0; /* its last bit has left: it sends no more */
             s->x[i] = x;
         }
         nic_share(s);
@@ -442,9 +545,9 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             if (s->tout[i] < t_min) t_min = s->tout[i];
             const int64_t *p = s->links + i * WIDTH;
             for (int64_t k = 0; k < s->len[i]; k++) s->arrive[p[k]] += x;
-            if (!(s->rate[i] >= s->line[i])) at_line = 0;
+            if (s->lb_hop[i] < 0 && !(s->rate[i] >= s->line[i])) at_line = 0;
         }
-        if (s->tandem) { /* what each hop lets through: an overloaded link passes at most C */
+        if (s->tandem && !s->backlog) { /* what each hop lets through: at most C */
             int64_t longest = 0;
             for (int64_t i = 0; i < n; i++) longest = s->len[i] > longest ? s->len[i] : longest;
             for (int64_t pass = 0; pass < longest - 1; pass++) {
@@ -469,12 +572,22 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         double t_next = quiet ? t_far : (t_far < *now + s->dt ? t_far : *now + s->dt);
         double dt = t_next - *now;
         if (t_min < dt) dt = t_min;
-        for (int64_t l = 0; l < L; l++)
-            if (s->sw[l]) {
-                double v = s->q[l] + (s->arrive[l] - s->eff[l]) * dt;
-                s->q[l] = v > 0.0 ? v : 0.0;
-            }
-        if (s->ack_frac) memcpy(s->data, s->arrive, L * sizeof(double));
+        if (s->backlog) { /* up to the next last bit due out of a queue, then the hops pass */
+            for (int64_t i = 0; i < n; i++)
+                if (s->lb_t[i] > *now && s->lb_t[i] - *now < dt) dt = s->lb_t[i] - *now;
+            pass_backlogs(s, *now, dt);
+        } else
+            for (int64_t l = 0; l < L; l++)
+                if (s->sw[l]) {
+                    double v = s->q[l] + (s->arrive[l] - s->eff[l]) * dt;
+                    s->q[l] = v > 0.0 ? v : 0.0;
+                }
+        if (s->ack_frac && !s->backlog) memcpy(s->data, s->arrive, L * sizeof(double));
+        for (int64_t l = 0; s->ack_frac && s->backlog && l < L; l++) { /* what each link sent
+                                                   (a queue at its rate): the ACKs to come */
+            double d = s->arrive[l] < s->eff[l] ? s->arrive[l] : s->eff[l];
+            s->data[l] = s->q[l] > 0 ? s->eff[l] : d;
+        }
         for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
         *now += dt;
         /* the marks senders see now (a base round trip old, or per hop as long as a packet
@@ -550,7 +663,28 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             s->rate[i] = r > s->line[i] ? s->line[i] : r;
         }
         int64_t k = 0;
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; s->backlog && i < n; i++) {
+            const int64_t *p = s->links + i * WIDTH;
+            if (s->tout[i] <= dt * (1 + 1e-12)) { /* its last bit joins its first hop's queue */
+                s->left[i] = 0.0, s->lb_hop[i] = 0;
+                s->lb_t[i] = *now + s->q[p[0]] / s->cap[p[0]];
+            }
+            /* each last bit due out of its queue leaves it and joins the next hop's */
+            while (s->lb_hop[i] >= 0 && s->lb_hop[i] < s->len[i] && s->lb_t[i] <= *now) {
+                s->held[i * WIDTH + s->lb_hop[i]] = 0.0;
+                if (++s->lb_hop[i] < s->len[i]) {
+                    int64_t l = p[s->lb_hop[i]];
+                    s->lb_t[i] = s->lb_t[i] + s->q[l] / s->cap[l];
+                }
+            }
+            if (s->lb_hop[i] >= s->len[i]) { /* out of its last hop: delivered */
+                if (k == max_out) return -1;
+                double t = s->lb_t[i] + s->delay[i];
+                out_id[k] = s->id[i], out_t[k] = t > *now ? t : *now;
+                s->tout[i] = -1.0, k++;
+            }
+        }
+        for (int64_t i = 0; !s->backlog && i < n; i++)
             if (s->tout[i] <= dt * (1 + 1e-12)) {
                 if (k == max_out) return -1; /* the caller's arrays are too small */
                 out_id[k] = s->id[i], out_t[k] = *now + queue_delay(s, i) + s->delay[i];

@@ -25,6 +25,14 @@ time-stepped at ``dt_s``:
   link passes at most its capacity, shared in proportion to what arrives, so a burst through
   two shared hops queues once, at the first, as in ns-3; without, each link sees its flows'
   sending rates (the single-bottleneck fluid of the DCTCP and DCQCN papers);
+* with ``backlog`` (the default, with ``tandem``) each switch queue keeps what each flow holds
+  there and passes what it sends on to each flow's next hop, so a burst held at a shared uplink
+  still reaches the degraded port behind it (the study's N = 16 gap, docs/gray_failure_study.md).
+  A queue sends at most its rate: a flow whose last bit waits there sends what it holds evenly
+  from when the first of it leaves to when that bit leaves (FIFO: both when the queue ahead of
+  them, at their arrival, has gone), the rest goes to the other flows' bits and what arrives in
+  proportion. The ACKs to come are those of what each link sent (a queue: its rate), not of
+  what arrived at it;
 * with ``ack_load`` (the default) the receivers' ACKs, one per data packet at high priority,
   take their share first: a link gives data ``C − a × (data on its reverse link, last step)``
   (``a`` = ACK bytes per data packet's wire bytes, 64 / 1,048 with 1,000 B payloads), in the
@@ -64,13 +72,16 @@ time-stepped at ``dt_s``:
   ago) and the EWMA of its change set the rate as our ns-3's ``Timely`` does (below T_low or
   a gradient at most 0: + AI, five times, then + hyper AI; above T_high a cut by
   β (1 − T_high / RTT); else by β x gradient);
-* a flow is done when its last bit has left the sender plus the queueing delay on its path
-  then plus the routing's delivery delay (propagation and the first packet's store and
-  forward), so a flow alone takes its ideal FCT.
+* a flow is done when its last bit has left the sender and waited out each hop's queue in turn
+  (``backlog``; without it, the queueing delay on its path when it left the sender), plus the
+  routing's delivery delay (propagation and the first packet's store and forward), so a flow
+  alone takes its ideal FCT.
 
-What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a FIFO's
-output split by what each flow has queued (``tandem`` splits it by what arrives), packets and
-ECMP collisions beyond the routing's, and TCP (it refuses it by field). The steps
+What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a FIFO's exact
+order among the flows still arriving at a queue (``backlog`` splits what it sends by what each
+holds and what arrives; without it, ``tandem`` by what arrives, and the bits a hop holds never
+reach the next), packets and ECMP collisions beyond the routing's, and TCP (it refuses it by
+field). The steps
 run in C (``_fluidcc.c``, built on first use), this module's numpy loop being the reference and
 the fallback (``M4RAY_NATIVE=0``; the two agree to the bit with the C library's exp and pow).
 
@@ -136,6 +147,7 @@ def library():
                 "fcc_new": (vp, [i64, vp, vp, vp, vp, vp, vp, i64, vp, cint]),
                 "fcc_free": (None, [vp]),
                 "fcc_n": (i64, [vp]),
+                "fcc_queues": (None, [vp, vp]),
                 "fcc_add": (cint, [vp, i64, i64, vp, vp, f64, f64, f64, f64]),
                 "fcc_run": (i64, [vp, ctypes.POINTER(f64), f64, vp, vp, i64]),
                 "fcc_idle": (None, [vp, f64]),
@@ -181,6 +193,11 @@ class FluidDctcpConfig:
     # each hop sees what the hops before it let through (an overloaded link passes at most its
     # capacity, split in proportion to what arrives), not what the senders send
     tandem: bool = added_field(True, "the fluid's DCQCN (issue 32)", ids_had=False)
+    # with tandem: each switch queue keeps what each flow has queued there and passes on its
+    # share of what it sends (by what each has queued and what arrives), so a backlog built at
+    # one hop reaches the hops after it; a flow is delivered when its last bit has waited out
+    # each hop's queue in turn (FIFO), not at the queues on its path when it left the sender
+    backlog: bool = added_field(True, "the N = 16 gap (issue 29)", ids_had=False)
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
@@ -213,6 +230,7 @@ class FluidDctcpConfig:
             first_window=self.first_window,
             mark_delay=self.mark_delay,
             tandem=self.tandem,
+            backlog=self.backlog,
         )
 
 
@@ -234,8 +252,10 @@ class FluidDctcp(QueueClock):
         seed: int = 0,
         mark_delay: str = "hop",
         tandem: bool = True,
+        backlog: bool = True,
     ) -> None:
         self._tandem = tandem
+        self._backlog = tandem and backlog
         self.cnp, self.seed = cnp, seed
         self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
         self.ack_bytes = rdma.ack_bytes
@@ -287,6 +307,10 @@ class FluidDctcp(QueueClock):
         # mark_delay="hop": each flow's steps from each hop's egress back to it (padded as
         # _links); None: every hop a base round trip (the history's depth)
         self._hop_lag = np.zeros((0, 1), dtype=np.int64) if mark_delay == "hop" else None
+        # backlog: each flow's bits queued at each hop of its path (padded as _links), and
+        # when the first of them leaves (FIFO: the queue there when they came, at its rate)
+        self._held = np.zeros((0, 1))
+        self._head = np.zeros((0, 1))
         self._latency = topology.latency_s
         self._cb: list[DoneCallback] = []
         self._new: list[tuple] = []
@@ -374,7 +398,8 @@ class FluidDctcp(QueueClock):
     def _cc_params(self) -> list[float]:
         """The C core's params past the eleventh: DCQCN's flag, CNPs drawn, seed, per-hop
         mark delays, tandem, DCQCN's nine, then HPCC's (its flag, η, AI, max stage, T) and
-        TIMELY's (its flag, T_low, T_high, β, EWMA weight, min RTT, AI, hyper AI)."""
+        TIMELY's (its flag, T_low, T_high, β, EWMA weight, min RTT, AI, hyper AI), then
+        backlog."""
         p, h = self.dcqcn, self.hpcc
         common = [float(self.cnp == "sampled"), float(self.seed)]
         common += [float(self._hop_lag is not None), float(self._tandem)]
@@ -391,7 +416,7 @@ class FluidDctcp(QueueClock):
         if t is not None:
             timely = [1.0, t.t_low_s, t.t_high_s, t.beta, t.ewma, t.min_rtt_s]
             timely += [t.rate_ai_bps, t.rate_hai_bps]
-        return [float(p is not None), *common, *dcqcn, *hpcc, *timely]
+        return [float(p is not None), *common, *dcqcn, *hpcc, *timely, float(self._backlog)]
 
     def __del__(self) -> None:
         if getattr(self, "_core", None) is not None:
@@ -476,6 +501,10 @@ class FluidDctcp(QueueClock):
             "_util": one,
             "_last_rtt": np.full(n, np.nan),
             "_rtt_diff": zero,
+            # backlog: the hop its last bit waits at (-1: still sending) and when it leaves
+            # that hop's queue
+            "_lb_hop": np.full(n, -1.0),
+            "_lb_t": inf,
         }
 
     def _lags_of(self, links: np.ndarray, rtt: float) -> np.ndarray:
@@ -508,6 +537,10 @@ class FluidDctcp(QueueClock):
             old_lag = np.ones((len(self._ids), width), dtype=np.int64)
             old_lag[:, : self._hop_lag.shape[1]] = self._hop_lag
             self._hop_lag = np.concatenate([old_lag, lags])
+        for name in ("_held", "_head"):
+            grown = np.zeros((len(self._ids) + len(ids), width))
+            grown[: len(self._ids), : getattr(self, name).shape[1]] = getattr(self, name)
+            setattr(self, name, grown)
         self._ids = np.concatenate([self._ids, ids])
         self._links = np.concatenate([old, pad])
         new = self._new_columns(np.asarray(bits, dtype=np.float64), rtt, np.asarray(delay), line)
@@ -533,6 +566,15 @@ class FluidDctcp(QueueClock):
             while events.peek_time() <= self._now:
                 _, fn = events.pop()
                 fn()
+
+    def queue_bytes(self) -> np.ndarray:
+        """Each directed link's queue now (bytes): what its egress holds (a probe's view, as
+        ns-3's ``Backlog``; ``bench/study_queues.py``)."""
+        if self._core is None:
+            return self._q / 8.0
+        out = np.zeros(len(self._cap))
+        self._lib.fcc_queues(self._core, out.ctypes.data)
+        return out / 8.0
 
     def _n_active(self) -> int:
         # the core's flows are those whose completion is still to come back (fcc_n's count)
@@ -608,44 +650,144 @@ class FluidDctcp(QueueClock):
             if self._first_window:  # a flow that has sent less than its window: no hold
                 w = np.where(self._bits - self._left < held, np.inf, w)
             x = np.minimum(x, w)
+        if self._backlog:  # a flow whose last bit has left sends no more
+            x = np.where(self._lb_hop >= 0, 0.0, x)
         x = self._nic_share(x, cap)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
             t_out = np.where(x > 0, self._left / x, np.inf)
         # queues: every switch egress link integrates what its flows send
         valid = links >= 0
         sent = np.broadcast_to(x[:, None], links.shape)[valid]
         arrive = np.bincount(links[valid], weights=sent, minlength=len(self._q))
-        if self._tandem:  # what each hop lets through: an overloaded link passes at most C
-            for _ in range(int(valid.sum(axis=1).max()) - 1):  # a pass per later hop
-                over = arrive > cap
-                through = np.ones(len(arrive))
-                through[over] = cap[over] / arrive[over]
-                hop = np.where(valid, through[np.where(valid, links, 0)], 1.0)
-                ahead = np.cumprod(hop, axis=1)[:, :-1]  # the share left before each hop
-                sent = x[:, None] * np.concatenate([np.ones((len(x), 1)), ahead], axis=1)
-                arrive = np.bincount(links[valid], weights=sent[valid], minlength=len(self._q))
+        if self._tandem and not self._backlog:  # what each hop lets through: at most C
+            arrive = self._tandem_arrivals(x, arrive, cap)
         sw = self._switch
+        sending = self._lb_hop < 0  # (every flow without backlog)
         quiet = (
             self.hpcc is None  # HPCC moves a lone flow at its line rate too (to η of it)
             and not self._q.any()
             and not self._p_hist.any()
-            and (self._rate >= self._line).all()
+            and (self._rate[sending] >= self._line[sending]).all()
             and (arrive[sw] <= cap[sw]).all()
             and (not self._ack_frac or np.array_equal(arrive, self._data))
         )
         t_next = t_far if quiet else min(t_far, self._now + self.dt_s)
         dt = min(t_next - self._now, float(t_out.min()))
-        self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - cap[sw]) * dt)
+        if self._backlog:  # up to the next last bit due out of a queue, then through the hops
+            waiting = self._lb_t[self._lb_t > self._now]
+            if len(waiting):
+                dt = min(dt, float(waiting.min()) - self._now)
+            arrive = self._pass_backlogs(x, arrive, cap, dt)  # (and the queues)
+        if not self._backlog:
+            self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - cap[sw]) * dt)
         if self._ack_frac:
             self._data = arrive
+            if self._backlog:  # what each link sent (a queue at its rate): the ACKs to come
+                self._data = np.where(self._q > 0, cap, np.minimum(arrive, cap))
         self._left -= x * dt
         self._now += dt
         if self.dcqcn is not None or self.hpcc is not None:
             self._ack_clock(x, dt, self._rtt0 + qdelay, arrive, cap)
         self._control(x, self._rtt0 + qdelay, dt, self._unmarked())
-        done = np.flatnonzero(t_out <= dt * (1 + 1e-12))
-        if len(done):
-            self._finish(done)
+        self._sent_all(np.flatnonzero(t_out <= dt * (1 + 1e-12)))
+
+    def _tandem_arrivals(self, x: np.ndarray, arrive: np.ndarray, cap: np.ndarray):
+        """``tandem`` without ``backlog``: each link's arrivals when each hop lets through at
+        most its capacity, split by what arrives (a pass per later hop)."""
+        links = self._links
+        valid = links >= 0
+        for _ in range(int(valid.sum(axis=1).max()) - 1):
+            over = arrive > cap
+            through = np.ones(len(arrive))
+            through[over] = cap[over] / arrive[over]
+            hop = np.where(valid, through[np.where(valid, links, 0)], 1.0)
+            ahead = np.cumprod(hop, axis=1)[:, :-1]  # the share left before each hop
+            sent = x[:, None] * np.concatenate([np.ones((len(x), 1)), ahead], axis=1)
+            arrive = np.bincount(links[valid], weights=sent[valid], minlength=len(self._q))
+        return arrive
+
+    def _sent_all(self, done: np.ndarray) -> None:
+        """The flows ``done`` (indices) have sent their last bit: with ``backlog`` it joins
+        their first hop's queue (:meth:`_last_bits`); without, each is delivered after the
+        queues on its path now and its delivery delay."""
+        if self._backlog:
+            first = self._links[done, 0]
+            self._left[done], self._lb_hop[done] = 0.0, 0.0
+            self._lb_t[done] = self._now + self._q[first] / self._cap[first]
+            self._last_bits()
+        elif len(done):
+            qd = self._queue_delay(self._links[done])
+            self._finish(done, self._now + qd + self._delay[done])
+
+    def _pass_backlogs(self, x: np.ndarray, arrive: np.ndarray, cap: np.ndarray, dt: float):
+        """``backlog``: what each switch queue sends over ``dt`` (at most C), passed on to each
+        flow's next hop. A flow whose last bit waits in the queue sends what it has there from
+        when the first of it leaves to when that bit leaves, evenly (FIFO: what came before it
+        goes first); the rest of C goes to every other flow's bits there and what arrives, in
+        proportion (and to the queue's bits no flow holds any more, as one more). A pass per
+        hop (from the senders' rates at every hop), the last one kept. Each link's arrivals
+        (bits/s) come out; each flow's bits queued per hop, when the first of them leaves, and
+        each queue are updated."""
+        links, q, held, now = self._links, self._q, self._held, self._now
+        valid = links >= 0
+        at = np.where(valid, links, 0)
+        n_links = len(q)
+        here = np.arange(links.shape[1])[None, :] == self._lb_hop[:, None]
+        first = np.maximum(now, (self._head * here).sum(axis=1))
+        span = self._lb_t - first
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(span > 0, np.clip((now + dt - first) / span, 0.0, 1.0), 1.0)
+        must = np.where(here, held * frac[:, None], 0.0)
+        mine = np.bincount(links[here], weights=held[here], minlength=n_links)
+        due = np.bincount(links[here], weights=must[here], minlength=n_links)
+        anon = np.maximum(q - np.bincount(links[valid], weights=held[valid], minlength=n_links), 0)
+        out_max = np.where(self._switch, cap * dt, np.inf)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            psi = np.where(due > out_max, out_max / due, 1.0)
+        room = np.maximum(out_max - due, 0.0)
+        a = np.empty(links.shape)
+        for _ in range(int(valid.sum(axis=1).max())):
+            content = np.maximum(q - mine + arrive * dt, 0.0)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                phi = np.where(content > room, room / content, 1.0)
+            cur = x
+            for k in range(links.shape[1]):
+                a[:, k] = cur
+                link = at[:, k]
+                nxt = phi[link] * (held[:, k] / dt + cur)
+                nxt = np.where(here[:, k], psi[link] * must[:, k] / dt, nxt)
+                cur = np.where(valid[:, k], nxt, cur)
+            arrive = np.bincount(links[valid], weights=a[valid], minlength=n_links)
+        came = valid & (held == 0) & (a > 0)  # the first bits to wait here: when they leave
+        self._head = np.where(came, now + q[at] / self._cap[at], self._head)
+        held = held + a * dt
+        passed = np.where(here, psi[at] * must, phi[at] * held)
+        self._held = np.where(valid, held - passed, 0.0)
+        out = np.bincount(links[valid], weights=passed[valid], minlength=n_links) + phi * anon
+        sw = self._switch
+        left = q[sw] + arrive[sw] * dt - out[sw]
+        q[sw] = np.where(left > 1.0, left, 0.0)  # (under a bit: the sums' rounding, gone)
+        return arrive
+
+    def _last_bits(self) -> None:
+        """``backlog``: each flow's last bit due out of the queue it waits at leaves it (what
+        the flow still has there stays as others', FIFO: it has left) and joins the next hop's
+        queue, to leave it when what is queued there now has gone (at the link's rate); those
+        out of their last hop are delivered after their delivery delay."""
+        hop, t, links = self._lb_hop, self._lb_t, self._links
+        n_hops = (links >= 0).sum(axis=1)
+        while True:
+            due = np.flatnonzero((hop >= 0) & (hop < n_hops) & (t <= self._now))
+            if not len(due):
+                break
+            self._held[due, hop[due].astype(np.int64)] = 0.0
+            hop[due] += 1.0
+            on = due[hop[due] < n_hops[due]]
+            link = links[on, hop[on].astype(np.int64)]
+            t[on] = t[on] + self._q[link] / self._cap[link]
+        out = np.flatnonzero(hop >= n_hops)
+        if len(out):
+            self._finish(out, np.maximum(self._now, t[out] + self._delay[out]))
 
     def _ack_clock(self, x, dt: float, rtt, arrive: np.ndarray, cap: np.ndarray) -> None:
         """DCQCN and HPCC: each flow's bits acknowledged over ``dt`` (what is in flight over a
@@ -895,17 +1037,15 @@ class FluidDctcp(QueueClock):
         self._rate[due] = np.clip(r, self.min_rate, self._line[due])
         self._tick[due] = self._now + rtt[due]
 
-    def _finish(self, done: np.ndarray) -> None:
-        """The flows ``done`` (indices) have sent their last bit: each is delivered after the
-        queues on its path now and its delivery delay; they leave the active set."""
-        qd = self._queue_delay(self._links[done])
+    def _finish(self, done: np.ndarray, times: np.ndarray) -> None:
+        """The flows ``done`` (indices) are delivered at ``times``; they leave the active set."""
         for j, i in enumerate(done):
-            t_done = self._now + qd[j] + self._delay[i]
+            t_done = float(times[j])
             fid, cb = int(self._ids[i]), self._cb[i]
             self.events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
         keep = np.ones(len(self._ids), dtype=bool)
         keep[done] = False
-        names = ("_ids", "_links", *self._columns)
+        names = ("_ids", "_links", "_held", "_head", *self._columns)
         if self._hop_lag is not None:
             names = (*names, "_hop_lag")
         for name in names:
