@@ -448,14 +448,17 @@ static double drain_frac(const fcc *s, int64_t i, double now, double dt) {
  * queues after (fluidcc.py's _pass_backlogs: the same sums in the same order) */
 static void pass_backlogs(fcc *s, double now, double dt) {
     const int64_t L = s->n_links, n = s->n;
-    int64_t longest = 0;
+    int64_t longest = 0, calm = 1;
+    for (int64_t l = 0; calm && l < L; l++)
+        if (s->sw[l] && (s->q[l] != 0.0 || s->arrive[l] > s->eff[l])) calm = 0;
+    if (calm) return; /* no queue and none to come: every hop passes what arrives */
     memset(s->mine, 0, L * sizeof(double));
     memset(s->due, 0, L * sizeof(double));
     memset(s->hsum, 0, L * sizeof(double));
     for (int64_t i = 0; i < n; i++) {
         const int64_t *p = s->links + i * WIDTH;
         const double *h = s->held + i * WIDTH;
-        double frac = drain_frac(s, i, now, dt);
+        double frac = s->lb_hop[i] >= 0 ? drain_frac(s, i, now, dt) : 0.0;
         longest = s->len[i] > longest ? s->len[i] : longest;
         for (int64_t k = 0; k < s->len[i]; k++) {
             s->hsum[p[k]] += h[k];
@@ -481,7 +484,7 @@ static void pass_backlogs(fcc *s, double now, double dt) {
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH;
             double *h = s->held + i * WIDTH, *hd = s->head + i * WIDTH, cur = s->x[i];
-            double frac = drain_frac(s, i, now, dt);
+            double frac = s->lb_hop[i] >= 0 ? drain_frac(s, i, now, dt) : 0.0;
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t l = p[k];
                 int here = k == s->lb_hop[i];

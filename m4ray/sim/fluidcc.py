@@ -729,6 +729,9 @@ class FluidDctcp(QueueClock):
         (bits/s) come out; each flow's bits queued per hop, when the first of them leaves, and
         each queue are updated."""
         links, q, held, now = self._links, self._q, self._held, self._now
+        sw = self._switch
+        if not q[sw].any() and (arrive[sw] <= cap[sw]).all():
+            return arrive  # no queue and none to come: every hop passes what arrives
         valid = links >= 0
         at = np.where(valid, links, 0)
         n_links = len(q)
@@ -764,7 +767,6 @@ class FluidDctcp(QueueClock):
         passed = np.where(here, psi[at] * must, phi[at] * held)
         self._held = np.where(valid, held - passed, 0.0)
         out = np.bincount(links[valid], weights=passed[valid], minlength=n_links) + phi * anon
-        sw = self._switch
         left = q[sw] + arrive[sw] * dt - out[sw]
         q[sw] = np.where(left > 1.0, left, 0.0)  # (under a bit: the sums' rounding, gone)
         return arrive
