@@ -15,10 +15,11 @@ the table gives the mean queue, the share of samples with more than 1 KB queued 
 p90 / p99 / max of those. ``--plot`` draws the degraded ports' summed queue over time.
 
 On the study's N = 16, R = 4 (2026-12-07) ns-3 held a mean 71 KB at the degraded GPUs' rail
-ports (p90 310 KB, p99 663 KB) where the fluid held 47 KB (186 / 395 KB): the chunks from the
-healthy server reached those ports late, held at the shared rail-to-spine uplink. The fluid's
-``backlog`` (docs/gray_failure_study.md, "The fluid's backlog") passes what that uplink holds
-on.
+ports (p90 310 KB, p99 663 KB, max 1.23 MB) where the fluid held 47 KB (186 / 395 KB / 837 KB):
+the chunks from the healthy server reached those ports late, held at the shared rail-to-spine
+uplink. With the fluid's ``backlog`` (docs/gray_failure_study.md, "The fluid's backlog"), which
+passes what that uplink holds on, 67 KB (295 / 554 KB / 1.11 MB), and the summed queue follows
+ns-3's over the whole iteration.
 """
 
 from __future__ import annotations
