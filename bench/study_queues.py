@@ -9,10 +9,11 @@ The folder is a sweep's run directory with ns-3 among its backends (``results.pa
 ``flows/`` and ``topologies/``). Each backend runs the point's flows in trace mode (as
 ``bench/study_perflow.py --given-arrivals`` does) and is sampled every ``--every-us`` of
 simulated time: the bytes queued at each egress port toward a GPU of the reported group (ranks
-0-15) on its rail switch, and at each GPU's own NIC (ns-3's ``Backlog``: queue disc and device
-queue; the fluid's ``queue_bytes``). Per kind of port (toward a degraded GPU or a healthy one),
-the table gives the mean queue, the share of samples with more than 1 KB queued and the p50 /
-p90 / p99 / max of those. ``--plot`` draws the degraded ports' summed queue over time.
+0-15) on its rail switch, and at each GPU's own NIC toward its rail (ns-3's ``Backlog``: queue
+disc and device queue; the fluid's ``queue_bytes``). Per kind of port (``link_kinds`` of
+``bench/ns3_utilisation.py``: degraded GPU or healthy), the table gives the mean queue, the share
+of samples with more than 1 KB queued and the p50 / p90 / p99 / max of those. ``--plot`` draws
+the degraded ports' summed queue over time.
 
 On the study's N = 16, R = 4 (2026-12-07) ns-3 held a mean 71 KB at the degraded GPUs' rail
 ports (p90 310 KB, p99 663 KB, max 1.23 MB) where the fluid held 47 KB (186 / 395 KB / 837 KB):
@@ -34,24 +35,18 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ns3_utilisation import link_kinds
 from study_perflow import _trace, arrivals_configs, point
 
 from m4ray.sim.routing import Routing
 from m4ray.sweeps.report import format_table
 
-GROUP = 16  # the reported group's ranks (EndToEnd.csv is rank 0's)
-
 
 def rail_ports(topo, degraded: list[int]) -> dict[int, str]:
-    """Each directed link into or out of a GPU of the group that is not an NVLink, by kind."""
-    hosts, nvs = set(topo.hosts), set(topo.nvswitches)
-    kinds = {}
-    for link, (a, b) in enumerate(zip(topo.link_src.tolist(), topo.link_dst.tolist(), strict=True)):
-        if b in hosts and b < GROUP and a not in nvs:
-            kinds[link] = f"rail -> GPU ({'degraded' if b in degraded else 'healthy'})"
-        elif a in hosts and a < GROUP and b not in nvs:
-            kinds[link] = f"GPU NIC ({'degraded' if a in degraded else 'healthy'})"
-    return kinds
+    """The group's GPUs' rail links (``ns3_utilisation.link_kinds`` less NVLinks and spines):
+    each GPU's NIC and its rail switch's port toward it, by kind."""
+    kinds = link_kinds(topo, set(degraded))
+    return {link: kind for link, kind in kinds.items() if "rail" in kind and "spine" not in kind}
 
 
 def sampled(topo, trace, backend_and_wire, links: np.ndarray, every_s: float):
@@ -135,7 +130,7 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        cols = [i for i, link in enumerate(links) if kinds[link].endswith("(degraded)")]
+        cols = [i for i, link in enumerate(links) if kinds[link] == "rail -> GPU (degraded)"]
         fig, ax = plt.subplots(figsize=(9, 3.5))
         for name, (times, queues) in series.items():
             ax.plot(times * 1e3, queues[:, cols].sum(axis=1) / 1e3, label=name, lw=0.8)

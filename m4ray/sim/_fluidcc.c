@@ -434,9 +434,10 @@ static void dcqcn_step(fcc *s, int64_t i, double now, double dt) {
 }
 
 /* backlog: the share of what flow i holds at the hop its last bit waits at that leaves over
- * dt (evenly from when the first of it leaves to when that bit leaves) */
+ * dt (evenly from when the first of it leaves to when that bit leaves; 0: still sending) */
 static double drain_frac(const fcc *s, int64_t i, double now, double dt) {
-    double first = s->lb_hop[i] >= 0 ? s->head[i * WIDTH + s->lb_hop[i]] : 0.0;
+    if (s->lb_hop[i] < 0) return 0.0;
+    double first = s->head[i * WIDTH + s->lb_hop[i]];
     first = first > now ? first : now;
     double span = s->lb_t[i] - first, f;
     if (!(span > 0)) return 1.0;
@@ -458,7 +459,7 @@ static void pass_backlogs(fcc *s, double now, double dt) {
     for (int64_t i = 0; i < n; i++) {
         const int64_t *p = s->links + i * WIDTH;
         const double *h = s->held + i * WIDTH;
-        double frac = s->lb_hop[i] >= 0 ? drain_frac(s, i, now, dt) : 0.0;
+        double frac = drain_frac(s, i, now, dt);
         longest = s->len[i] > longest ? s->len[i] : longest;
         for (int64_t k = 0; k < s->len[i]; k++) {
             s->hsum[p[k]] += h[k];
@@ -484,7 +485,7 @@ static void pass_backlogs(fcc *s, double now, double dt) {
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH;
             double *h = s->held + i * WIDTH, *hd = s->head + i * WIDTH, cur = s->x[i];
-            double frac = s->lb_hop[i] >= 0 ? drain_frac(s, i, now, dt) : 0.0;
+            double frac = drain_frac(s, i, now, dt);
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t l = p[k];
                 int here = k == s->lb_hop[i];
@@ -586,11 +587,11 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                     s->q[l] = v > 0.0 ? v : 0.0;
                 }
         if (s->ack_frac && !s->backlog) memcpy(s->data, s->arrive, L * sizeof(double));
-        for (int64_t l = 0; s->ack_frac && s->backlog && l < L; l++) { /* what each link sent
-                                                   (a queue at its rate): the ACKs to come */
-            double d = s->arrive[l] < s->eff[l] ? s->arrive[l] : s->eff[l];
-            s->data[l] = s->q[l] > 0 ? s->eff[l] : d;
-        }
+        else if (s->ack_frac) /* what each link sent (a queue at its rate): the ACKs to come */
+            for (int64_t l = 0; l < L; l++) {
+                double d = s->arrive[l] < s->eff[l] ? s->arrive[l] : s->eff[l];
+                s->data[l] = s->q[l] > 0 ? s->eff[l] : d;
+            }
         for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
         *now += dt;
         /* the marks senders see now (a base round trip old, or per hop as long as a packet

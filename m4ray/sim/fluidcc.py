@@ -678,12 +678,12 @@ class FluidDctcp(QueueClock):
             if len(waiting):
                 dt = min(dt, float(waiting.min()) - self._now)
             arrive = self._pass_backlogs(x, arrive, cap, dt)  # (and the queues)
-        if not self._backlog:
+        else:
             self._q[sw] = np.maximum(0.0, self._q[sw] + (arrive[sw] - cap[sw]) * dt)
-        if self._ack_frac:
+        if self._ack_frac and not self._backlog:
             self._data = arrive
-            if self._backlog:  # what each link sent (a queue at its rate): the ACKs to come
-                self._data = np.where(self._q > 0, cap, np.minimum(arrive, cap))
+        elif self._ack_frac:  # what each link sent (a queue at its rate): the ACKs to come
+            self._data = np.where(self._q > 0, cap, np.minimum(arrive, cap))
         self._left -= x * dt
         self._now += dt
         if self.dcqcn is not None or self.hpcc is not None:
@@ -744,7 +744,7 @@ class FluidDctcp(QueueClock):
         mine = np.bincount(links[here], weights=held[here], minlength=n_links)
         due = np.bincount(links[here], weights=must[here], minlength=n_links)
         anon = np.maximum(q - np.bincount(links[valid], weights=held[valid], minlength=n_links), 0)
-        out_max = np.where(self._switch, cap * dt, np.inf)
+        out_max = np.where(sw, cap * dt, np.inf)
         with np.errstate(divide="ignore", invalid="ignore"):
             psi = np.where(due > out_max, out_max / due, 1.0)
         room = np.maximum(out_max - due, 0.0)
