@@ -11,14 +11,17 @@
 #define WIDTH 16 /* the most links on a path */
 
 typedef struct {
-    int64_t n_links, lag, step, last_mark; /* last_mark: the step that last marked anything */
+    /* the history keeps a row per slot (dt of time, lag + 1 rows); slot: the last written,
+     * last_mark: the last that marked anything */
+    int64_t n_links, lag, slot, last_mark;
     const double *cap, *kmin, *kmax, *pmax;
     const uint8_t *sw, *marks; /* switch egress ports (they queue), and those that mark */
     double *q, *hist, *arrive, *used, *level, *total;
+    double *whist; /* the time each slot's row has averaged so far */
     double *eff, *data; /* each link's capacity left to data by ACKs; its data rate last step */
     double ack_frac;    /* ACK bits per data bit (0: ACKs take no capacity) */
     int64_t *n_free, *count;
-    int64_t *lag_row; /* this step's history row (its offset) d steps back, d = 0..lag */
+    int64_t *lag_row; /* the history row (its offset) d slots back, d = 0..lag */
     double gain, ai, min_rate, win_bits, pkt_bits, alpha_init, dt;
     int window_cuts, var_window; /* var_window: the window scales with rate / line rate */
     int first_window;            /* a flow that has sent less than its window: not held */
@@ -100,14 +103,15 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
         for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++)
             *scratch[k] = calloc(n_links, sizeof(double));
     }
-    if (s->hpcc || s->timely) s->qh = calloc(lag * n_links, sizeof(double));
+    if (s->hpcc || s->timely) s->qh = calloc((lag + 1) * n_links, sizeof(double));
     if (s->hpcc) {
-        s->txh = calloc(lag * n_links, sizeof(double));
+        s->txh = calloc((lag + 1) * n_links, sizeof(double));
         s->tx = calloc(n_links, sizeof(double));
     }
     s->window_cuts = window_cuts;
     s->q = calloc(n_links, sizeof(double));
-    s->hist = calloc(lag * n_links, sizeof(double));
+    s->hist = calloc((lag + 1) * n_links, sizeof(double));
+    s->whist = calloc(lag + 1, sizeof(double));
     s->arrive = calloc(n_links, sizeof(double));
     s->used = calloc(n_links, sizeof(double));
     s->level = calloc(n_links, sizeof(double));
@@ -122,7 +126,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
 
 void fcc_free(fcc *s) {
     if (!s) return;
-    void *all[] = {s->q,     s->hist,  s->arrive, s->used, s->level,
+    void *all[] = {s->q,     s->hist,  s->whist, s->arrive, s->used, s->level,
                    s->total, s->n_free, s->count, s->id,   s->links, s->len,
                    s->left,  s->rate,  s->line,   s->alpha, s->tick, s->rtt0,
                    s->delay, s->x,     s->qd,     s->tout, s->eff,  s->data, s->bits,
@@ -284,8 +288,8 @@ static double mark_p(const fcc *s, int64_t l) {
 
 /* No flow sends for gap seconds (fluidcc.py's _idle): the queues drain; after a round trip's
  * worth of steps the marks in flight are the drained queues' */
-void fcc_idle(fcc *s, double gap) {
-    const int64_t L = s->n_links;
+void fcc_idle(fcc *s, double gap, double t_end) {
+    const int64_t L = s->n_links, R = s->lag + 1;
     int any = 0;
     if (!(gap > 0)) return;
     if (s->ack_frac) { /* nothing sent: no ACKs */
@@ -304,10 +308,12 @@ void fcc_idle(fcc *s, double gap) {
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {
             double p = mark_p(s, l);
-            for (int64_t r = 0; r < s->lag; r++) s->hist[r * L + l] = p;
+            for (int64_t r = 0; r < R; r++) s->hist[r * L + l] = p;
             if (p != 0.0) marked = 1;
         }
-        s->last_mark = marked ? s->step - 1 : s->step - s->lag - 1;
+        memset(s->whist, 0, R * sizeof(double));
+        s->slot = (int64_t)floor(t_end / s->dt);
+        s->last_mark = marked ? s->slot : s->slot - s->lag - 1;
     }
 }
 
@@ -513,6 +519,22 @@ static void pass_backlogs(fcc *s, double now, double dt) {
 
 /* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
  * come back as ids and delivery times, and the count is returned (0: t_far reached). */
+/* history row r of every kind emptied (a new slot's) */
+static void clear_slot(fcc *s, int64_t r) {
+    const int64_t L = s->n_links;
+    memset(s->hist + r * L, 0, L * sizeof(double));
+    if (s->qh) memset(s->qh + r * L, 0, L * sizeof(double));
+    if (s->txh) memset(s->txh + r * L, 0, L * sizeof(double));
+    s->whist[r] = 0.0;
+}
+
+/* a slot's row: its mean so far (over w_old) and now over dt more */
+static void blend(double *row, const double *now, int64_t n, double w_old, double dt) {
+    double w_new = w_old + dt;
+    for (int64_t l = 0; l < n; l++)
+        row[l] = w_new > 0.0 ? (row[l] * w_old + now[l] * dt) / w_new : now[l];
+}
+
 int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_t,
                 int64_t max_out) {
     const int64_t L = s->n_links;
@@ -568,7 +590,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 }
             }
         }
-        int quiet = !s->hpcc && at_line && s->step - s->last_mark > s->lag;
+        int quiet = !s->hpcc && at_line && s->slot - s->last_mark > s->lag;
         for (int64_t l = 0; quiet && l < L; l++)
             if (s->q[l] != 0.0 || (s->sw[l] && s->arrive[l] > s->eff[l])) quiet = 0;
         for (int64_t l = 0; quiet && s->ack_frac && l < L; l++)
@@ -595,11 +617,17 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         for (int64_t i = 0; i < n; i++) s->left[i] -= s->x[i] * dt;
         *now += dt;
         /* the marks senders see now (a base round trip old, or per hop as long as a packet
-         * takes from there to the receiver and its ACK back); then this step's marks */
-        int64_t r0 = s->step % s->lag;
-        double *row = s->hist + r0 * L;
+         * takes from there to the receiver and its ACK back); then this step's marks, averaged
+         * into its slot's row: a mark comes back after its delay in time, however many events
+         * split the steps */
+        int64_t slot = (int64_t)floor(*now / s->dt), R = s->lag + 1;
+        for (int64_t k = s->slot + 1 > slot - R + 1 ? s->slot + 1 : slot - R + 1; k <= slot; k++)
+            clear_slot(s, k % R); /* slots no step ended in (or not yet this one) */
+        if (slot > s->slot) s->slot = slot;
+        int64_t r0 = slot % R, back = ((slot - s->lag) % R + R) % R;
+        double *row = s->hist + r0 * L, w_old = s->whist[r0], w_new = w_old + dt;
         for (int64_t d = 0; s->hop_lag && d <= s->lag; d++) /* rows by how far back */
-            s->lag_row[d] = ((s->step - d) % s->lag + s->lag) % s->lag * L;
+            s->lag_row[d] = ((slot - d) % R + R) % R * L;
         if (s->hpcc) /* what each link sent this step: its data and the ACKs on it */
             for (int64_t l = 0; l < L; l++) {
                 double d = s->arrive[l] < s->eff[l] ? s->arrive[l] : s->eff[l];
@@ -610,7 +638,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             const int64_t *p = s->links + i * WIDTH, *lg = s->hlag + i * WIDTH;
             double unmarked = 1.0, big_u = -1.0, queued = 0.0; /* -1: no hop stamped */
             for (int64_t k = 0; k < s->len[i]; k++) {
-                int64_t at = (s->hop_lag ? s->lag_row[lg[k]] : r0 * L) + p[k];
+                int64_t at = (s->hop_lag ? s->lag_row[lg[k]] : back * L) + p[k];
                 unmarked *= 1.0 - s->hist[at];
                 if (s->timely) queued += s->qh[at] / s->cap[p[k]];
                 if (s->hpcc && s->sw[p[k]]) { /* a switch's telemetry as it stamped it */
@@ -622,16 +650,16 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             }
             s->unm[i] = unmarked, s->hu[i] = big_u, s->rs[i] = s->rtt0[i] + queued;
         }
-        if (s->hpcc || s->timely) memcpy(s->qh + r0 * L, s->q, L * sizeof(double));
-        if (s->hpcc) memcpy(s->txh + r0 * L, s->tx, L * sizeof(double));
+        if (s->hpcc || s->timely) blend(s->qh + r0 * L, s->q, L, w_old, dt);
+        if (s->hpcc) blend(s->txh + r0 * L, s->tx, L, w_old, dt);
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {
             double p = mark_p(s, l);
-            row[l] = p;
+            row[l] = w_new > 0.0 ? (row[l] * w_old + p * dt) / w_new : p;
             if (p != 0.0) marked = 1;
         }
-        if (marked) s->last_mark = s->step;
-        s->step++;
+        s->whist[r0] = w_new;
+        if (marked) s->last_mark = slot;
         for (int64_t i = 0; i < n; i++) {
             if (s->dcqcn) {
                 dcqcn_step(s, i, *now, dt);

@@ -41,8 +41,10 @@ time-stepped at ``dt_s``:
 * RED marks with probability ``p(q)`` (K_min, K_max, P_max; a step at K where there is no
   K_max); links on an NVSwitch never mark. A mark comes back to the sender as long after as a
   packet takes from that hop's egress to the receiver and its ACK back (``mark_delay="hop"``,
-  the default; ``"rtt"``: the network's largest base round trip for every hop). F is a
-  packet's chance of a mark on its path;
+  the default; ``"rtt"``: the network's largest base round trip for every hop), counted in
+  time: the history keeps a row per ``dt_s`` of time, each step's marks averaged into its row
+  over the time the step covers, so events that split steps do not bring marks back sooner.
+  F is a packet's chance of a mark on its path (HPCC's and TIMELY's telemetry the same);
 * DCTCP, ``cuts="window"`` (the default): once a round trip per flow, at its own window's end,
   as the sender's CWR runs: with m = 1 − (1 − F)^(packets a round trip), the chance that a
   window of ACKs brings a mark, α ← (1 − g) α + g F, then rate ← rate (1 − m α / 2) +
@@ -72,6 +74,9 @@ time-stepped at ``dt_s``:
   ago) and the EWMA of its change set the rate as our ns-3's ``Timely`` does (below T_low or
   a gradient at most 0: + AI, five times, then + hyper AI; above T_high a cut by
   β (1 − T_high / RTT); else by β x gradient);
+* a flow posted at the instant another was starts up to ``stagger`` packet times later (a draw
+  per flow from ``seed``): the fluid finishes symmetric flows together to the bit, packets do
+  not, and without it the children they post run in lockstep;
 * a flow is done when its last bit has left the sender and waited out each hop's queue in turn
   (``backlog``; without it, the queueing delay on its path when it left the sender), plus the
   routing's delivery delay (propagation and the first packet's store and forward), so a flow
@@ -113,6 +118,7 @@ _LIB: list = []  # [library or None], loaded once per process
 _exp, _power, _log1p = np.exp, np.power, np.log1p
 CCS = ("dcqcn", "hpcc", "timely")  # the CCs beside DCTCP, each with its own parameters
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+_STAGGER_DRAW = 1 << 40  # the draw index of a flow's stagger (DCQCN's ticks count from 0)
 
 
 def uniform(seed: int, ids: np.ndarray, k) -> np.ndarray:
@@ -129,6 +135,19 @@ def uniform(seed: int, ids: np.ndarray, k) -> np.ndarray:
         z *= m[2]
         z ^= z >> np.uint64(31)
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def uniform_one(seed: int, flow_id: int, k: int) -> float:
+    """:func:`uniform` for one flow, in Python's integers (a numpy call per flow costs 15x)."""
+    mask = (1 << 64) - 1
+    m0, m1, m2 = _MIX
+    z = (seed * m0 + flow_id * m1 + (k + 1) * m2) & mask
+    z ^= z >> 30
+    z = (z * m1) & mask
+    z ^= z >> 27
+    z = (z * m2) & mask
+    z ^= z >> 31
+    return (z >> 11) * 2.0**-53
 
 
 def library():
@@ -150,7 +169,7 @@ def library():
                 "fcc_queues": (None, [vp, vp]),
                 "fcc_add": (cint, [vp, i64, i64, vp, vp, f64, f64, f64, f64]),
                 "fcc_run": (i64, [vp, ctypes.POINTER(f64), f64, vp, vp, i64]),
-                "fcc_idle": (None, [vp, f64]),
+                "fcc_idle": (None, [vp, f64, f64]),
             }
             for name, (res, args) in signatures.items():
                 fn = getattr(lib, name)
@@ -198,6 +217,12 @@ class FluidDctcpConfig:
     # one hop reaches the hops after it; a flow is delivered when its last bit has waited out
     # each hop's queue in turn (FIFO), not at the queues on its path when it left the sender
     backlog: bool = added_field(True, "the N = 16 gap (issue 29)", ids_had=False)
+    # a flow posted at the instant another was (a tie: a closed loop's symmetric flows finish
+    # at the same instant to the bit, and their children are posted together) starts up to
+    # this many packet times (at its sender's line rate) later, drawn per flow from ``seed``, as
+    # packets never finish together; with 0 such flows start, cut and finish in lockstep, and
+    # the study at full size ran 4 % slow
+    stagger: float = added_field(1.0, "the full-size closed loop (issue 29)", ids_had=0.0)
 
     def __post_init__(self) -> None:
         if not self.dt_s > 0:
@@ -208,6 +233,8 @@ class FluidDctcpConfig:
             raise InputError(f"expected sampled or expected, got {self.cnp!r}", field="cnp")
         if self.mark_delay not in ("rtt", "hop"):
             raise InputError(f"expected rtt or hop, got {self.mark_delay!r}", field="mark_delay")
+        if not self.stagger >= 0:
+            raise InputError(f"must be >= 0 packets, got {self.stagger}", field="stagger")
 
     def build(self, topology: Topology, routing: Routing) -> FluidDctcp:
         network = self.network
@@ -231,6 +258,7 @@ class FluidDctcpConfig:
             mark_delay=self.mark_delay,
             tandem=self.tandem,
             backlog=self.backlog,
+            stagger=self.stagger,
         )
 
 
@@ -253,8 +281,11 @@ class FluidDctcp(QueueClock):
         mark_delay: str = "hop",
         tandem: bool = True,
         backlog: bool = True,
+        stagger: float = 0.0,
     ) -> None:
         self._tandem = tandem
+        self._stagger = stagger
+        self._posted_at = -math.inf  # when the last flow was posted (stagger's ties)
         self._backlog = tandem and backlog
         self.cnp, self.seed = cnp, seed
         self.topology, self.routing, self.dt_s, self.cuts = topology, routing, dt_s, cuts
@@ -280,8 +311,12 @@ class FluidDctcp(QueueClock):
         self._q = np.zeros(n_links)  # bits queued at each link
         self._rtt_max = self._base_rtt()  # the network's largest base round trip
         self._lag = max(1, round(self._rtt_max / dt_s))
-        self._p_hist = np.zeros((self._lag, n_links))  # marking probability, one row per step
-        self._step = 0
+        # marking probability, a row per slot of dt of time (lag + 1 rows: the marks of lag
+        # slots back and the slot being written); the time each row has averaged so far; the
+        # slot last written and the last that marked
+        self._p_hist = np.zeros((self._lag + 1, n_links))
+        self._w_hist = np.zeros(self._lag + 1)
+        self._slot, self._last_mark = 0, -(1 << 30)
         self._win_bits = wire_window(window_bytes, routing.wire) * 8.0 if window_bytes else 0.0
         # HPCC's VAR_WIN (the window x rate / line rate); the first window leaves unheld
         self._var_window, self._first_window = var_window, first_window
@@ -331,10 +366,10 @@ class FluidDctcp(QueueClock):
         ack_int = self.hpcc.ack_int_bytes if self.hpcc is not None else 0
         if ack_load:
             self._ack_frac = 8.0 * (rdma.ack_bytes + ack_int) / self._pkt_bits
-        self._q_hist = np.zeros((self._lag, n_links))
-        if self.hpcc is not None:  # its T, and what each link sent, one row a step
+        self._q_hist = np.zeros((self._lag + 1, n_links))
+        if self.hpcc is not None:  # its T, and what each link sent, one row a slot
             self._hpcc_t = self.hpcc.base_rtt_s or self._rtt_max
-            self._tx_hist = np.zeros((self._lag, n_links))
+            self._tx_hist = np.zeros((self._lag + 1, n_links))
 
     def _marking(self, topology: Topology, rdma) -> None:
         """Which links queue (switch egress ports) and mark (unless on an NVSwitch), and each
@@ -432,6 +467,19 @@ class FluidDctcp(QueueClock):
     # ------------------------------------------------------------ protocol
     def send(self, flow: Flow, on_done: DoneCallback) -> None:
         path = self.routing.path(flow.src, flow.dst, flow.id)
+        tied, self._posted_at = self._now == self._posted_at, self._now
+        if tied and self._stagger > 0:  # not the first posted now: it starts a draw later
+            line = min(self._cap[path.links[0]], self._max_rate)
+            draw = uniform_one(self.seed, flow.id, _STAGGER_DRAW)
+            self.schedule(
+                draw * self._stagger * self._pkt_bits / line,
+                lambda: self._post(flow, path, on_done),
+            )
+        else:
+            self._post(flow, path, on_done)
+
+    def _post(self, flow: Flow, path, on_done: DoneCallback) -> None:
+        """``flow`` joins the fluid now, on ``path``."""
         wire = self.routing.wire
         bits = wire.wire_bytes(flow.size_bytes) * 8.0
         if self._int_bits:  # HPCC: every data packet carries its telemetry
@@ -557,7 +605,7 @@ class FluidDctcp(QueueClock):
             if not self._n_active():
                 if t_event == math.inf or t_event > horizon:
                     break
-                self._idle(t_event - self._now)
+                self._idle(t_event)
                 self._now = t_event
             else:
                 self._advance(min(t_event, horizon))
@@ -597,12 +645,13 @@ class FluidDctcp(QueueClock):
             self.events.push(t_done, lambda fid=fid, cb=cb, t=t_done: cb(fid, t))
 
     # ------------------------------------------------------------ the fluid
-    def _idle(self, gap: float) -> None:
-        """No flow sends for ``gap`` seconds: every queue drains at its link's rate, and the
+    def _idle(self, t_end: float) -> None:
+        """No flow sends from now to ``t_end``: every queue drains at its link's rate, and the
         marks in flight are those of the drained queues (a gap of at least a round trip:
         what they say by then)."""
+        gap = t_end - self._now
         if self._core is not None:
-            self._lib.fcc_idle(self._core, gap)
+            self._lib.fcc_idle(self._core, gap, t_end)
             return
         if gap <= 0:
             return
@@ -612,7 +661,11 @@ class FluidDctcp(QueueClock):
         sw = self._switch
         self._q[sw] = np.maximum(0.0, self._q[sw] - self._cap[sw] * gap)
         if gap >= self._lag * self.dt_s:
-            self._p_hist[:] = self._marks_now()
+            marks = self._marks_now()
+            self._p_hist[:] = marks
+            self._w_hist[:] = 0.0
+            self._slot = math.floor(t_end / self.dt_s)
+            self._last_mark = self._slot - (0 if marks.any() else self._lag + 1)
 
     def _marks_now(self) -> np.ndarray:
         """Each link's marking probability at its queue now (RED; NVSwitch links never)."""
@@ -666,7 +719,7 @@ class FluidDctcp(QueueClock):
         quiet = (
             self.hpcc is None  # HPCC moves a lone flow at its line rate too (to η of it)
             and not self._q.any()
-            and not self._p_hist.any()
+            and self._slot - self._last_mark > self._lag  # no mark in flight
             and (self._rate[sending] >= self._line[sending]).all()
             and (arrive[sw] <= cap[sw]).all()
             and (not self._ack_frac or np.array_equal(arrive, self._data))
@@ -688,7 +741,7 @@ class FluidDctcp(QueueClock):
         self._now += dt
         if self.dcqcn is not None or self.hpcc is not None:
             self._ack_clock(x, dt, self._rtt0 + qdelay, arrive, cap)
-        self._control(x, self._rtt0 + qdelay, dt, self._unmarked())
+        self._control(x, self._rtt0 + qdelay, dt, self._unmarked(dt))
         self._sent_all(np.flatnonzero(t_out <= dt * (1 + 1e-12)))
 
     def _tandem_arrivals(self, x: np.ndarray, arrive: np.ndarray, cap: np.ndarray):
@@ -803,27 +856,47 @@ class FluidDctcp(QueueClock):
             busy = self._q > 0
             self._tx = np.where(busy, cap, np.minimum(arrive, cap)) + (self._cap - cap)
 
-    def _unmarked(self) -> np.ndarray:
+    def _unmarked(self, dt: float) -> np.ndarray:
         """Each flow's chance that a packet's ACK back now carries no mark: the marks its path's
         queues made a base round trip ago (``mark_delay="rtt"``: the network's largest), or,
         per hop, as long ago as a packet takes from that hop's egress to the receiver and its
         ACK back (``"hop"``: a mark made at the last hop comes back sooner than one at the
-        first). Then this step's marks go into the history."""
+        first). Then this step's marks (and telemetry) go into the history, averaged over the
+        ``dt`` of its slot they cover: a mark comes back after its delay in time, however many
+        events split the steps between."""
         links = self._links
         ok = links >= 0
-        row = self._step % self._lag
-        # each hop's row: written lag steps ago (rtt), or as many as its own delay back (hop)
-        rows = row if self._hop_lag is None else (self._step - self._hop_lag) % self._lag
+        ring = self._lag + 1
+        slot = math.floor(self._now / self.dt_s)
+        if slot > self._slot:  # slots no step ended in, and this one: empty rows
+            fresh = np.arange(max(self._slot + 1, slot - ring + 1), slot + 1) % ring
+            for hist in (self._p_hist, self._q_hist, getattr(self, "_tx_hist", None)):
+                if hist is not None:
+                    hist[fresh] = 0.0
+            self._w_hist[fresh] = 0.0
+            self._slot = slot
+        row = slot % ring
+        # each hop's row: lag slots back (rtt), or as many as its own delay (hop)
+        rows = (slot - (self._lag if self._hop_lag is None else self._hop_lag)) % ring
         at = np.where(ok, links, 0)
         unmarked = np.where(ok, 1.0 - self._p_hist[rows, at], 1.0).prod(axis=1)
+        w_old = self._w_hist[row]
+        w_new = w_old + dt
+
+        def blend(hist: np.ndarray, now: np.ndarray) -> None:
+            hist[row] = (hist[row] * w_old + now * dt) / w_new if w_new > 0.0 else now
+
         if self._q_hist is not None:  # each hop's telemetry as stamped a return trip ago
             self._int_q = np.where(ok, self._q_hist[rows, at], 0.0)
-            self._q_hist[row] = self._q
+            blend(self._q_hist, self._q)
         if self.hpcc is not None:
             self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
-            self._tx_hist[row] = self._tx
-        self._p_hist[row] = self._marks_now()
-        self._step += 1
+            blend(self._tx_hist, self._tx)
+        marks = self._marks_now()
+        blend(self._p_hist, marks)
+        self._w_hist[row] = w_new
+        if marks.any():
+            self._last_mark = slot
         return unmarked
 
     def _control(self, x: np.ndarray, rtt: np.ndarray, dt: float, unmarked: np.ndarray) -> None:

@@ -540,3 +540,58 @@ def test_under_timely_two_flows_into_a_degraded_port_take_what_ns3_takes():
         fluid = fcts(topo, flows, FluidDctcpConfig(network=timely()))
         for got, want in zip(fluid, packet, strict=True):
             assert got == pytest.approx(want, rel=0.01)
+
+
+def test_flows_posted_at_one_instant_start_up_to_a_packet_time_apart():
+    """``stagger``: a flow posted at the instant another was starts a draw of up to one packet
+    time (at its sender's line rate) later, by flow and ``seed``: on disjoint paths the first
+    posted takes its ideal FCT, the second its ideal plus its draw, another seed draws anew;
+    without stagger both take exactly their ideal (a closed loop's symmetric flows, posted as
+    one, then run in lockstep)."""
+    topo = star(4)
+    routing = Routing(topo)
+    flows = [(0, 1, 1_000_000, 0.0), (2, 3, 1_000_000, 0.0)]
+    staggered = fcts(topo, flows, FluidDctcpConfig(network=dctcp()))
+    reseeded = fcts(topo, flows, FluidDctcpConfig(network=dctcp(), seed=7))
+    plain = fcts(topo, flows, FluidDctcpConfig(network=dctcp(), stagger=0.0))
+    ideal = [routing.ideal_fct(size, routing.path(s, d)) for s, d, size, _ in flows]
+    packet = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0 / GBPS
+    assert plain == pytest.approx(ideal, rel=1e-9)
+    for got in (staggered, reseeded):
+        assert got[0] == pytest.approx(ideal[0], rel=1e-9)
+        assert ideal[1] < got[1] <= ideal[1] + packet * (1 + 1e-9)
+    assert staggered[1] != reseeded[1]
+
+
+def test_marks_come_back_after_their_delay_in_time_however_events_split_the_steps(monkeypatch):
+    """The marking history keeps a row per step's length of time, not per step: two senders at
+    line rate into one port pass its K_min, and at their first cut (their window's end) they
+    read the marks made a round trip of marks earlier, and cut as deep, whether the steps are
+    0.5 us long or events split them every 50 ns. Counted in steps, the split run read marks
+    made a tenth as long ago, on a deeper queue, and cut to 6.3 Gbit/s against 7.0."""
+    from m4ray.sim import fluidcc
+
+    monkeypatch.setattr(fluidcc, "_LIB", [None])  # the numpy steps, whose rates are readable
+    topo = star(3)
+    routing = Routing(topo)
+    config = FluidDctcpConfig(network=dctcp(window_bytes=200_000), stagger=0.0)
+
+    def first_cut(tick_s: float) -> tuple[float, float]:
+        fluid = config.build(topo, routing)
+        for src in range(2):
+            fluid.send(Flow(src, src, 2, 2_000_000, 0.0), lambda fid, t: None)
+        cuts: list[tuple[float, float]] = []
+
+        def probe() -> None:
+            if not cuts and len(fluid._rate) and fluid._rate[0] < GBPS:
+                cuts.append((fluid._now, float(fluid._rate[0])))
+
+        for k in range(1, int(30e-6 / tick_s)):
+            fluid.schedule(k * tick_s, probe)
+        fluid.run(until=30e-6)
+        return cuts[0]
+
+    (t_plain, plain), (t_split, split) = first_cut(0.5e-6), first_cut(50e-9)
+    assert t_split == pytest.approx(t_plain, abs=1e-6)
+    assert 0.5 * GBPS < split < GBPS
+    assert split == pytest.approx(plain, rel=0.02)
