@@ -445,7 +445,7 @@ def test_marks_come_back_sooner_from_later_hops():
 
 
 def test_cnp_draws_are_fixed_by_seed_flow_and_tick():
-    from m4ray.sim.fluidcc import uniform
+    from m4ray.sim.fluidcc import uniform, uniform_one
 
     ids = np.arange(10_000)
     draws = uniform(0, ids, 3)
@@ -453,6 +453,11 @@ def test_cnp_draws_are_fixed_by_seed_flow_and_tick():
     np.testing.assert_array_equal(draws[::-1], uniform(0, ids[::-1], 3))  # not by position
     assert not np.array_equal(draws, uniform(1, ids, 3))
     assert not np.array_equal(draws, uniform(0, ids, 4))
+    # one flow's draw in Python's integers (the stagger's) is the same number
+    for seed, k in ((0, 3), (2**31 + 5, 1 << 40)):
+        some = ids[::997]
+        one = [uniform_one(seed, int(i), k) for i in some]
+        np.testing.assert_array_equal(uniform(seed, some, k), one)
 
 
 @pytest.mark.parametrize("cnp", ["sampled", "expected"])
