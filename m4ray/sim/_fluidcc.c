@@ -286,8 +286,8 @@ static double mark_p(const fcc *s, int64_t l) {
     return p;
 }
 
-/* No flow sends for gap seconds (fluidcc.py's _idle): the queues drain; after a round trip's
- * worth of steps the marks in flight are the drained queues' */
+/* No flow sends for gap seconds, until t_end (fluidcc.py's _idle): the queues drain; after a
+ * round trip's worth of time the marks in flight are the drained queues' */
 void fcc_idle(fcc *s, double gap, double t_end) {
     const int64_t L = s->n_links, R = s->lag + 1;
     int any = 0;
@@ -517,8 +517,6 @@ static void pass_backlogs(fcc *s, double now, double dt) {
         }
 }
 
-/* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
- * come back as ids and delivery times, and the count is returned (0: t_far reached). */
 /* history row r of every kind emptied (a new slot's) */
 static void clear_slot(fcc *s, int64_t r) {
     const int64_t L = s->n_links;
@@ -535,6 +533,8 @@ static void blend(double *row, const double *now, int64_t n, double w_old, doubl
         row[l] = w_new > 0.0 ? (row[l] * w_old + now[l] * dt) / w_new : now[l];
 }
 
+/* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
+ * come back as ids and delivery times, and the count is returned (0: t_far reached). */
 int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_t,
                 int64_t max_out) {
     const int64_t L = s->n_links;

@@ -328,7 +328,7 @@ class FluidDctcp(QueueClock):
         self._max_rate = float(rdma.max_rate_bps or np.inf)
         self._reverse, self._data = reverse_links(n_links), np.zeros(n_links)
         self._pkt_bits = routing.wire.wire_bytes(routing.wire.mtu_bytes) * 8.0
-        self._int_bits, self._q_hist = 0.0, None
+        self._int_bits, self._q_hist, self._tx_hist = 0.0, None, None
         if self.hpcc is not None or self.timely is not None:
             self._telemetry(rdma, topology.n_links, ack_load)
         # active flows: ids, paths (padded with -1) and their per-flow columns (_columns)
@@ -870,7 +870,7 @@ class FluidDctcp(QueueClock):
         slot = math.floor(self._now / self.dt_s)
         if slot > self._slot:  # slots no step ended in, and this one: empty rows
             fresh = np.arange(max(self._slot + 1, slot - ring + 1), slot + 1) % ring
-            for hist in (self._p_hist, self._q_hist, getattr(self, "_tx_hist", None)):
+            for hist in (self._p_hist, self._q_hist, self._tx_hist):
                 if hist is not None:
                     hist[fresh] = 0.0
             self._w_hist[fresh] = 0.0
