@@ -39,6 +39,7 @@ from ns3_utilisation import link_kinds
 from study_perflow import _trace, arrivals_configs, point
 
 from m4ray.sim.routing import Routing
+from m4ray.sim.trace import run_trace
 from m4ray.sweeps.report import format_table
 
 
@@ -50,31 +51,26 @@ def rail_ports(topo, degraded: list[int]) -> dict[int, str]:
 
 
 def sampled(topo, trace, backend_and_wire, links: np.ndarray, every_s: float):
-    """One backend (its config and wire) run on ``trace``: sample times and bytes queued at
-    ``links`` (rows)."""
+    """One backend (its config and wire) run on ``trace`` (``run_trace``, as the other views
+    run it): sample times and bytes queued at ``links`` (rows)."""
     config, wire = backend_and_wire
-    backend = config.build(topo, Routing(topo, wire=wire))
-    left = [len(trace)]
-
-    def done(_flow_id: int, _t: float) -> None:
-        left[0] -= 1
-
-    for flow in trace:
-        backend.schedule(flow.start_s, lambda f=flow: backend.send(f, done))
-    net = getattr(backend, "net", None)  # ns-3's C++ network: its ports' backlogs
     times, rows = [], []
 
-    def tick() -> None:
-        times.append(backend.now())
-        if net is not None:
-            rows.append([net.Backlog(int(link)) for link in links])
-        else:
-            rows.append(backend.queue_bytes()[links])
-        if left[0] > 0:
-            backend.schedule(every_s, tick)
+    def probe(backend, unfinished) -> None:
+        net = getattr(backend, "net", None)  # ns-3's C++ network: its ports' backlogs
 
-    backend.schedule(0.0, tick)
-    backend.run()
+        def tick() -> None:
+            times.append(backend.now())
+            if net is not None:
+                rows.append([net.Backlog(int(link)) for link in links])
+            else:
+                rows.append(backend.queue_bytes()[links])
+            if unfinished() > 0:
+                backend.schedule(every_s, tick)
+
+        backend.schedule(0.0, tick)
+
+    run_trace(topo, trace, config, Routing(topo, wire=wire), probe=probe)
     return np.asarray(times), np.asarray(rows, dtype=np.float64)
 
 

@@ -526,11 +526,15 @@ static void clear_slot(fcc *s, int64_t r) {
     s->whist[r] = 0.0;
 }
 
-/* a slot's row: its mean so far (over w_old) and now over dt more */
-static void blend(double *row, const double *now, int64_t n, double w_old, double dt) {
+/* a slot's mean of old over w_old and now over dt more (now alone where both are 0 long) */
+static double mean_in(double old, double now, double w_old, double dt) {
     double w_new = w_old + dt;
-    for (int64_t l = 0; l < n; l++)
-        row[l] = w_new > 0.0 ? (row[l] * w_old + now[l] * dt) / w_new : now[l];
+    return w_new > 0.0 ? (old * w_old + now * dt) / w_new : now;
+}
+
+/* a slot's row of n: its mean so far (over w_old) and now over dt more */
+static void blend(double *row, const double *now, int64_t n, double w_old, double dt) {
+    for (int64_t l = 0; l < n; l++) row[l] = mean_in(row[l], now[l], w_old, dt);
 }
 
 /* Steps from *now until t_far or until flows send their last bit; those (at most max_out)
@@ -625,7 +629,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             clear_slot(s, k % R); /* slots no step ended in (or not yet this one) */
         if (slot > s->slot) s->slot = slot;
         int64_t r0 = slot % R, back = ((slot - s->lag) % R + R) % R;
-        double *row = s->hist + r0 * L, w_old = s->whist[r0], w_new = w_old + dt;
+        double *row = s->hist + r0 * L, w_old = s->whist[r0];
         for (int64_t d = 0; s->hop_lag && d <= s->lag; d++) /* rows by how far back */
             s->lag_row[d] = ((slot - d) % R + R) % R * L;
         if (s->hpcc) /* what each link sent this step: its data and the ACKs on it */
@@ -655,10 +659,10 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {
             double p = mark_p(s, l);
-            row[l] = w_new > 0.0 ? (row[l] * w_old + p * dt) / w_new : p;
+            row[l] = mean_in(row[l], p, w_old, dt);
             if (p != 0.0) marked = 1;
         }
-        s->whist[r0] = w_new;
+        s->whist[r0] = w_old + dt;
         if (marked) s->last_mark = slot;
         for (int64_t i = 0; i < n; i++) {
             if (s->dcqcn) {

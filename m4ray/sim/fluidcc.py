@@ -551,7 +551,7 @@ class FluidDctcp(QueueClock):
             "_rtt_diff": zero,
             # backlog: the hop its last bit waits at (-1: still sending) and when it leaves
             # that hop's queue
-            "_lb_hop": np.full(n, -1.0),
+            "_lb_hop": np.full(n, -1, dtype=np.int64),
             "_lb_t": inf,
         }
 
@@ -765,7 +765,7 @@ class FluidDctcp(QueueClock):
         queues on its path now and its delivery delay."""
         if self._backlog:
             first = self._links[done, 0]
-            self._left[done], self._lb_hop[done] = 0.0, 0.0
+            self._left[done], self._lb_hop[done] = 0.0, 0
             self._lb_t[done] = self._now + self._q[first] / self._cap[first]
             self._last_bits()
         elif len(done):
@@ -835,10 +835,10 @@ class FluidDctcp(QueueClock):
             due = np.flatnonzero((hop >= 0) & (hop < n_hops) & (t <= self._now))
             if not len(due):
                 break
-            self._held[due, hop[due].astype(np.int64)] = 0.0
-            hop[due] += 1.0
+            self._held[due, hop[due]] = 0.0
+            hop[due] += 1
             on = due[hop[due] < n_hops[due]]
-            link = links[on, hop[on].astype(np.int64)]
+            link = links[on, hop[on]]
             t[on] = t[on] + self._q[link] / self._cap[link]
         out = np.flatnonzero(hop >= n_hops)
         if len(out):

@@ -7,7 +7,9 @@ the same ``NetworkBackend`` protocol, and write one row per flow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,9 +26,16 @@ COLUMNS = ("flow_id", "src", "dst", "size_bytes", "start_s", "fct_s", "ideal_fct
 
 
 def run_trace(
-    topology: Topology, flows: list[Flow], backend_config: BackendConfig, routing: Routing
+    topology: Topology,
+    flows: list[Flow],
+    backend_config: BackendConfig,
+    routing: Routing,
+    *,
+    probe: Callable[[Any, Callable[[], int]], None] | None = None,
 ) -> pa.Table:
-    """Simulate ``flows`` (started at their ``start_s``) and return the per-flow FCT table."""
+    """Simulate ``flows`` (started at their ``start_s``) and return the per-flow FCT table.
+    ``probe(backend, unfinished)``, called once before the run, may schedule its own events on
+    the backend (a bench sampling its queues; ``unfinished()``: flows not yet done)."""
     paths = []
     for flow in flows:  # route everything first so a bad pair fails before simulating
         try:
@@ -41,6 +50,8 @@ def run_trace(
 
     for flow in sorted(flows, key=lambda f: (f.start_s, f.id)):
         backend.schedule(flow.start_s, lambda f=flow: backend.send(f, record))
+    if probe is not None:
+        probe(backend, lambda: len(flows) - len(finish))
     backend.run()
     if len(finish) != len(flows):
         raise SimulationError(f"{len(flows) - len(finish)} flows never completed")

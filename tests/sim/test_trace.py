@@ -115,3 +115,31 @@ def test_disconnected_pair_fails_before_simulating():
     )
     with pytest.raises(InputError, match="flow 5: hosts 0 and 1 are not connected"):
         run_trace(islands, [Flow(5, 0, 1, 100, 0.0)], FlowSimConfig(), Routing(islands))
+
+
+def test_a_probe_runs_its_own_events_beside_the_flows():
+    """``run_trace(probe=...)``: the probe schedules events on the backend before the run and
+    sees the flows not yet done fall as they finish; the FCTs are those without it."""
+    from m4ray.sim.flowsim import FlowSimConfig
+    from m4ray.sim.routing import Routing
+    from m4ray.sim.trace import run_trace
+
+    topo = parking_lot([10.0, 10.0], latency_s=1e-6)
+    routing = Routing(topo)
+    flows = [Flow(0, 0, 2, 100_000, 0.0), Flow(1, 1, 2, 100_000, 2e-5)]
+    seen: list[tuple[float, int]] = []
+
+    def probe(backend, unfinished) -> None:
+        def tick() -> None:
+            seen.append((backend.now(), unfinished()))
+            if unfinished():
+                backend.schedule(1e-5, tick)
+
+        backend.schedule(0.0, tick)
+
+    plain = run_trace(topo, flows, FlowSimConfig(), routing).column("fct_s").to_pylist()
+    probed = run_trace(topo, flows, FlowSimConfig(), routing, probe=probe)
+    assert probed.column("fct_s").to_pylist() == pytest.approx(plain, rel=1e-12)
+    counts = [n for _, n in seen]
+    assert counts[0] == 2 and counts[-1] == 0 and counts == sorted(counts, reverse=True)
+    assert len(seen) > 3
