@@ -187,10 +187,11 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
     return 0;
 }
 
+/* flow i's queueing delay: each queue on its path over what the ACKs leave of its link */
 static double queue_delay(const fcc *s, int64_t i) {
     const int64_t *p = s->links + i * WIDTH;
     double d = 0.0;
-    for (int64_t k = 0; k < s->len[i]; k++) d += s->q[p[k]] / s->cap[p[k]];
+    for (int64_t k = 0; k < s->len[i]; k++) d += s->q[p[k]] / s->eff[p[k]];
     return d;
 }
 
@@ -499,7 +500,7 @@ static void pass_backlogs(fcc *s, double now, double dt) {
                 s->arrive[l] += cur;
                 double nxt = here ? s->psi[l] * must / dt : s->phi[l] * (h[k] / dt + cur);
                 if (last) {
-                    if (h[k] == 0 && cur > 0) hd[k] = now + s->q[l] / s->cap[l];
+                    if (h[k] == 0 && cur > 0) hd[k] = now + s->q[l] / s->eff[l];
                     double hn = h[k] + cur * dt;
                     double passed = here ? s->psi[l] * must : s->phi[l] * hn;
                     s->outl[l] += passed;
@@ -703,14 +704,14 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             const int64_t *p = s->links + i * WIDTH;
             if (s->tout[i] <= dt * (1 + 1e-12)) { /* its last bit joins its first hop's queue */
                 s->left[i] = 0.0, s->lb_hop[i] = 0;
-                s->lb_t[i] = *now + s->q[p[0]] / s->cap[p[0]];
+                s->lb_t[i] = *now + s->q[p[0]] / s->eff[p[0]];
             }
             /* each last bit due out of its queue leaves it and joins the next hop's */
             while (s->lb_hop[i] >= 0 && s->lb_hop[i] < s->len[i] && s->lb_t[i] <= *now) {
                 s->held[i * WIDTH + s->lb_hop[i]] = 0.0;
                 if (++s->lb_hop[i] < s->len[i]) {
                     int64_t l = p[s->lb_hop[i]];
-                    s->lb_t[i] = s->lb_t[i] + s->q[l] / s->cap[l];
+                    s->lb_t[i] = s->lb_t[i] + s->q[l] / s->eff[l];
                 }
             }
             if (s->lb_hop[i] >= s->len[i]) { /* out of its last hop: delivered */

@@ -36,8 +36,11 @@ time-stepped at ``dt_s``:
 * with ``ack_load`` (the default) the receivers' ACKs, one per data packet at high priority,
   take their share first: a link gives data ``C − a × (data on its reverse link, last step)``
   (``a`` = ACK bytes per data packet's wire bytes, 64 / 1,048 with 1,000 B payloads), in the
-  NIC's share and the queues' drain alike. A ring step's link carries one neighbour's data and
-  the other's ACKs: real ns-3 takes 1 + a of the wire's time there, and so does this (a test);
+  NIC's share, the queues' drain and the waits they make alike (a queue's delay is what it
+  holds over what the ACKs leave of its link: a round trip's queueing, a last bit's wait). A
+  ring step's link carries one neighbour's data and the other's ACKs: real ns-3 takes 1 + a of
+  the wire's time there, and so does this (a test; another holds a chunk's last bit queued
+  behind a reverse flow's ACKs to ns-3's FCT);
 * RED marks with probability ``p(q)`` (K_min, K_max, P_max; a step at K where there is no
   K_max); links on an NVSwitch never mark. A mark comes back to the sender as long after as a
   packet takes from that hop's egress to the receiver and its ACK back (``mark_delay="hop"``,
@@ -305,7 +308,7 @@ class FluidDctcp(QueueClock):
         self.events = EventQueue()
         self._now = 0.0
         cap = topology.bandwidth_bps.astype(np.float64)
-        self._cap = cap
+        self._cap = self._eff = cap  # (_eff: less the ACKs' share, set each step)
         n_links = topology.n_links
         self._marking(topology, rdma)
         self._q = np.zeros(n_links)  # bits queued at each link
@@ -679,7 +682,7 @@ class FluidDctcp(QueueClock):
     def _queue_delay(self, links: np.ndarray) -> np.ndarray:
         """Each flow's queueing delay over its path now (s)."""
         valid = links >= 0
-        per = np.where(valid, self._q[links] / self._cap[links], 0.0)
+        per = np.where(valid, self._q[links] / self._eff[links], 0.0)
         return per.sum(axis=1)
 
     def _advance(self, t_far: float) -> None:
@@ -693,6 +696,7 @@ class FluidDctcp(QueueClock):
         cap = self._cap
         if self._ack_frac:  # the ACKs of last step's data on each reverse link
             cap = ack_capacity(cap, self._reverse, self._ack_frac, self._data)
+        self._eff = cap  # what the queues drain at this step (their delays)
         qdelay = self._queue_delay(links)
         x = self._rate.copy()
         if self._win_bits:
@@ -766,7 +770,7 @@ class FluidDctcp(QueueClock):
         if self._backlog:
             first = self._links[done, 0]
             self._left[done], self._lb_hop[done] = 0.0, 0
-            self._lb_t[done] = self._now + self._q[first] / self._cap[first]
+            self._lb_t[done] = self._now + self._q[first] / self._eff[first]
             self._last_bits()
         elif len(done):
             qd = self._queue_delay(self._links[done])
@@ -815,7 +819,7 @@ class FluidDctcp(QueueClock):
                 cur = np.where(valid[:, k], nxt, cur)
             arrive = np.bincount(links[valid], weights=a[valid], minlength=n_links)
         came = valid & (held == 0) & (a > 0)  # the first bits to wait here: when they leave
-        self._head = np.where(came, now + q[at] / self._cap[at], self._head)
+        self._head = np.where(came, now + q[at] / cap[at], self._head)
         held = held + a * dt
         passed = np.where(here, psi[at] * must, phi[at] * held)
         self._held = np.where(valid, held - passed, 0.0)
@@ -839,7 +843,7 @@ class FluidDctcp(QueueClock):
             hop[due] += 1
             on = due[hop[due] < n_hops[due]]
             link = links[on, hop[on]]
-            t[on] = t[on] + self._q[link] / self._cap[link]
+            t[on] = t[on] + self._q[link] / self._eff[link]
         out = np.flatnonzero(hop >= n_hops)
         if len(out):
             self._finish(out, np.maximum(self._now, t[out] + self._delay[out]))

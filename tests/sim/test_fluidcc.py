@@ -600,3 +600,23 @@ def test_marks_come_back_after_their_delay_in_time_however_events_split_the_step
     assert t_split == pytest.approx(t_plain, abs=1e-6)
     assert 0.5 * GBPS < split < GBPS
     assert split == pytest.approx(plain, rel=0.02)
+
+
+def test_a_last_bit_waits_out_a_queue_at_what_the_reverse_acks_leave_as_in_ns3():
+    """On an NVSwitch (no marks), a 128 KiB chunk into a GPU degraded to 343 Gbit/s (the
+    study's 2,400 at R = 7) whose own 2 MiB runs the other way: the chunk's first window leaves
+    at line rate and queues at the degraded port, which also carries the 2 MiB's ACKs (one 64 B
+    per 1,048 B packet, first). Its last bit leaves when that queue drains at what the ACKs
+    leave of the port: real ns-3 and the fluid within 1 %; drained at the whole port's rate, as
+    the fluid once did, it ended 4.8 % early, 0.9 % after the chunk alone."""
+    gpus = 2
+    rates = (2400e9, 343e9)
+    cables = tuple(Cable(h, gpus, rates[h], 5e-8) for h in range(gpus))
+    topo = Topology(n_nodes=gpus + 1, switches=(gpus,), nvswitches=(gpus,), cables=cables)
+    flows = [(1, 0, 2 * 1024 * 1024, 0.0), (0, 1, 128 * 1024, 5e-6)]
+    network = dctcp()
+    _, packet = fcts(topo, flows, network)
+    _, fluid = fcts(topo, flows, FluidDctcpConfig(network=network))
+    alone = fcts(topo, flows[1:], FluidDctcpConfig(network=network))
+    assert fluid == pytest.approx(packet, rel=0.01)
+    assert fluid > 1.04 * alone[0]  # the ACKs' share: 64 / 1,048 of the port
