@@ -11,7 +11,8 @@ scored against the ns-3 a sweep already ran.
 The overrides after ``--`` are the sweep's own (its grid, scale and wire); ``run_dir`` holds the
 ns-3 answers (its ``results.parquet``). Per seed (``backend_options.<backend>.seed``): the
 completion's mean |err|, mean err and worst against ns-3, and rank 0's mean |err|; then the mean
-over seeds, and the error of the seeds' mean completion (what averaging the draws gives).
+over seeds (its worst unsigned), and the error of the seeds' mean completion (what averaging
+the draws gives).
 ``--ns3-again`` scores a second ns-3 run of the same points against the first (e.g. the sweep
 with ``send_latency_s=3.002e-6``: every flow sent 2 ns later), in the same columns: how far one
 ns-3 run is from another that no model input can tell apart, the floor under any backend's error
@@ -110,18 +111,24 @@ def main() -> None:
     for seed, group in runs.groupby("seed"):
         per_seed.append(scores(group, ref))
         rows.append([f"{args.backend} seed {seed}", len(group), *per_seed[-1]])
-    rows.append([f"{args.backend}, mean over seeds", "", *np.mean(per_seed, axis=0)])
+    mean = np.mean(per_seed, axis=0)
+    mean[2] = np.abs(per_seed)[:, 2].mean()  # the worst: its size, unsigned
+    rows.append([f"{args.backend}, mean over seeds", "", *mean])
     ensemble = runs.groupby(POINT, as_index=False)[["completion_time_s", "rank0_time_s"]].mean()
     rows.append(
         [f"{args.backend}, the seeds' mean completion", len(ensemble), *scores(ensemble, ref)]
     )
     if args.ns3_again:
         again = ns3_results(args.ns3_again).reset_index()
-        again = again[again.set_index(POINT).index.isin(ref.index)]
+        ran = runs.set_index(POINT).index.unique()  # the points the overrides describe
+        again = again[again.set_index(POINT).index.isin(ran)]
+        if len(again) < len(ran):
+            sys.exit(f"{args.ns3_again}: ns-3 ran {len(again)} of the {len(ran)} points")
         rows.append([f"ns-3 again ({args.ns3_again.name})", len(again), *scores(again, ref)])
+    signed = [(1, 2) if "mean over" not in r[0] else (1,) for r in rows]
     cells = [
-        [r[0], r[1], *(f"{v:+.2f} %" if i in (1, 2) else f"{v:.2f} %" for i, v in enumerate(r[2:]))]
-        for r in rows
+        [r[0], r[1], *(f"{v:+.2f} %" if i in sg else f"{v:.2f} %" for i, v in enumerate(r[2:]))]
+        for r, sg in zip(rows, signed, strict=True)
     ]
     print(f"\ncompletion against ns-3 in {args.run_dir} (last rank; rank 0 beside)")
     print(format_table(header, cells))
