@@ -107,29 +107,28 @@ def main() -> None:
     from m4ray.sweeps.report import format_table
 
     header = ["run", "points", "mean |err|", "mean err", "worst", "rank 0 mean |err|"]
-    rows, per_seed = [], []
+    rows, per_seed = [], []  # (label, points, scores, worst signed)
     for seed, group in runs.groupby("seed"):
         per_seed.append(scores(group, ref))
-        rows.append([f"{args.backend} seed {seed}", len(group), *per_seed[-1]])
+        rows.append((f"{args.backend} seed {seed}", len(group), per_seed[-1], True))
     mean = np.mean(per_seed, axis=0)
     mean[2] = np.abs(per_seed)[:, 2].mean()  # the worst: its size, unsigned
-    rows.append([f"{args.backend}, mean over seeds", "", *mean])
+    rows.append((f"{args.backend}, mean over seeds", "", mean, False))
     ensemble = runs.groupby(POINT, as_index=False)[["completion_time_s", "rank0_time_s"]].mean()
-    rows.append(
-        [f"{args.backend}, the seeds' mean completion", len(ensemble), *scores(ensemble, ref)]
-    )
+    label = f"{args.backend}, the seeds' mean completion"
+    rows.append((label, len(ensemble), scores(ensemble, ref), True))
     if args.ns3_again:
         again = ns3_results(args.ns3_again).reset_index()
         ran = runs.set_index(POINT).index.unique()  # the points the overrides describe
         again = again[again.set_index(POINT).index.isin(ran)]
         if len(again) < len(ran):
             sys.exit(f"{args.ns3_again}: ns-3 ran {len(again)} of the {len(ran)} points")
-        rows.append([f"ns-3 again ({args.ns3_again.name})", len(again), *scores(again, ref)])
-    signed = [(1, 2) if "mean over" not in r[0] else (1,) for r in rows]
-    cells = [
-        [r[0], r[1], *(f"{v:+.2f} %" if i in sg else f"{v:.2f} %" for i, v in enumerate(r[2:]))]
-        for r, sg in zip(rows, signed, strict=True)
-    ]
+        rows.append((f"ns-3 again ({args.ns3_again.name})", len(again), scores(again, ref), True))
+    cells = []
+    for name, points, values, worst_signed in rows:
+        signed = (1, 2) if worst_signed else (1,)
+        shown = [f"{v:+.2f} %" if i in signed else f"{v:.2f} %" for i, v in enumerate(values)]
+        cells.append([name, points, *shown])
     print(f"\ncompletion against ns-3 in {args.run_dir} (last rank; rank 0 beside)")
     print(format_table(header, cells))
 

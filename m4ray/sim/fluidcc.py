@@ -153,6 +153,13 @@ def uniform_one(seed: int, flow_id: int, k: int) -> float:
     return (z >> 11) * 2.0**-53
 
 
+def _mean_in(old, now, w_old: float, dt: float):
+    """A history slot's mean: ``old`` over ``w_old`` seconds and ``now`` over ``dt`` more
+    (``now`` alone where both are 0 long; ``_fluidcc.c``'s ``mean_in``)."""
+    w_new = w_old + dt
+    return (old * w_old + now * dt) / w_new if w_new > 0.0 else now
+
+
 def library():
     """``_fluidcc.c`` built and loaded (once per process), or ``None`` without a compiler (or
     with ``M4RAY_NATIVE=0``): then the numpy steps below run, the reference."""
@@ -885,20 +892,15 @@ class FluidDctcp(QueueClock):
         at = np.where(ok, links, 0)
         unmarked = np.where(ok, 1.0 - self._p_hist[rows, at], 1.0).prod(axis=1)
         w_old = self._w_hist[row]
-        w_new = w_old + dt
-
-        def blend(hist: np.ndarray, now: np.ndarray) -> None:
-            hist[row] = (hist[row] * w_old + now * dt) / w_new if w_new > 0.0 else now
-
         if self._q_hist is not None:  # each hop's telemetry as stamped a return trip ago
             self._int_q = np.where(ok, self._q_hist[rows, at], 0.0)
-            blend(self._q_hist, self._q)
+            self._q_hist[row] = _mean_in(self._q_hist[row], self._q, w_old, dt)
         if self.hpcc is not None:
             self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
-            blend(self._tx_hist, self._tx)
+            self._tx_hist[row] = _mean_in(self._tx_hist[row], self._tx, w_old, dt)
         marks = self._marks_now()
-        blend(self._p_hist, marks)
-        self._w_hist[row] = w_new
+        self._p_hist[row] = _mean_in(self._p_hist[row], marks, w_old, dt)
+        self._w_hist[row] = w_old + dt
         if marks.any():
             self._last_mark = slot
         return unmarked
