@@ -41,13 +41,14 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "gray_failure"
     results = pd.read_parquet(run_dir / "results.parquet")
-    assert len(results) == 20 and (results.status == "ok").all()
+    assert len(results) == 24 and (results.status == "ok").all()
     assert sorted(results.backend.unique()) == [
         "flowsim",
         "flowsim_fifo",
         "fluid_dctcp",
         "m4",
         "ns3",
+        "ns3_again",
     ]
     for column in (
         "scenario_id",
@@ -60,14 +61,15 @@ def test_gray_failure_sweep_end_to_end_and_resume(tmp_path):
         "status",
     ):
         assert column in results.columns
-    assert len(list((run_dir / "flows").glob("*.parquet"))) == 20
+    assert len(list((run_dir / "flows").glob("*.parquet"))) == 24
     assert (run_dir / "plots" / "completion_vs_r.png").stat().st_size > 10_000
     for plot in ("wall_time", "error_cdf", "error_by_n", "error_by_r"):
         assert (run_dir / "plots" / f"{plot}.png").exists()
     assert "completion time vs ns3" in proc.stdout and "median speedup vs ns3" in proc.stdout
+    assert "ns3_again: ns3 itself" in proc.stdout  # ns-3's own spread, said as such
     assert (run_dir / "topologies" / "gray_topo_N8_R10.txt").read_text().startswith("45 8 4 9 72")
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["counts"] == {"ok": 20} and manifest["config"]["grid"]["n"] == [2, 8]
+    assert manifest["counts"] == {"ok": 24} and manifest["config"]["grid"]["n"] == [2, 8]
     assert "flowsim: completion time (ms)" in proc.stdout and str(run_dir) in proc.stdout
     assert "Started a local Ray" in proc.stderr
 

@@ -242,6 +242,32 @@ def test_simai_timing_preset_sets_simai_ns3_over_the_study_settings():
     )
 
 
+def test_ns3_again_is_the_experiments_ns3_sent_2_ns_later():
+    """``ns3_again`` is whatever ``ns3`` is in the composed sweep (the study's preset in
+    gray_failure, any override of it) with only its own ``send_delay_s``; it takes no other
+    setting of its own (Hydra refuses one, rather than it being dropped)."""
+    import dataclasses
+
+    from hydra.errors import ConfigCompositionException
+
+    for overrides in (
+        ["+experiment=gray_failure"],
+        ["+experiment=datagen"],
+        ["+experiment=gray_failure", "backend_options.ns3.rdma.window_bytes=20000"],
+        ["+experiment=gray_failure", "backend_options.ns3_again.send_delay_s=1e-8"],
+    ):
+        options = resolve(sweep_cfg(*overrides)).backend_options
+        again, ns3 = options["ns3_again"], options["ns3"]
+        assert again.send_delay_s == (1e-8 if "1e-8" in overrides[-1] else 2e-9)
+        assert ns3.send_delay_s == 0.0
+        assert dataclasses.replace(again, send_delay_s=0.0) == ns3
+        window = 20000 if "window_bytes" in overrides[-1] else None
+        assert again.rdma.window_bytes == window
+        assert again.rdma.ecn_p_max == (0.2 if "gray_failure" in overrides[0] else 1.0)
+    with pytest.raises(ConfigCompositionException, match="rdma"):
+        sweep_cfg("+experiment=gray_failure", "backend_options.ns3_again.rdma.cc=hpcc")
+
+
 def test_every_backend_setting_can_be_overridden_by_name():
     """Each field of a backend's config class has its key in the backend's YAML, so
     ``backend_options.<backend>.<field>=...`` works for all of them (Hydra refuses a key the
@@ -251,6 +277,8 @@ def test_every_backend_setting_can_be_overridden_by_name():
 
     cfg = sweep_cfg("+experiment=gray_failure")
     for name, section in cfg.backend_options.items():
+        if name == "ns3_again":  # ns3's settings, its own send delay (the test above)
+            continue
         keys = set(OmegaConf.to_container(section, resolve=False))
         module, cls = OmegaConf.select(section, "_target_").rsplit(".", 1)
         fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}

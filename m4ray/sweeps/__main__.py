@@ -30,15 +30,19 @@ def resolve(cfg: DictConfig) -> SweepConfig:
             f"choose an experiment with +experiment=<name>; available: {', '.join(names)}"
         )
     sweep: SweepConfig = OmegaConf.to_object(cfg)
+    options = {  # plain values: they cross Ray boundaries inside Scenarios
+        name: instantiate(node, _convert_="all") for name, node in cfg.backend_options.items()
+    }
+    if "ns3_again" in options and "ns3" in options:  # ns3's settings, its own send delay
+        delay = options["ns3_again"].send_delay_s
+        options["ns3_again"] = dataclasses.replace(options["ns3"], send_delay_s=delay)
     return dataclasses.replace(
         sweep,
         topology=instantiate(cfg.topology),
         workload=instantiate(cfg.workload),
         collective=instantiate(cfg.collective),
         wire=instantiate(cfg.wire),
-        backend_options={  # plain values: they cross Ray boundaries inside Scenarios
-            name: instantiate(node, _convert_="all") for name, node in cfg.backend_options.items()
-        },
+        backend_options=options,
         **{
             name: None if cfg[name] is None else instantiate(cfg[name], _convert_="all")
             for name in sections()

@@ -157,6 +157,12 @@ def error_text(errors: pd.DataFrame, reference: str) -> str:
         "worst",
         f"median speedup vs {reference}",
     ]
-    return f"completion time vs {reference}: (t - t_{reference}) / t_{reference}\n" + format_table(
-        header, rows
-    )
+    text = f"completion time vs {reference}: (t - t_{reference}) / t_{reference}\n"
+    text += format_table(header, rows)
+    if f"{reference}_again" in set(errors.backend):
+        text += (
+            f"\n{reference}_again: {reference} itself, every flow sent a little later "
+            f"(backend_options.{reference}_again.send_delay_s); its error is {reference}'s own"
+            "\nspread, the floor under any backend's error against one run"
+        )
+    return text

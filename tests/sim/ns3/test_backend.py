@@ -111,7 +111,7 @@ def test_agrees_with_flowsim_when_light_and_is_slower_under_congestion(ray_local
     assert fluid[1:].mean() < 0.8 * ns3[1:].mean()
 
 
-def _ring(n: int, size: int, send_latency: float):
+def _ring(n: int, size: int, send_latency: float, ns3: Ns3Config | None = None):
     topo = Topology(
         n_nodes=n + 1, switches=(n,), cables=tuple(Cable(i, n, 10e9, 1e-6) for i in range(n))
     )
@@ -126,7 +126,11 @@ def _ring(n: int, size: int, send_latency: float):
     )
     routing = Routing(topo, wire=JUMBO)
     replay = Replay(
-        workload, Ns3Config().build(topo, routing), routing, Ring(), send_latency_s=send_latency
+        workload,
+        (ns3 or Ns3Config()).build(topo, routing),
+        routing,
+        Ring(),
+        send_latency_s=send_latency,
     )
     result = replay.run()
     return result.completion_time_s, flow_table(result.flows).to_pandas()
@@ -144,6 +148,22 @@ def test_ring_all_reduce_steps_wait_for_their_predecessors(ray_local):
         assert (gaps >= latency - 1e-9).all()
     chunk_bits = JUMBO.wire_bytes(size // n) * 8
     assert completion >= 2 * (n - 1) * (latency + chunk_bits / 10e9)
+
+
+def test_a_send_delay_is_a_longer_send_latency(ray_local):
+    """``send_delay_s`` (backend ``ns3_again``) sends every flow that much later, as a longer
+    send latency does: the ring ends at the same picosecond, later than without it."""
+    n, size, latency, delay = 4, MB // 4, 3e-6, 2e-9
+    ring = ray_local.remote(_ring)
+    later, longer, plain = ray_local.get(
+        [
+            ring.remote(n, size, latency, Ns3Config(send_delay_s=delay)),
+            ring.remote(n, size, latency + delay),
+            ring.remote(n, size, latency),
+        ]
+    )
+    assert later[0] == pytest.approx(longer[0], abs=2e-12)
+    assert later[0] - plain[0] == pytest.approx(2 * (n - 1) * delay, abs=1e-10)
 
 
 def test_failures_become_rows_and_other_scenarios_finish(ray_local, tmp_path):
