@@ -250,6 +250,9 @@ def test_ns3_again_is_the_experiments_ns3_sent_2_ns_later():
 
     from hydra.errors import ConfigCompositionException
 
+    from m4ray.errors import InputError
+    from m4ray.sim.ns3.backend import Ns3Config
+
     for overrides in (
         ["+experiment=gray_failure"],
         ["+experiment=datagen"],
@@ -266,6 +269,8 @@ def test_ns3_again_is_the_experiments_ns3_sent_2_ns_later():
         assert again.rdma.ecn_p_max == (0.2 if "gray_failure" in overrides[0] else 1.0)
     with pytest.raises(ConfigCompositionException, match="rdma"):
         sweep_cfg("+experiment=gray_failure", "backend_options.ns3_again.rdma.cc=hpcc")
+    with pytest.raises(InputError, match=r"field 'ns3\.send_delay_s': must be >= 0 s"):
+        Ns3Config(send_delay_s=-1e-9)
 
 
 def test_every_backend_setting_can_be_overridden_by_name():
