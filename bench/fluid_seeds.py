@@ -14,7 +14,8 @@ completion's mean |err|, mean err and worst against ns-3, and rank 0's mean |err
 over seeds (its worst unsigned), and the error of the seeds' mean completion (what averaging
 the draws gives).
 ``--ns3-again`` scores a second ns-3 run of the same points against the first (e.g. the sweep
-with ``send_latency_s=3.002e-6``: every flow sent 2 ns later), in the same columns: how far one
+with ``send_latency_s=3.002e-6``: every flow sent 2 ns later; without it, the sweep's own
+``ns3_again`` where it ran, the same thing), in the same columns: how far one
 ns-3 run is from another that no model input can tell apart, the floor under any backend's error
 against a single run. ``--out`` keeps every (seed, point) row as parquet.
 """
@@ -35,15 +36,15 @@ from composed import resolved
 POINT = ["n_degraded", "reduction"]
 
 
-def ns3_results(run_dir: Path) -> pd.DataFrame:
+def ns3_results(run_dir: Path, backend: str = "ns3") -> pd.DataFrame:
     """A sweep's ns-3 completions by (N, R): completion and rank 0's time (s)."""
     path = run_dir / "results.parquet"
     if not path.exists():
         sys.exit(f"{path}: no results (run the sweep with ns3 first)")
     table = pd.read_parquet(path)
-    table = table[(table.backend == "ns3") & (table.status == "ok")]
+    table = table[(table.backend == backend) & (table.status == "ok")]
     if table.duplicated(POINT).any():
-        sys.exit(f"{path}: more than one ns-3 run per (N, R); keep one seed of the grid")
+        sys.exit(f"{path}: more than one {backend} run per (N, R); keep one seed of the grid")
     return table.set_index(POINT)[["completion_time_s", "rank0_time_s"]]
 
 
@@ -117,13 +118,15 @@ def main() -> None:
     ensemble = runs.groupby(POINT, as_index=False)[["completion_time_s", "rank0_time_s"]].mean()
     label = f"{args.backend}, the seeds' mean completion"
     rows.append((label, len(ensemble), scores(ensemble, ref), True))
-    if args.ns3_again:
-        again = ns3_results(args.ns3_again).reset_index()
+    again_dir = args.ns3_again or args.run_dir  # else the sweep's own ns3_again, if it ran
+    if args.ns3_again or "ns3_again" in set(pd.read_parquet(again_dir / "results.parquet").backend):
+        again = ns3_results(again_dir, "ns3" if args.ns3_again else "ns3_again").reset_index()
         ran = runs.set_index(POINT).index.unique()  # the points the overrides describe
         again = again[again.set_index(POINT).index.isin(ran)]
         if len(again) < len(ran):
             sys.exit(f"{args.ns3_again}: ns-3 ran {len(again)} of the {len(ran)} points")
-        rows.append((f"ns-3 again ({args.ns3_again.name})", len(again), scores(again, ref), True))
+        label = f"ns-3 again ({args.ns3_again.name})" if args.ns3_again else "ns3_again"
+        rows.append((label, len(again), scores(again, ref), True))
     cells = []
     for name, points, values, worst_signed in rows:
         signed = (1, 2) if worst_signed else (1,)
