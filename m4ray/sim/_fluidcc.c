@@ -37,6 +37,7 @@ typedef struct {
     int hpcc;
     double eta, hp_ai, max_stage, hp_t;
     double *qh, *txh, *tx;
+    double *wait; /* TIMELY: each link's queue over what the ACKs leave of it, as stamped */
     /* TIMELY (timely != 0): T_low, T_high, beta, EWMA weight, min RTT, AI, hyper AI */
     int timely;
     double t_low, t_high, beta, ewma, min_rtt, ti_ai, ti_hai;
@@ -104,6 +105,7 @@ fcc *fcc_new(int64_t n_links, const double *cap, const uint8_t *sw, const uint8_
             *scratch[k] = calloc(n_links, sizeof(double));
     }
     if (s->hpcc || s->timely) s->qh = calloc((lag + 1) * n_links, sizeof(double));
+    if (s->timely) s->wait = calloc(n_links, sizeof(double));
     if (s->hpcc) {
         s->txh = calloc((lag + 1) * n_links, sizeof(double));
         s->tx = calloc(n_links, sizeof(double));
@@ -135,7 +137,7 @@ void fcc_free(fcc *s) {
                    s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu,
                    s->last_rtt, s->rtt_diff, s->rs, s->lag_row,
                    s->held,  s->head,  s->lb_t,  s->lb_hop, s->mine,  s->due,   s->hsum,
-                   s->psi,   s->spare,  s->phi,    s->outl};
+                   s->psi,   s->spare,  s->phi,    s->outl,  s->wait};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -645,7 +647,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t at = (s->hop_lag ? s->lag_row[lg[k]] : back * L) + p[k];
                 unmarked *= 1.0 - s->hist[at];
-                if (s->timely) queued += s->qh[at] / s->cap[p[k]];
+                if (s->timely) queued += s->qh[at];
                 if (s->hpcc && s->sw[p[k]]) { /* a switch's telemetry as it stamped it */
                     double c = s->cap[p[k]];
                     double u = s->txh[at] / c + s->qh[at] * s->line[i] /
@@ -655,7 +657,9 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             }
             s->unm[i] = unmarked, s->hu[i] = big_u, s->rs[i] = s->rtt0[i] + queued;
         }
-        if (s->hpcc || s->timely) blend(s->qh + r0 * L, s->q, L, w_old, dt);
+        if (s->timely) /* the wait a packet meets at each queue (HPCC: the queue) */
+            for (int64_t l = 0; l < L; l++) s->wait[l] = s->q[l] / s->eff[l];
+        if (s->hpcc || s->timely) blend(s->qh + r0 * L, s->timely ? s->wait : s->q, L, w_old, dt);
         if (s->hpcc) blend(s->txh + r0 * L, s->tx, L, w_old, dt);
         int marked = 0;
         for (int64_t l = 0; l < L; l++) {

@@ -73,10 +73,10 @@ time-stepped at ``dt_s``:
   trip) and sets its rate to its reference rate / (U / η) + AI at once (fast react), the
   reference taking that rate once a window; a lone flow settles at η of its line;
 * TIMELY (``rdma.cc: timely``): every data packet carries an 8 B send time; once a window per
-  flow the RTT its ACKed packet met (its base round trip and each hop's queue a return trip
-  ago) and the EWMA of its change set the rate as our ns-3's ``Timely`` does (below T_low or
-  a gradient at most 0: + AI, five times, then + hyper AI; above T_high a cut by
-  β (1 − T_high / RTT); else by β x gradient);
+  flow the RTT its ACKed packet met (its base round trip and the wait at each hop's queue a
+  return trip ago, the queue at what the ACKs leave of its link) and the EWMA of its change
+  set the rate as our ns-3's ``Timely`` does (below T_low or a gradient at most 0: + AI, five
+  times, then + hyper AI; above T_high a cut by β (1 − T_high / RTT); else by β x gradient);
 * a flow posted at the instant another was starts up to ``stagger`` packet times later (a draw
   per flow from ``seed``): the fluid finishes symmetric flows together to the bit, packets do
   not, and without it the children they post run in lockstep;
@@ -894,7 +894,10 @@ class FluidDctcp(QueueClock):
         w_old = self._w_hist[row]
         if self._q_hist is not None:  # each hop's telemetry as stamped a return trip ago
             self._int_q = np.where(ok, self._q_hist[rows, at], 0.0)
-            self._q_hist[row] = _mean_in(self._q_hist[row], self._q, w_old, dt)
+            # HPCC's hops stamp their queues (bits); TIMELY's packets the wait they meet there,
+            # each queue at what the ACKs leave of its link (as a last bit waits)
+            stamp = self._q if self.hpcc is not None else self._q / self._eff
+            self._q_hist[row] = _mean_in(self._q_hist[row], stamp, w_old, dt)
         if self.hpcc is not None:
             self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
             self._tx_hist[row] = _mean_in(self._tx_hist[row], self._tx, w_old, dt)
@@ -1005,19 +1008,17 @@ class FluidDctcp(QueueClock):
 
     def _timely_step(self, rtt: np.ndarray) -> None:
         """TIMELY (our ns-3's ``Timely``, reference ``CC_MODE 7``), once a window per flow (at
-        its own ticks): the RTT its ACKed packet met (its base round trip and the queues on its
-        path as each hop held them a return trip ago) and the EWMA of its change, normalised by
-        the minimum RTT, set the rate: below T_low, or with a gradient at most 0, an increase
-        (AI five times, then hyper AI); above T_high a cut by β (1 − T_high / RTT); else a cut
-        by β x gradient. A flow's first sample only sets its last RTT."""
+        its own ticks): the RTT its ACKed packet met (its base round trip and the waits at the
+        queues on its path as each hop held them a return trip ago) and the EWMA of its change,
+        normalised by the minimum RTT, set the rate: below T_low, or with a gradient at most 0,
+        an increase (AI five times, then hyper AI); above T_high a cut by β (1 − T_high / RTT);
+        else a cut by β x gradient. A flow's first sample only sets its last RTT."""
         p = self.timely
         due = np.flatnonzero(self._now >= self._tick)
         if not len(due):
             return
-        links = self._links[due]
-        ok = links >= 0
-        cap = self._cap[np.where(ok, links, 0)]
-        sample = self._rtt0[due] + np.where(ok, self._int_q[due] / cap, 0.0).sum(axis=1)
+        ok = self._links[due] >= 0
+        sample = self._rtt0[due] + np.where(ok, self._int_q[due], 0.0).sum(axis=1)
         last = self._last_rtt[due]
         on = ~np.isnan(last)
         diff = (1.0 - p.ewma) * self._rtt_diff[due] + p.ewma * (sample - last)
