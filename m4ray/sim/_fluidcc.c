@@ -55,6 +55,7 @@ typedef struct {
     double *held, *head, *lb_t;
     int64_t *lb_hop;
     double *mine, *due, *hsum, *psi, *spare, *phi, *outl;
+    double *fr, *hd; /* per flow and step: drain_frac; per hop what it passes at rate phi 1 */
 } fcc;
 
 /* a draw in [0, 1) for flow id and draw k from seed (fluidcc.py's uniform: SplitMix64's
@@ -137,7 +138,7 @@ void fcc_free(fcc *s) {
                    s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu,
                    s->last_rtt, s->rtt_diff, s->rs, s->lag_row,
                    s->held,  s->head,  s->lb_t,  s->lb_hop, s->mine,  s->due,   s->hsum,
-                   s->psi,   s->spare,  s->phi,    s->outl,  s->wait};
+                   s->psi,   s->spare,  s->phi,    s->outl,  s->wait,  s->fr,   s->hd};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -169,6 +170,8 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
         if (!(s->hlag = grow(s->hlag, r * WIDTH, sizeof(int64_t)))) return 2;
         if (!(s->held = grow(s->held, r * WIDTH, sizeof(double)))) return 2;
         if (!(s->head = grow(s->head, r * WIDTH, sizeof(double)))) return 2;
+        if (!(s->fr = grow(s->fr, r, sizeof(double)))) return 2;
+        if (!(s->hd = grow(s->hd, r * WIDTH, sizeof(double)))) return 2;
         s->room = r;
     }
     int64_t i = s->n++;
@@ -468,7 +471,7 @@ static void pass_backlogs(fcc *s, double now, double dt) {
     for (int64_t i = 0; i < n; i++) {
         const int64_t *p = s->links + i * WIDTH;
         const double *h = s->held + i * WIDTH;
-        double frac = drain_frac(s, i, now, dt);
+        double frac = s->fr[i] = drain_frac(s, i, now, dt);
         longest = s->len[i] > longest ? s->len[i] : longest;
         for (int64_t k = 0; k < s->len[i]; k++) {
             s->hsum[p[k]] += h[k];
@@ -482,6 +485,13 @@ static void pass_backlogs(fcc *s, double now, double dt) {
         a = out_max - s->due[l];
         s->spare[l] = a > 0.0 ? a : 0.0;
     }
+    for (int64_t i = 0; i < n; i++) { /* what each hop passes, less phi: the same every pass */
+        const int64_t *p = s->links + i * WIDTH;
+        const double *h = s->held + i * WIDTH;
+        for (int64_t k = 0; k < s->len[i]; k++)
+            s->hd[i * WIDTH + k] =
+                k == s->lb_hop[i] ? s->psi[p[k]] * (h[k] * s->fr[i]) / dt : h[k] / dt;
+    }
     for (int64_t pass = 0; pass < longest; pass++) {
         int last = pass == longest - 1;
         for (int64_t l = 0; l < L; l++) {
@@ -494,13 +504,13 @@ static void pass_backlogs(fcc *s, double now, double dt) {
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH;
             double *h = s->held + i * WIDTH, *hd = s->head + i * WIDTH, cur = s->x[i];
-            double frac = drain_frac(s, i, now, dt);
+            const double *pass_k = s->hd + i * WIDTH, frac = s->fr[i];
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t l = p[k];
                 int here = k == s->lb_hop[i];
                 double must = here ? h[k] * frac : 0.0;
                 s->arrive[l] += cur;
-                double nxt = here ? s->psi[l] * must / dt : s->phi[l] * (h[k] / dt + cur);
+                double nxt = here ? pass_k[k] : s->phi[l] * (pass_k[k] + cur);
                 if (last) {
                     if (h[k] == 0 && cur > 0) hd[k] = now + s->q[l] / s->eff[l];
                     double hn = h[k] + cur * dt;
