@@ -720,11 +720,22 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 s->left[i] = 0.0, s->lb_hop[i] = 0;
                 s->lb_t[i] = *now + s->q[p[0]] / s->eff[p[0]];
             }
-            /* each last bit due out of its queue leaves it and joins the next hop's */
+            /* each last bit due out of its queue leaves it and joins the next hop's, what
+             * its flow still has there ahead of it (FIFO: _last_bits) */
             while (s->lb_hop[i] >= 0 && s->lb_hop[i] < s->len[i] && s->lb_t[i] <= *now) {
-                s->held[i * WIDTH + s->lb_hop[i]] = 0.0;
+                int64_t k = s->lb_hop[i];
+                double *h = s->held + i * WIDTH, left = h[k];
+                h[k] = 0.0;
                 if (++s->lb_hop[i] < s->len[i]) {
-                    int64_t l = p[s->lb_hop[i]];
+                    int64_t here = p[k], l = p[k + 1];
+                    if (left > 0.0) {
+                        if (h[k + 1] == 0.0)
+                            s->head[i * WIDTH + k + 1] = s->lb_t[i] + s->q[l] / s->cap[l];
+                        h[k + 1] += left;
+                        double v = s->q[here] - left;
+                        s->q[here] = v > 0.0 ? v : 0.0;
+                        s->q[l] += left;
+                    }
                     s->lb_t[i] = s->lb_t[i] + s->q[l] / s->eff[l];
                 }
             }

@@ -836,21 +836,30 @@ class FluidDctcp(QueueClock):
         return arrive
 
     def _last_bits(self) -> None:
-        """``backlog``: each flow's last bit due out of the queue it waits at leaves it (what
-        the flow still has there stays as others', FIFO: it has left) and joins the next hop's
-        queue, to leave it when what is queued there now has gone (at the link's rate); those
-        out of their last hop are delivered after their delivery delay."""
-        hop, t, links = self._lb_hop, self._lb_t, self._links
+        """``backlog``: each flow's last bit due out of the queue it waits at leaves it and
+        joins the next hop's queue, to leave it when what is queued there now has gone (at
+        what the ACKs leave of the link); those out of their last hop are delivered after their
+        delivery delay. What the flow still has at the hop it leaves has left before its last
+        bit (FIFO) though the split passed others' bits in its place: it moves on with the last
+        bit, ahead of it, to the next hop's queue (at the last hop it stays as others'). Flow by
+        flow in the state's order, as C runs it (a move changes the queues the next one meets)."""
+        hop, t, links, held, q = self._lb_hop, self._lb_t, self._links, self._held, self._q
         n_hops = (links >= 0).sum(axis=1)
-        while True:
-            due = np.flatnonzero((hop >= 0) & (hop < n_hops) & (t <= self._now))
-            if not len(due):
-                break
-            self._held[due, hop[due]] = 0.0
-            hop[due] += 1
-            on = due[hop[due] < n_hops[due]]
-            link = links[on, hop[on]]
-            t[on] = t[on] + self._q[link] / self._eff[link]
+        due = np.flatnonzero((hop >= 0) & (hop < n_hops) & (t <= self._now))
+        for i in due.tolist():
+            while hop[i] < n_hops[i] and t[i] <= self._now:
+                k = hop[i]
+                left, held[i, k] = held[i, k], 0.0
+                hop[i] = k + 1
+                if k + 1 < n_hops[i]:
+                    here, there = links[i, k], links[i, k + 1]
+                    if left > 0.0:  # FIFO: it left before the last bit, and is queued ahead
+                        if held[i, k + 1] == 0.0:
+                            self._head[i, k + 1] = t[i] + q[there] / self._cap[there]
+                        held[i, k + 1] += left
+                        q[here] = max(q[here] - left, 0.0)
+                        q[there] += left
+                    t[i] = t[i] + q[there] / self._eff[there]
         out = np.flatnonzero(hop >= n_hops)
         if len(out):
             self._finish(out, np.maximum(self._now, t[out] + self._delay[out]))

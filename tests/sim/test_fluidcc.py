@@ -418,6 +418,34 @@ def test_a_burst_held_at_a_shared_uplink_reaches_the_degraded_port_behind_it_as_
     assert delay_only[-1] < 0.9 * packet[-1]
 
 
+def test_chunks_into_a_degraded_port_are_not_sped_up_by_others_on_their_uplink_as_in_ns3():
+    """Ten 128 KiB chunks 10 us apart from one GPU into a GPU degraded to 400/7 Gbit/s (the
+    study's N4R7 stream), beside three more such streams from the same ToR to healthy GPUs,
+    2 us apart: all share the ToR's uplink and the spine's downlink, whose queues the bursts
+    fill. ns-3 ends the degraded stream at the same time with or without them (the degraded
+    port is its bottleneck either way). The fluid's split at a shared hop passes others' bits
+    in a flow's place; when the flow's last bit is due out (FIFO) what it still had there
+    moves on ahead of it to the next hop's queue. Before 2026-12-08 those bits stayed behind
+    as others', the degraded port never saw them, and the stream ended 11 % early."""
+    g = 1e9
+    rates = (400, 400, 400, 400, 400 / 7, 400, 400, 400)
+    cables = tuple(Cable(h, 8 if h < 4 else 9, r * g, 5e-7) for h, r in enumerate(rates))
+    cables += (Cable(8, 10, 400 * g, 5e-7), Cable(10, 9, 400 * g, 5e-7))
+    topo = Topology(n_nodes=11, switches=(8, 9, 10), cables=cables)
+    chunk, gap = 128 * 1024, 10e-6
+    stream = [(0, 4, chunk, k * gap) for k in range(10)]
+    others = [
+        (h, h + 4, chunk, k * gap + 2e-6 * j) for j, h in enumerate((1, 2, 3)) for k in range(10)
+    ]
+    network, fluid = dctcp(), FluidDctcpConfig(network=dctcp())
+    alone = sum(fcts(topo, stream, network))
+    packet = sum(fcts(topo, stream + others, network)[:10])
+    held = sum(fcts(topo, stream + others, fluid)[:10])
+    assert packet == pytest.approx(alone, rel=0.005)
+    assert held == pytest.approx(packet, rel=0.01)
+    assert sum(fcts(topo, stream, fluid)) == pytest.approx(alone, rel=0.01)
+
+
 def test_marks_come_back_sooner_from_later_hops():
     """``mark_delay="hop"``: a mark made at a path's last hop is back at the sender after the
     last hop and the ACK's return, one made at its first after the whole round trip."""
