@@ -83,7 +83,9 @@ time-stepped at ``dt_s``:
 * a flow is done when its last bit has left the sender and waited out each hop's queue in turn
   (``backlog``; without it, the queueing delay on its path when it left the sender), plus the
   routing's delivery delay (propagation and the first packet's store and forward), so a flow
-  alone takes its ideal FCT.
+  alone takes its ideal FCT; what its flow still holds at a hop when the last bit is due out
+  of it (the split passed others' bits in its place) moves on ahead of it to the next hop's
+  queue (FIFO: it left first), so a queue downstream gets every bit of the flows through it.
 
 What it leaves out: PFC and the buffer's limit (the study's 100 MB never fill), a FIFO's exact
 order among the flows still arriving at a queue (``backlog`` splits what it sends by what each
