@@ -730,7 +730,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                     int64_t here = p[k], l = p[k + 1];
                     if (left > 0.0) {
                         if (h[k + 1] == 0.0)
-                            s->head[i * WIDTH + k + 1] = s->lb_t[i] + s->q[l] / s->cap[l];
+                            s->head[i * WIDTH + k + 1] = s->lb_t[i] + s->q[l] / s->eff[l];
                         h[k + 1] += left;
                         double v = s->q[here] - left;
                         s->q[here] = v > 0.0 ? v : 0.0;

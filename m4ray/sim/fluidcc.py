@@ -857,7 +857,7 @@ class FluidDctcp(QueueClock):
                     here, there = links[i, k], links[i, k + 1]
                     if left > 0.0:  # FIFO: it left before the last bit, and is queued ahead
                         if held[i, k + 1] == 0.0:
-                            self._head[i, k + 1] = t[i] + q[there] / self._cap[there]
+                            self._head[i, k + 1] = t[i] + q[there] / self._eff[there]
                         held[i, k + 1] += left
                         q[here] = max(q[here] - left, 0.0)
                         q[there] += left
