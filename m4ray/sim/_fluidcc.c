@@ -55,7 +55,7 @@ typedef struct {
     double *held, *head, *lb_t;
     int64_t *lb_hop;
     double *mine, *due, *hsum, *psi, *spare, *phi, *outl;
-    double *fr, *hd; /* per flow and step: drain_frac; per hop what it passes at rate phi 1 */
+    double *fr, *fwd; /* per flow and step: drain_frac; per hop what it passes at phi 1 */
 } fcc;
 
 /* a draw in [0, 1) for flow id and draw k from seed (fluidcc.py's uniform: SplitMix64's
@@ -138,7 +138,7 @@ void fcc_free(fcc *s) {
                    s->qh,    s->txh,   s->tx,     s->cur,   s->util,  s->hu,
                    s->last_rtt, s->rtt_diff, s->rs, s->lag_row,
                    s->held,  s->head,  s->lb_t,  s->lb_hop, s->mine,  s->due,   s->hsum,
-                   s->psi,   s->spare,  s->phi,    s->outl,  s->wait,  s->fr,   s->hd};
+                   s->psi,   s->spare,  s->phi,    s->outl,  s->wait,  s->fr,   s->fwd};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
     free(s);
 }
@@ -171,7 +171,7 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
         if (!(s->held = grow(s->held, r * WIDTH, sizeof(double)))) return 2;
         if (!(s->head = grow(s->head, r * WIDTH, sizeof(double)))) return 2;
         if (!(s->fr = grow(s->fr, r, sizeof(double)))) return 2;
-        if (!(s->hd = grow(s->hd, r * WIDTH, sizeof(double)))) return 2;
+        if (!(s->fwd = grow(s->fwd, r * WIDTH, sizeof(double)))) return 2;
         s->room = r;
     }
     int64_t i = s->n++;
@@ -489,7 +489,7 @@ static void pass_backlogs(fcc *s, double now, double dt) {
         const int64_t *p = s->links + i * WIDTH;
         const double *h = s->held + i * WIDTH;
         for (int64_t k = 0; k < s->len[i]; k++)
-            s->hd[i * WIDTH + k] =
+            s->fwd[i * WIDTH + k] =
                 k == s->lb_hop[i] ? s->psi[p[k]] * (h[k] * s->fr[i]) / dt : h[k] / dt;
     }
     for (int64_t pass = 0; pass < longest; pass++) {
@@ -504,13 +504,13 @@ static void pass_backlogs(fcc *s, double now, double dt) {
         for (int64_t i = 0; i < n; i++) {
             const int64_t *p = s->links + i * WIDTH;
             double *h = s->held + i * WIDTH, *hd = s->head + i * WIDTH, cur = s->x[i];
-            const double *pass_k = s->hd + i * WIDTH, frac = s->fr[i];
+            const double *fwd = s->fwd + i * WIDTH, frac = s->fr[i];
             for (int64_t k = 0; k < s->len[i]; k++) {
                 int64_t l = p[k];
                 int here = k == s->lb_hop[i];
                 double must = here ? h[k] * frac : 0.0;
                 s->arrive[l] += cur;
-                double nxt = here ? pass_k[k] : s->phi[l] * (pass_k[k] + cur);
+                double nxt = here ? fwd[k] : s->phi[l] * (fwd[k] + cur);
                 if (last) {
                     if (h[k] == 0 && cur > 0) hd[k] = now + s->q[l] / s->eff[l];
                     double hn = h[k] + cur * dt;
@@ -728,7 +728,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                 h[k] = 0.0;
                 if (++s->lb_hop[i] < s->len[i]) {
                     int64_t here = p[k], l = p[k + 1];
-                    if (left > 0.0) {
+                    if (left > 0.0 && s->sw[l]) { /* (a switch's queue: always) */
                         if (h[k + 1] == 0.0)
                             s->head[i * WIDTH + k + 1] = s->lb_t[i] + s->q[l] / s->eff[l];
                         h[k + 1] += left;

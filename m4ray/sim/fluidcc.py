@@ -855,7 +855,7 @@ class FluidDctcp(QueueClock):
                 hop[i] = k + 1
                 if k + 1 < n_hops[i]:
                     here, there = links[i, k], links[i, k + 1]
-                    if left > 0.0:  # FIFO: it left before the last bit, and is queued ahead
+                    if left > 0.0 and self._switch[there]:  # FIFO: it left first, queued ahead
                         if held[i, k + 1] == 0.0:
                             self._head[i, k + 1] = t[i] + q[there] / self._eff[there]
                         held[i, k + 1] += left
