@@ -23,6 +23,7 @@ against a single run. ``--out`` keeps every (seed, point) row as parquet.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -36,15 +37,21 @@ from composed import resolved
 POINT = ["n_degraded", "reduction"]
 
 
-def ns3_results(run_dir: Path, backend: str = "ns3") -> pd.DataFrame:
-    """A sweep's ns-3 completions by (N, R): completion and rank 0's time (s)."""
+@functools.cache
+def results(run_dir: Path) -> pd.DataFrame:
+    """A sweep's ``results.parquet`` (read once)."""
     path = run_dir / "results.parquet"
     if not path.exists():
         sys.exit(f"{path}: no results (run the sweep with ns3 first)")
-    table = pd.read_parquet(path)
+    return pd.read_parquet(path)
+
+
+def ns3_results(run_dir: Path, backend: str = "ns3") -> pd.DataFrame:
+    """A sweep's ns-3 completions by (N, R): completion and rank 0's time (s)."""
+    table = results(run_dir)
     table = table[(table.backend == backend) & (table.status == "ok")]
     if table.duplicated(POINT).any():
-        sys.exit(f"{path}: more than one {backend} run per (N, R); keep one seed of the grid")
+        sys.exit(f"{run_dir}: more than one {backend} run per (N, R); keep one seed of the grid")
     return table.set_index(POINT)[["completion_time_s", "rank0_time_s"]]
 
 
@@ -119,7 +126,7 @@ def main() -> None:
     label = f"{args.backend}, the seeds' mean completion"
     rows.append((label, len(ensemble), scores(ensemble, ref), True))
     again_dir = args.ns3_again or args.run_dir  # else the sweep's own ns3_again, if it ran
-    if args.ns3_again or "ns3_again" in set(pd.read_parquet(again_dir / "results.parquet").backend):
+    if args.ns3_again or "ns3_again" in set(results(args.run_dir).backend):
         again = ns3_results(again_dir, "ns3" if args.ns3_again else "ns3_again").reset_index()
         ran = runs.set_index(POINT).index.unique()  # the points the overrides describe
         again = again[again.set_index(POINT).index.isin(ran)]

@@ -192,11 +192,15 @@ int fcc_add(fcc *s, int64_t id, int64_t n_path, const int64_t *path, const int64
     return 0;
 }
 
+/* a queue's wait: what link l's queue holds over what the ACKs leave of the link (every
+ * delay of the fluid: a round trip's queueing, a last bit's, a first bit's, TIMELY's) */
+static double wait_at(const fcc *s, int64_t l) { return s->q[l] / s->eff[l]; }
+
 /* flow i's queueing delay: each queue on its path over what the ACKs leave of its link */
 static double queue_delay(const fcc *s, int64_t i) {
     const int64_t *p = s->links + i * WIDTH;
     double d = 0.0;
-    for (int64_t k = 0; k < s->len[i]; k++) d += s->q[p[k]] / s->eff[p[k]];
+    for (int64_t k = 0; k < s->len[i]; k++) d += wait_at(s, p[k]);
     return d;
 }
 
@@ -512,7 +516,7 @@ static void pass_backlogs(fcc *s, double now, double dt) {
                 s->arrive[l] += cur;
                 double nxt = here ? fwd[k] : s->phi[l] * (fwd[k] + cur);
                 if (last) {
-                    if (h[k] == 0 && cur > 0) hd[k] = now + s->q[l] / s->eff[l];
+                    if (h[k] == 0 && cur > 0) hd[k] = now + wait_at(s, l);
                     double hn = h[k] + cur * dt;
                     double passed = here ? s->psi[l] * must : s->phi[l] * hn;
                     s->outl[l] += passed;
@@ -668,7 +672,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             s->unm[i] = unmarked, s->hu[i] = big_u, s->rs[i] = s->rtt0[i] + queued;
         }
         if (s->timely) /* the wait a packet meets at each queue (HPCC: the queue) */
-            for (int64_t l = 0; l < L; l++) s->wait[l] = s->q[l] / s->eff[l];
+            for (int64_t l = 0; l < L; l++) s->wait[l] = wait_at(s, l);
         if (s->hpcc || s->timely) blend(s->qh + r0 * L, s->timely ? s->wait : s->q, L, w_old, dt);
         if (s->hpcc) blend(s->txh + r0 * L, s->tx, L, w_old, dt);
         int marked = 0;
@@ -718,7 +722,7 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
             const int64_t *p = s->links + i * WIDTH;
             if (s->tout[i] <= dt * (1 + 1e-12)) { /* its last bit joins its first hop's queue */
                 s->left[i] = 0.0, s->lb_hop[i] = 0;
-                s->lb_t[i] = *now + s->q[p[0]] / s->eff[p[0]];
+                s->lb_t[i] = *now + wait_at(s, p[0]);
             }
             /* each last bit due out of its queue leaves it and joins the next hop's, what
              * its flow still has there ahead of it (FIFO: _last_bits) */
@@ -730,13 +734,13 @@ int64_t fcc_run(fcc *s, double *now, double t_far, int64_t *out_id, double *out_
                     int64_t here = p[k], l = p[k + 1];
                     if (left > 0.0 && s->sw[l]) { /* (a switch's queue: always) */
                         if (h[k + 1] == 0.0)
-                            s->head[i * WIDTH + k + 1] = s->lb_t[i] + s->q[l] / s->eff[l];
+                            s->head[i * WIDTH + k + 1] = s->lb_t[i] + wait_at(s, l);
                         h[k + 1] += left;
                         double v = s->q[here] - left;
                         s->q[here] = v > 0.0 ? v : 0.0;
                         s->q[l] += left;
                     }
-                    s->lb_t[i] = s->lb_t[i] + s->q[l] / s->eff[l];
+                    s->lb_t[i] = s->lb_t[i] + wait_at(s, l);
                 }
             }
             if (s->lb_hop[i] >= s->len[i]) { /* out of its last hop: delivered */

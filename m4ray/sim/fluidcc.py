@@ -688,10 +688,16 @@ class FluidDctcp(QueueClock):
         p[~self._marks] = 0.0
         return p
 
+    def _wait(self, links):
+        """A queue's wait: what ``links``' queues hold over what the ACKs leave of them (every
+        delay of the fluid: a round trip's queueing, a last bit's, a first bit's, TIMELY's;
+        ``_fluidcc.c``'s ``wait_at``)."""
+        return self._q[links] / self._eff[links]
+
     def _queue_delay(self, links: np.ndarray) -> np.ndarray:
         """Each flow's queueing delay over its path now (s)."""
         valid = links >= 0
-        per = np.where(valid, self._q[links] / self._eff[links], 0.0)
+        per = np.where(valid, self._wait(links), 0.0)
         return per.sum(axis=1)
 
     def _advance(self, t_far: float) -> None:
@@ -779,7 +785,7 @@ class FluidDctcp(QueueClock):
         if self._backlog:
             first = self._links[done, 0]
             self._left[done], self._lb_hop[done] = 0.0, 0
-            self._lb_t[done] = self._now + self._q[first] / self._eff[first]
+            self._lb_t[done] = self._now + self._wait(first)
             self._last_bits()
         elif len(done):
             qd = self._queue_delay(self._links[done])
@@ -828,7 +834,7 @@ class FluidDctcp(QueueClock):
                 cur = np.where(valid[:, k], nxt, cur)
             arrive = np.bincount(links[valid], weights=a[valid], minlength=n_links)
         came = valid & (held == 0) & (a > 0)  # the first bits to wait here: when they leave
-        self._head = np.where(came, now + q[at] / cap[at], self._head)
+        self._head = np.where(came, now + self._wait(at), self._head)
         held = held + a * dt
         passed = np.where(here, psi[at] * must, phi[at] * held)
         self._held = np.where(valid, held - passed, 0.0)
@@ -857,11 +863,11 @@ class FluidDctcp(QueueClock):
                     here, there = links[i, k], links[i, k + 1]
                     if left > 0.0 and self._switch[there]:  # FIFO: it left first, queued ahead
                         if held[i, k + 1] == 0.0:
-                            self._head[i, k + 1] = t[i] + q[there] / self._eff[there]
+                            self._head[i, k + 1] = t[i] + self._wait(there)
                         held[i, k + 1] += left
                         q[here] = max(q[here] - left, 0.0)
                         q[there] += left
-                    t[i] = t[i] + q[there] / self._eff[there]
+                    t[i] = t[i] + self._wait(there)
         out = np.flatnonzero(hop >= n_hops)
         if len(out):
             self._finish(out, np.maximum(self._now, t[out] + self._delay[out]))
@@ -907,7 +913,7 @@ class FluidDctcp(QueueClock):
             self._int_q = np.where(ok, self._q_hist[rows, at], 0.0)
             # HPCC's hops stamp their queues (bits); TIMELY's packets the wait they meet there,
             # each queue at what the ACKs leave of its link (as a last bit waits)
-            stamp = self._q if self.hpcc is not None else self._q / self._eff
+            stamp = self._q if self.hpcc is not None else self._wait(slice(None))
             self._q_hist[row] = _mean_in(self._q_hist[row], stamp, w_old, dt)
         if self.hpcc is not None:
             self._int_tx = np.where(ok, self._tx_hist[rows, at], 0.0)
